@@ -1,0 +1,242 @@
+//! Map layouts and constants shared by the eBPF programs (`observer-ebpf`)
+//! and userspace (`observer`). Everything here is `#[repr(C)]` and
+//! `no_std`, because both sides read the same bytes.
+#![no_std]
+
+/// Name of the per-CPU LRU hash map holding one [`FlowKey`] -> [`FlowValue`]
+/// entry per (interface, direction, protocol, peer, VNI).
+pub const FLOWS_MAP: &str = "FLOWS";
+/// Name of the array mapping a UDP port to a [`Proto`] (plus [`PORT_MATCH_SOURCE`]).
+pub const UDP_PORTS_MAP: &str = "UDP_PORTS";
+/// Name of the per-CPU array of [`Stat`] counters.
+pub const STATS_MAP: &str = "STATS";
+
+/// Default capacity of [`FLOWS_MAP`]; userspace can change it before load.
+pub const DEFAULT_MAX_FLOWS: u32 = 16_384;
+
+/// Bit set in a [`UDP_PORTS_MAP`] value when the port also identifies the
+/// protocol as a *source* port (WireGuard answers from its listen port to an
+/// ephemeral one; VXLAN senders pick random source ports, so for them it is
+/// not set).
+pub const PORT_MATCH_SOURCE: u8 = 0x80;
+/// Mask extracting the [`Proto`] from a [`UDP_PORTS_MAP`] value.
+pub const PORT_PROTO_MASK: u8 = 0x7f;
+
+/// Well-known UDP ports, used as defaults by userspace.
+pub mod ports {
+    /// IANA VXLAN port (Calico, Cilium option).
+    pub const VXLAN: u16 = 4789;
+    /// Linux' historical VXLAN port (flannel, Cilium default).
+    pub const VXLAN_LINUX: u16 = 8472;
+    /// IANA VXLAN-GPE port.
+    pub const VXLAN_GPE: u16 = 4790;
+    /// IANA Geneve port.
+    pub const GENEVE: u16 = 6081;
+    /// WireGuard's customary ports (Calico IPv4 / IPv6).
+    pub const WIREGUARD: u16 = 51820;
+    /// Calico's IPv6 WireGuard port.
+    pub const WIREGUARD_V6: u16 = 51821;
+}
+
+/// Direction of a packet relative to the observed interface.
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Direction {
+    /// Received on the interface (XDP or tc ingress).
+    Rx = 0,
+    /// Sent through the interface (tc egress).
+    Tx = 1,
+}
+
+/// Encapsulation protocol of the outer packet.
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Proto {
+    /// Any IP packet that is not one of the encapsulations below.
+    Other = 0,
+    /// VXLAN (RFC 7348).
+    Vxlan = 1,
+    /// VXLAN Generic Protocol Extension.
+    VxlanGpe = 2,
+    /// Geneve (RFC 8926).
+    Geneve = 3,
+    /// IPv4 in IP (IPv4 protocol / IPv6 next header 4).
+    Ipip = 4,
+    /// IPv6 in IP (protocol / next header 41).
+    Ip6ip = 5,
+    /// GRE (protocol 47).
+    Gre = 6,
+    /// WireGuard (UDP).
+    Wireguard = 7,
+}
+
+impl Proto {
+    /// Every protocol, in numeric order.
+    pub const ALL: [Proto; 8] = [
+        Proto::Other,
+        Proto::Vxlan,
+        Proto::VxlanGpe,
+        Proto::Geneve,
+        Proto::Ipip,
+        Proto::Ip6ip,
+        Proto::Gre,
+        Proto::Wireguard,
+    ];
+
+    /// Decodes the byte stored in a [`FlowKey`]; unknown values are `Other`.
+    pub fn from_u8(value: u8) -> Proto {
+        match value {
+            1 => Proto::Vxlan,
+            2 => Proto::VxlanGpe,
+            3 => Proto::Geneve,
+            4 => Proto::Ipip,
+            5 => Proto::Ip6ip,
+            6 => Proto::Gre,
+            7 => Proto::Wireguard,
+            _ => Proto::Other,
+        }
+    }
+
+    /// The name used in JSON rows and on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Proto::Other => "other",
+            Proto::Vxlan => "vxlan",
+            Proto::VxlanGpe => "vxlan-gpe",
+            Proto::Geneve => "geneve",
+            Proto::Ipip => "ipip",
+            Proto::Ip6ip => "ip6ip",
+            Proto::Gre => "gre",
+            Proto::Wireguard => "wireguard",
+        }
+    }
+}
+
+/// Why a frame could not be classified. `None` marks a classified frame.
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Unclassified {
+    /// The frame was classified (tunnel or plain IP).
+    None = 0,
+    /// Shorter than its Ethernet header and VLAN tags.
+    TruncatedL2 = 1,
+    /// Shorter than its IPv4/IPv6 header (or extension headers).
+    TruncatedL3 = 2,
+    /// Shorter than the UDP header of a UDP packet.
+    TruncatedL4 = 3,
+    /// Shorter than the encapsulation header its port or protocol announces.
+    TruncatedEncap = 4,
+    /// An IP header that contradicts itself (version, IHL below 5).
+    MalformedL3 = 5,
+    /// Not IP: ARP, LLC/STP, more than two VLAN tags, an IPv6 extension chain
+    /// longer than the parser follows.
+    Unsupported = 6,
+}
+
+impl Unclassified {
+    /// Every reason, in numeric order (including `None`).
+    pub const ALL: [Unclassified; 7] = [
+        Unclassified::None,
+        Unclassified::TruncatedL2,
+        Unclassified::TruncatedL3,
+        Unclassified::TruncatedL4,
+        Unclassified::TruncatedEncap,
+        Unclassified::MalformedL3,
+        Unclassified::Unsupported,
+    ];
+
+    /// Decodes the byte stored in a [`FlowKey`]; unknown values map to `Unsupported`.
+    pub fn from_u8(value: u8) -> Unclassified {
+        Unclassified::ALL
+            .get(value as usize)
+            .copied()
+            .unwrap_or(Unclassified::Unsupported)
+    }
+
+    /// The name used in JSON rows.
+    pub fn name(self) -> &'static str {
+        match self {
+            Unclassified::None => "none",
+            Unclassified::TruncatedL2 => "truncated_l2",
+            Unclassified::TruncatedL3 => "truncated_l3",
+            Unclassified::TruncatedL4 => "truncated_l4",
+            Unclassified::TruncatedEncap => "truncated_encap",
+            Unclassified::MalformedL3 => "malformed_l3",
+            Unclassified::Unsupported => "unsupported",
+        }
+    }
+}
+
+/// Address family byte stored with addresses: 0 none, 4 IPv4, 6 IPv6.
+pub mod family {
+    /// No address (aggregates such as `other`).
+    pub const NONE: u8 = 0;
+    /// IPv4: the first four address bytes are used.
+    pub const V4: u8 = 4;
+    /// IPv6: all sixteen bytes are used.
+    pub const V6: u8 = 6;
+}
+
+/// Key of [`FLOWS_MAP`]. Plain IP traffic (`Proto::Other`) and unclassified
+/// frames carry no peer, so that non-tunnel traffic cannot evict tunnel peers
+/// from the LRU map.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct FlowKey {
+    /// Outer source (rx) or destination (tx), bytes in network order;
+    /// IPv4 in the first word. Words, not bytes, so the programs copy it
+    /// with four loads instead of sixteen.
+    pub peer: [u32; 4],
+    /// Interface index the hook ran on.
+    pub ifindex: u32,
+    /// VXLAN / VXLAN-GPE / Geneve network identifier, else 0.
+    pub vni: u32,
+    /// [`Direction`] as u8.
+    pub direction: u8,
+    /// [`Proto`] as u8.
+    pub proto: u8,
+    /// [`family`] of `peer`.
+    pub peer_family: u8,
+    /// [`Unclassified`] as u8.
+    pub reason: u8,
+}
+
+/// Per-CPU value of [`FLOWS_MAP`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct FlowValue {
+    /// Packets as on the wire (a GSO skb counts its segments).
+    pub packets: u64,
+    /// Bytes as on the wire, including the Ethernet header.
+    pub bytes: u64,
+    /// Latest inner source address seen for this key (VXLAN, Geneve, IPIP, ...).
+    pub inner_src: [u32; 4],
+    /// Latest inner destination address seen for this key.
+    pub inner_dst: [u32; 4],
+    /// [`family`] of the inner addresses (0: no sample yet).
+    pub inner_family: u8,
+    /// Padding, always zero.
+    pub _pad: [u8; 7],
+}
+
+/// Indexes of the per-CPU [`STATS_MAP`] counters.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stat {
+    /// New keys inserted into [`FLOWS_MAP`]; minus the live entries this
+    /// gives the LRU evictions (userspace never deletes keys).
+    FlowInserts = 0,
+    /// Packets that could not be counted because the insert failed.
+    FlowInsertFailures = 1,
+}
+
+/// Number of slots in [`STATS_MAP`].
+pub const STAT_COUNT: u32 = 2;
+
+#[cfg(feature = "user")]
+mod pod {
+    // SAFETY: plain #[repr(C)] integers and byte arrays, no implicit padding
+    // (FlowKey: 16+4+4+4 = 28 bytes; FlowValue: 8+8+16+16+1+7 = 56 bytes).
+    unsafe impl aya::Pod for super::FlowKey {}
+    unsafe impl aya::Pod for super::FlowValue {}
+}

@@ -1,0 +1,23 @@
+//! eBPF programs of the observer. One hook per module; the packet parser and
+//! the counter update they share live in `parse` and `count`.
+#![cfg_attr(target_arch = "bpf", no_std)]
+#![cfg_attr(target_arch = "bpf", no_main)]
+
+mod count;
+mod maps;
+mod parse;
+mod tc_egress;
+mod tc_ingress;
+mod tc_skb;
+mod xdp_ingress;
+
+#[cfg(target_arch = "bpf")]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    // The verifier rejects any program that could reach a panic, so this is
+    // never executed; it exists because no_std binaries need a handler.
+    loop {}
+}
+
+#[cfg(not(target_arch = "bpf"))]
+fn main() {}

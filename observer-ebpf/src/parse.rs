@@ -1,0 +1,434 @@
+//! Header parsing shared by every hook: Ethernet with up to two VLAN tags,
+//! outer IPv4 (with options) / IPv6 (with extension headers), and the
+//! encapsulations the observer knows. Pure reads: nothing here writes the
+//! packet.
+//!
+//! Shape matters for the verifier: each encapsulation parser only says
+//! where its inner packet starts and of which kind, and the inner headers
+//! are read once at the end, so the program is not inlined once per
+//! encapsulation.
+
+use observer_common::{
+    Direction, PORT_MATCH_SOURCE, PORT_PROTO_MASK, Proto, Unclassified, family,
+};
+
+use crate::maps::UDP_PORTS;
+
+const ETH_HLEN: usize = 14;
+const ETH_P_IP: u16 = 0x0800;
+const ETH_P_IPV6: u16 = 0x86dd;
+const ETH_P_8021Q: u16 = 0x8100;
+const ETH_P_8021AD: u16 = 0x88a8;
+const ETH_P_TEB: u16 = 0x6558;
+
+const IPPROTO_HOPOPTS: u8 = 0;
+const IPPROTO_IPIP: u8 = 4;
+const IPPROTO_TCP: u8 = 6;
+const IPPROTO_UDP: u8 = 17;
+const IPPROTO_IPV6: u8 = 41;
+const IPPROTO_ROUTING: u8 = 43;
+const IPPROTO_FRAGMENT: u8 = 44;
+const IPPROTO_GRE: u8 = 47;
+const IPPROTO_AH: u8 = 51;
+const IPPROTO_DSTOPTS: u8 = 60;
+
+const UDP_HLEN: usize = 8;
+const VXLAN_HLEN: usize = 8;
+const GENEVE_HLEN: usize = 8;
+const GRE_HLEN: usize = 4;
+/// IPv6 extension headers followed before giving up (`unsupported`).
+const MAX_IPV6_EXT: usize = 4;
+
+/// Byte access to a frame; each hook provides its own (direct packet
+/// access for XDP, direct access or `bpf_skb_load_bytes` for tc).
+pub trait Frame {
+    /// Reads a `T` at byte offset `off`; `None` when the frame is shorter.
+    /// Offsets need not be aligned for `T`.
+    fn read<T: Copy>(&self, off: usize) -> Option<T>;
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Ipv4Hdr {
+    version_ihl: u8,
+    _tos: u8,
+    _total_len: u16,
+    _id: u16,
+    frag_off: u16,
+    _ttl: u8,
+    proto: u8,
+    _check: u16,
+    src: u32,
+    dst: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Ipv6Hdr {
+    version_flow: u32,
+    _payload_len: u16,
+    next_header: u8,
+    _hop_limit: u8,
+    src: [u32; 4],
+    dst: [u32; 4],
+}
+
+/// Tunnel, VXLAN-GPE and Geneve headers share this 8-byte shape.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct EncapHdr {
+    b: [u8; 4],
+    vni_reserved: u32,
+}
+
+/// What follows an encapsulation header.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Inner {
+    None,
+    Ethernet,
+    Ipv4,
+    Ipv6,
+}
+
+/// What the parser learnt about one frame.
+pub struct Classified {
+    /// Encapsulation (or `Other` for plain IP / unclassified frames).
+    pub proto: Proto,
+    /// Why the frame could not be classified (`None` when it was).
+    pub reason: Unclassified,
+    /// Outer source (rx) or destination (tx); zero for `Other`.
+    pub peer: [u32; 4],
+    /// Family of `peer`.
+    pub peer_family: u8,
+    /// VNI for VXLAN, VXLAN-GPE and Geneve.
+    pub vni: u32,
+    /// Inner source address sample.
+    pub inner_src: [u32; 4],
+    /// Inner destination address sample.
+    pub inner_dst: [u32; 4],
+    /// Family of the inner sample, 0 when none was read.
+    pub inner_family: u8,
+    /// Offset of the inner L4 header (0 when unknown); used to size GSO segments.
+    pub inner_l4_off: usize,
+    /// Inner L4 protocol (valid when `inner_l4_off != 0`).
+    pub inner_l4_proto: u8,
+}
+
+impl Classified {
+    #[inline(always)]
+    const fn unclassified(reason: Unclassified) -> Self {
+        Classified {
+            proto: Proto::Other,
+            reason,
+            peer: [0; 4],
+            peer_family: family::NONE,
+            vni: 0,
+            inner_src: [0; 4],
+            inner_dst: [0; 4],
+            inner_family: family::NONE,
+            inner_l4_off: 0,
+            inner_l4_proto: 0,
+        }
+    }
+}
+
+/// Result of the encapsulation stage.
+struct Encap {
+    proto: Proto,
+    vni: u32,
+    inner: Inner,
+    inner_off: usize,
+}
+
+impl Encap {
+    #[inline(always)]
+    const fn plain() -> Self {
+        Encap {
+            proto: Proto::Other,
+            vni: 0,
+            inner: Inner::None,
+            inner_off: 0,
+        }
+    }
+}
+
+/// Classifies the frame as seen in `direction`.
+#[inline(always)]
+pub fn classify<F: Frame>(f: &F, direction: Direction) -> Classified {
+    let Some(eth_type) = f.read::<u16>(12) else {
+        return Classified::unclassified(Unclassified::TruncatedL2);
+    };
+    let mut eth_type = u16::from_be(eth_type);
+    let mut off = ETH_HLEN;
+    // Up to two tags: 802.1Q, or 802.1ad outer + 802.1Q inner (QinQ).
+    for _ in 0..2 {
+        if eth_type != ETH_P_8021Q && eth_type != ETH_P_8021AD {
+            break;
+        }
+        let Some(tag) = f.read::<[u16; 2]>(off) else {
+            return Classified::unclassified(Unclassified::TruncatedL2);
+        };
+        eth_type = u16::from_be(tag[1]);
+        off += 4;
+    }
+
+    let mut c = Classified::unclassified(Unclassified::None);
+    let (l4_off, l4_proto) = match eth_type {
+        ETH_P_IP => {
+            let Some(h) = f.read::<Ipv4Hdr>(off) else {
+                return Classified::unclassified(Unclassified::TruncatedL3);
+            };
+            let ihl = ((h.version_ihl & 0x0f) as usize) * 4;
+            if h.version_ihl >> 4 != 4 || ihl < 20 {
+                return Classified::unclassified(Unclassified::MalformedL3);
+            }
+            // Two-byte probe: LLVM turns a one-byte bounds check into a
+            // `ptr < end` comparison the verifier does not credit.
+            if f.read::<[u8; 2]>(off + ihl - 2).is_none() {
+                return Classified::unclassified(Unclassified::TruncatedL3);
+            }
+            if u16::from_be(h.frag_off) & 0x1fff != 0 {
+                // A later fragment has no L4 header to classify.
+                return c;
+            }
+            c.peer[0] = match direction {
+                Direction::Rx => h.src,
+                Direction::Tx => h.dst,
+            };
+            c.peer_family = family::V4;
+            (off + ihl, h.proto)
+        }
+        ETH_P_IPV6 => {
+            let Some(h) = f.read::<Ipv6Hdr>(off) else {
+                return Classified::unclassified(Unclassified::TruncatedL3);
+            };
+            if (u32::from_be(h.version_flow) >> 28) != 6 {
+                return Classified::unclassified(Unclassified::MalformedL3);
+            }
+            c.peer = match direction {
+                Direction::Rx => h.src,
+                Direction::Tx => h.dst,
+            };
+            c.peer_family = family::V6;
+            match ipv6_payload(f, off + 40, h.next_header) {
+                Ok(Some(l4)) => l4,
+                Ok(None) => return Classified::unclassified(Unclassified::None),
+                Err(reason) => return Classified::unclassified(reason),
+            }
+        }
+        _ => return Classified::unclassified(Unclassified::Unsupported),
+    };
+
+    let encap = match l4_proto {
+        IPPROTO_IPIP => Ok(Encap {
+            proto: Proto::Ipip,
+            vni: 0,
+            inner: Inner::Ipv4,
+            inner_off: l4_off,
+        }),
+        IPPROTO_IPV6 => Ok(Encap {
+            proto: Proto::Ip6ip,
+            vni: 0,
+            inner: Inner::Ipv6,
+            inner_off: l4_off,
+        }),
+        IPPROTO_GRE => gre(f, l4_off),
+        IPPROTO_UDP => udp(f, l4_off),
+        _ => Ok(Encap::plain()),
+    };
+    let encap = match encap {
+        Ok(e) => e,
+        Err(reason) => return Classified::unclassified(reason),
+    };
+    if encap.proto == Proto::Other {
+        return Classified::unclassified(Unclassified::None);
+    }
+    c.proto = encap.proto;
+    c.vni = encap.vni;
+    inner_headers(f, encap.inner, encap.inner_off, &mut c);
+    c
+}
+
+/// Follows IPv6 extension headers to the upper-layer protocol. `Ok(None)`
+/// for a later fragment (nothing to classify).
+#[inline(always)]
+fn ipv6_payload<F: Frame>(
+    f: &F,
+    mut off: usize,
+    mut next: u8,
+) -> Result<Option<(usize, u8)>, Unclassified> {
+    for _ in 0..MAX_IPV6_EXT {
+        match next {
+            IPPROTO_HOPOPTS | IPPROTO_ROUTING | IPPROTO_DSTOPTS | IPPROTO_AH => {
+                let Some(ext) = f.read::<[u8; 2]>(off) else {
+                    return Err(Unclassified::TruncatedL3);
+                };
+                off += if next == IPPROTO_AH {
+                    (ext[1] as usize + 2) * 4
+                } else {
+                    (ext[1] as usize + 1) * 8
+                };
+                next = ext[0];
+            }
+            IPPROTO_FRAGMENT => {
+                let Some(ext) = f.read::<[u16; 2]>(off) else {
+                    return Err(Unclassified::TruncatedL3);
+                };
+                if u16::from_be(ext[1]) & 0xfff8 != 0 {
+                    return Ok(None);
+                }
+                next = ext[0].to_ne_bytes()[0];
+                off += 8;
+            }
+            _ => return Ok(Some((off, next))),
+        }
+    }
+    Err(Unclassified::Unsupported)
+}
+
+#[inline(always)]
+fn udp<F: Frame>(f: &F, off: usize) -> Result<Encap, Unclassified> {
+    let Some(ports) = f.read::<[u16; 4]>(off) else {
+        return Err(Unclassified::TruncatedL4);
+    };
+    let mut tag = port_tag(u16::from_be(ports[1]));
+    if tag == 0 {
+        let source_tag = port_tag(u16::from_be(ports[0]));
+        if source_tag & PORT_MATCH_SOURCE != 0 {
+            tag = source_tag;
+        }
+    }
+    let proto = Proto::from_u8(tag & PORT_PROTO_MASK);
+    let hdr_off = off + UDP_HLEN;
+    let (inner, inner_off) = match proto {
+        Proto::Other => return Ok(Encap::plain()),
+        Proto::Wireguard => {
+            return Ok(Encap {
+                proto,
+                vni: 0,
+                inner: Inner::None,
+                inner_off: 0,
+            });
+        }
+        _ => (Inner::None, hdr_off + VXLAN_HLEN),
+    };
+    let Some(h) = f.read::<EncapHdr>(hdr_off) else {
+        return Err(Unclassified::TruncatedEncap);
+    };
+    let vni = u32::from_be(h.vni_reserved) >> 8;
+    let (inner, inner_off) = match proto {
+        Proto::Vxlan => (Inner::Ethernet, inner_off),
+        // Next Protocol: 1 IPv4, 2 IPv6, 3 Ethernet.
+        Proto::VxlanGpe => (
+            match h.b[3] {
+                1 => Inner::Ipv4,
+                2 => Inner::Ipv6,
+                3 => Inner::Ethernet,
+                _ => Inner::None,
+            },
+            inner_off,
+        ),
+        Proto::Geneve => (
+            inner_of_ethertype(u16::from_be_bytes([h.b[2], h.b[3]])),
+            hdr_off + GENEVE_HLEN + ((h.b[0] & 0x3f) as usize) * 4,
+        ),
+        _ => (inner, inner_off),
+    };
+    Ok(Encap {
+        proto,
+        vni,
+        inner,
+        inner_off,
+    })
+}
+
+#[inline(always)]
+fn port_tag(port: u16) -> u8 {
+    UDP_PORTS.get(port as u32).copied().unwrap_or(0)
+}
+
+#[inline(always)]
+fn inner_of_ethertype(eth_type: u16) -> Inner {
+    match eth_type {
+        ETH_P_TEB => Inner::Ethernet,
+        ETH_P_IP => Inner::Ipv4,
+        ETH_P_IPV6 => Inner::Ipv6,
+        _ => Inner::None,
+    }
+}
+
+#[inline(always)]
+fn gre<F: Frame>(f: &F, off: usize) -> Result<Encap, Unclassified> {
+    let Some(h) = f.read::<[u8; GRE_HLEN]>(off) else {
+        return Err(Unclassified::TruncatedEncap);
+    };
+    let mut encap = Encap {
+        proto: Proto::Gre,
+        vni: 0,
+        inner: Inner::None,
+        inner_off: 0,
+    };
+    // Version 0 only: checksum (C), key (K) and sequence (S) each add 4 bytes.
+    if h[1] & 0x07 == 0 {
+        let optional = (h[0] >> 7) + ((h[0] >> 5) & 1) + ((h[0] >> 4) & 1);
+        encap.inner = inner_of_ethertype(u16::from_be_bytes([h[2], h[3]]));
+        encap.inner_off = off + GRE_HLEN + (optional as usize) * 4;
+    }
+    Ok(encap)
+}
+
+/// Records the inner addresses; a short or non-IP inner packet leaves the
+/// sample empty, but the outer classification stands.
+#[inline(always)]
+fn inner_headers<F: Frame>(f: &F, mut inner: Inner, mut off: usize, c: &mut Classified) {
+    if inner == Inner::Ethernet {
+        let Some(t) = f.read::<u16>(off + 12) else {
+            return;
+        };
+        inner = inner_of_ethertype(u16::from_be(t));
+        off += ETH_HLEN;
+    }
+    match inner {
+        Inner::Ipv4 => {
+            if let Some(h) = f.read::<Ipv4Hdr>(off) {
+                if h.version_ihl >> 4 == 4 {
+                    c.inner_src[0] = h.src;
+                    c.inner_dst[0] = h.dst;
+                    c.inner_family = family::V4;
+                    c.inner_l4_off = off + ((h.version_ihl & 0x0f) as usize) * 4;
+                    c.inner_l4_proto = h.proto;
+                }
+            }
+        }
+        Inner::Ipv6 => {
+            if let Some(h) = f.read::<Ipv6Hdr>(off) {
+                if u32::from_be(h.version_flow) >> 28 == 6 {
+                    c.inner_src = h.src;
+                    c.inner_dst = h.dst;
+                    c.inner_family = family::V6;
+                    c.inner_l4_off = off + 40;
+                    c.inner_l4_proto = h.next_header;
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Length of all headers up to the innermost L4 payload, used to count the
+/// bytes of a GSO skb's segments (each segment repeats these headers).
+/// Returns `None` when the inner L4 header is unknown.
+#[inline(always)]
+pub fn headers_len<F: Frame>(f: &F, c: &Classified) -> Option<usize> {
+    if c.inner_l4_off == 0 {
+        return None;
+    }
+    match c.inner_l4_proto {
+        IPPROTO_TCP => {
+            let doff = f.read::<[u8; 2]>(c.inner_l4_off + 12)?;
+            Some(c.inner_l4_off + ((doff[0] >> 4) as usize) * 4)
+        }
+        IPPROTO_UDP => Some(c.inner_l4_off + UDP_HLEN),
+        _ => Some(c.inner_l4_off),
+    }
+}

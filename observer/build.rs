@@ -1,0 +1,14 @@
+//! Builds the eBPF programs (observer-ebpf) with the nightly toolchain and
+//! bpf-linker, and leaves the object in OUT_DIR for `include_bytes_aligned!`.
+
+fn main() -> anyhow::Result<()> {
+    let root_dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../observer-ebpf");
+    aya_build::build_ebpf(
+        [aya_build::Package {
+            name: "observer-ebpf",
+            root_dir,
+            ..Default::default()
+        }],
+        aya_build::Toolchain::Nightly,
+    )
+}

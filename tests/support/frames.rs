@@ -1,0 +1,1 @@
+//! Frame builders (owned by the test-run tests).

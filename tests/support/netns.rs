@@ -1,0 +1,1 @@
+//! Network namespace fixtures (owned by the namespace tests).
