@@ -4,3 +4,27 @@
 
 pub mod frames;
 pub mod netns;
+
+/// True when the test may use the kernel (root). Without root the test is
+/// skipped with a message, except under CI (`CI=true`), where it fails:
+/// CI runs as root, so a skip there would hide a broken setup.
+pub fn have_root(test: &str) -> bool {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        return true;
+    }
+    if std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") {
+        panic!("{test} needs root (CAP_BPF, CAP_NET_ADMIN) and CI=true: refusing to skip");
+    }
+    eprintln!("skipping {test}: needs root");
+    false
+}
+
+/// Directory of the reference captures: $OBSERVER_PCAPS, else ../shared/pcaps
+/// beside the repository.
+pub fn pcaps_dir() -> std::path::PathBuf {
+    if let Ok(dir) = std::env::var("OBSERVER_PCAPS") {
+        return dir.into();
+    }
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/pcaps")
+}
