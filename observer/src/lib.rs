@@ -1,5 +1,17 @@
 //! observer: per-peer counters of encapsulated traffic at the wire.
+//!
+//! Modules by concern: `loader` owns the eBPF object and its attachments,
+//! `flows` decodes kernel rows, `aggregate` keeps monotonic totals and
+//! rates, `output` renders them, `attach` is the command's run loop, and
+//! `testrun` runs programs on frames without a device.
+
+pub mod aggregate;
+pub mod attach;
+pub mod cli;
 pub mod flows;
 pub mod loader;
+pub mod netns;
+pub mod output;
 pub mod ports;
+pub mod preflight;
 pub mod testrun;

@@ -1,0 +1,238 @@
+//! Turns successive reads of the kernel's flow map into totals that never
+//! go backwards (also when the LRU evicts and re-creates a key) and into
+//! per-interval rates. Bounded: at most `max_rows` rows are kept; the
+//! longest-idle rows are forgotten first and counted.
+
+use std::{collections::HashMap, net::IpAddr};
+
+use crate::flows::{FlowCounters, FlowId};
+
+/// One row as reported to the user.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Row {
+    /// Identity of the row.
+    pub id: FlowId,
+    /// Packets since attach.
+    pub packets: u64,
+    /// Bytes since attach.
+    pub bytes: u64,
+    /// Packets per second over the last interval.
+    pub pps: f64,
+    /// Bits per second over the last interval.
+    pub bps: f64,
+    /// Latest inner (source, destination) sample.
+    pub inner: Option<(IpAddr, IpAddr)>,
+    /// Whether the counters moved during the last interval.
+    pub changed: bool,
+}
+
+#[derive(Debug, Clone, Default)]
+struct State {
+    /// Kernel values at the previous read.
+    kernel: (u64, u64),
+    /// Totals since attach.
+    total: (u64, u64),
+    /// Totals at the start of the current interval.
+    interval_start: (u64, u64),
+    inner: Option<(IpAddr, IpAddr)>,
+    /// Update number in which the row last moved.
+    last_moved: u64,
+}
+
+/// Monotonic per-row totals.
+#[derive(Debug)]
+pub struct Aggregator {
+    rows: HashMap<FlowId, State>,
+    max_rows: usize,
+    generation: u64,
+    forgotten_rows: u64,
+}
+
+impl Aggregator {
+    /// An aggregator keeping at most `max_rows` rows (at least 1).
+    pub fn new(max_rows: usize) -> Aggregator {
+        Aggregator {
+            rows: HashMap::new(),
+            max_rows: max_rows.max(1),
+            generation: 0,
+            forgotten_rows: 0,
+        }
+    }
+
+    /// Rows forgotten because more than `max_rows` existed.
+    pub fn forgotten_rows(&self) -> u64 {
+        self.forgotten_rows
+    }
+
+    /// Folds in one read of the kernel map. A kernel value smaller than the
+    /// previous read means the key was evicted and re-created: the new value
+    /// is all new traffic.
+    pub fn update(&mut self, read: &[(FlowId, FlowCounters)]) {
+        self.generation += 1;
+        for (id, counters) in read {
+            let state = self.rows.entry(*id).or_default();
+            let now = (counters.packets, counters.bytes);
+            let delta = if now.0 >= state.kernel.0 && now.1 >= state.kernel.1 {
+                (now.0 - state.kernel.0, now.1 - state.kernel.1)
+            } else {
+                now
+            };
+            state.kernel = now;
+            state.total.0 += delta.0;
+            state.total.1 += delta.1;
+            if delta != (0, 0) {
+                state.last_moved = self.generation;
+            }
+            if counters.inner.is_some() {
+                state.inner = counters.inner;
+            }
+        }
+        // Keys gone from the kernel map keep their totals, but their kernel
+        // baseline resets so a re-created key counts from zero.
+        if read.len() < self.rows.len() {
+            let present: std::collections::HashSet<&FlowId> = read.iter().map(|(id, _)| id).collect();
+            for (id, state) in self.rows.iter_mut() {
+                if !present.contains(id) {
+                    state.kernel = (0, 0);
+                }
+            }
+        }
+        self.evict_idle();
+    }
+
+    fn evict_idle(&mut self) {
+        let excess = self.rows.len().saturating_sub(self.max_rows);
+        if excess == 0 {
+            return;
+        }
+        let mut by_idle: Vec<(u64, FlowId)> =
+            self.rows.iter().map(|(id, s)| (s.last_moved, *id)).collect();
+        by_idle.sort_unstable();
+        for (_, id) in by_idle.into_iter().take(excess) {
+            self.rows.remove(&id);
+            self.forgotten_rows += 1;
+        }
+    }
+
+    /// Ends the current interval of length `seconds` and returns every row
+    /// with its rate over that interval.
+    pub fn finish_interval(&mut self, seconds: f64) -> Vec<Row> {
+        let seconds = if seconds > 0.0 { seconds } else { 1.0 };
+        let mut rows: Vec<Row> = self
+            .rows
+            .iter_mut()
+            .map(|(id, state)| {
+                let dp = state.total.0 - state.interval_start.0;
+                let db = state.total.1 - state.interval_start.1;
+                state.interval_start = state.total;
+                Row {
+                    id: *id,
+                    packets: state.total.0,
+                    bytes: state.total.1,
+                    pps: dp as f64 / seconds,
+                    bps: db as f64 * 8.0 / seconds,
+                    inner: state.inner,
+                    changed: dp != 0 || db != 0,
+                }
+            })
+            .collect();
+        rows.sort_by(|a, b| {
+            b.pps
+                .total_cmp(&a.pps)
+                .then(b.bytes.cmp(&a.bytes))
+                .then(a.id.cmp(&b.id))
+        });
+        rows
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use observer_common::{Direction, Proto, Unclassified};
+
+    fn id(peer: &str) -> FlowId {
+        FlowId {
+            ifindex: 2,
+            direction: Direction::Rx,
+            proto: Proto::Vxlan,
+            reason: Unclassified::None,
+            peer: Some(peer.parse().unwrap()),
+            vni: 4096,
+        }
+    }
+
+    fn c(packets: u64, bytes: u64) -> FlowCounters {
+        FlowCounters {
+            packets,
+            bytes,
+            inner: None,
+        }
+    }
+
+    #[test]
+    fn totals_follow_kernel_counters_and_rates_use_the_interval() {
+        let mut agg = Aggregator::new(10);
+        agg.update(&[(id("10.0.0.1"), c(10, 1000))]);
+        let rows = agg.finish_interval(2.0);
+        assert_eq!((rows[0].packets, rows[0].bytes), (10, 1000));
+        assert_eq!(rows[0].pps, 5.0);
+        assert_eq!(rows[0].bps, 4000.0);
+        agg.update(&[(id("10.0.0.1"), c(14, 1400))]);
+        let rows = agg.finish_interval(1.0);
+        assert_eq!((rows[0].packets, rows[0].pps), (14, 4.0));
+        assert!(rows[0].changed);
+        agg.update(&[(id("10.0.0.1"), c(14, 1400))]);
+        let rows = agg.finish_interval(1.0);
+        assert!(!rows[0].changed);
+        assert_eq!(rows[0].pps, 0.0);
+    }
+
+    #[test]
+    fn eviction_and_recreation_never_makes_totals_go_backwards() {
+        let mut agg = Aggregator::new(10);
+        agg.update(&[(id("10.0.0.1"), c(100, 10_000))]);
+        // Key evicted: absent from the read, totals kept.
+        agg.update(&[]);
+        let rows = agg.finish_interval(1.0);
+        assert_eq!(rows[0].packets, 100);
+        // Re-created with a smaller kernel value: counted as new traffic.
+        agg.update(&[(id("10.0.0.1"), c(3, 300))]);
+        let rows = agg.finish_interval(1.0);
+        assert_eq!((rows[0].packets, rows[0].bytes), (103, 10_300));
+    }
+
+    #[test]
+    fn recreated_key_larger_than_before_counts_from_zero() {
+        let mut agg = Aggregator::new(10);
+        agg.update(&[(id("10.0.0.1"), c(5, 500))]);
+        agg.update(&[]);
+        agg.update(&[(id("10.0.0.1"), c(7, 700))]);
+        let rows = agg.finish_interval(1.0);
+        assert_eq!(rows[0].packets, 12);
+    }
+
+    #[test]
+    fn rows_are_bounded_and_idle_ones_forgotten_first() {
+        let mut agg = Aggregator::new(2);
+        agg.update(&[(id("10.0.0.1"), c(1, 1)), (id("10.0.0.2"), c(1, 1))]);
+        agg.update(&[
+            (id("10.0.0.1"), c(1, 1)),
+            (id("10.0.0.2"), c(2, 2)),
+            (id("10.0.0.3"), c(1, 1)),
+        ]);
+        let rows = agg.finish_interval(1.0);
+        assert_eq!(rows.len(), 2);
+        assert_eq!(agg.forgotten_rows(), 1);
+        let peers: Vec<_> = rows.iter().map(|r| r.id.peer.unwrap().to_string()).collect();
+        assert!(!peers.contains(&"10.0.0.1".to_string()), "{peers:?}");
+    }
+
+    #[test]
+    fn rows_sort_by_rate_then_bytes() {
+        let mut agg = Aggregator::new(10);
+        agg.update(&[(id("10.0.0.1"), c(1, 100)), (id("10.0.0.2"), c(5, 50))]);
+        let rows = agg.finish_interval(1.0);
+        assert_eq!(rows[0].id.peer.unwrap().to_string(), "10.0.0.2");
+    }
+}

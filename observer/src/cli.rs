@@ -1,0 +1,139 @@
+//! Command-line interface.
+
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::{loader::XdpMode, output::Format};
+
+/// See, at the wire, what happens to overlay traffic: encapsulated packets
+/// (VXLAN, VXLAN-GPE, Geneve, IPIP, IPv6-in-IP, GRE, WireGuard) counted per
+/// remote peer, protocol and direction by eBPF programs on the interfaces.
+#[derive(Debug, Parser)]
+#[command(name = "observer", version, propagate_version = true)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Attach to interfaces and stream per-peer counters until stopped.
+    ///
+    /// Received packets are counted by XDP (before GRO, so as on the wire),
+    /// sent packets by tc egress (a GSO packet counts as its segments).
+    /// Nothing is changed: every packet passes. Programs are attached with
+    /// bpf links, so they disappear with the process, even after kill -9.
+    /// SIGINT/SIGTERM print the final counters and exit 0.
+    ///
+    /// Example: observer attach eth0 --interval 2s
+    ///          observer attach --netns node-a veth0 --output json --duration 30s
+    #[command(verbatim_doc_comment)]
+    Attach(AttachArgs),
+}
+
+/// Options of `observer attach`.
+#[derive(Debug, Args)]
+pub struct AttachArgs {
+    /// Interfaces to observe (the underlay: eth0, bond0, ...).
+    #[arg(required = true, value_name = "IFACE")]
+    pub ifaces: Vec<String>,
+
+    /// Attach inside this named network namespace (see `ip netns list`).
+    #[arg(long, value_name = "NAME")]
+    pub netns: Option<String>,
+
+    /// How often to read the counters and print.
+    #[arg(long, default_value = "1s", value_parser = parse_duration, value_name = "DURATION")]
+    pub interval: Duration,
+
+    /// Stop after this long (e.g. 30s, 5m), printing the final counters.
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+    pub duration: Option<Duration>,
+
+    /// table (refreshed, for people) or json (one object per line).
+    /// Default: table on a terminal, json otherwise.
+    #[arg(long, value_enum, value_name = "FORMAT")]
+    pub output: Option<Format>,
+
+    /// How to count received packets: auto tries native XDP, then generic
+    /// XDP, then tc ingress (when another XDP program owns the interface).
+    #[arg(long, value_enum, default_value_t = XdpMode::Auto, value_name = "MODE")]
+    pub xdp_mode: XdpMode,
+
+    /// UDP destination port(s) carrying VXLAN [default: 4789, 8472].
+    #[arg(long = "vxlan-port", value_name = "PORT")]
+    pub vxlan_ports: Vec<u16>,
+
+    /// UDP port(s) carrying VXLAN-GPE [default: 4790].
+    #[arg(long = "vxlan-gpe-port", value_name = "PORT")]
+    pub vxlan_gpe_ports: Vec<u16>,
+
+    /// UDP port(s) carrying Geneve [default: 6081].
+    #[arg(long = "geneve-port", value_name = "PORT")]
+    pub geneve_ports: Vec<u16>,
+
+    /// UDP port(s) carrying WireGuard, matched as destination or source
+    /// [default: 51820, 51821].
+    #[arg(long = "wireguard-port", value_name = "PORT")]
+    pub wireguard_ports: Vec<u16>,
+
+    /// Capacity of the kernel flow map (rows shared by all CPUs). When
+    /// full, the least recently used row is evicted and counted.
+    #[arg(long, default_value_t = observer_common::DEFAULT_MAX_FLOWS, value_name = "N")]
+    pub max_flows: u32,
+}
+
+/// Parses `500ms`, `2s`, `1m`, `1h30m`; a bare number means seconds.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let duration = match text.parse::<u64>() {
+        Ok(seconds) => Duration::from_secs(seconds),
+        Err(_) => humantime::parse_duration(text)
+            .map_err(|e| format!("{e} (examples: 500ms, 2s, 1m)"))?,
+    };
+    if duration.is_zero() {
+        return Err("must be greater than zero".to_string());
+    }
+    Ok(duration)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("2"), Ok(Duration::from_secs(2)));
+        assert_eq!(parse_duration("1m"), Ok(Duration::from_secs(60)));
+        assert!(parse_duration("0s").is_err());
+        assert!(parse_duration("soon").unwrap_err().contains("examples"));
+    }
+
+    #[test]
+    fn attach_parses_ports_and_modes() {
+        let cli = Cli::try_parse_from([
+            "observer", "attach", "eth0", "eth1", "--vxlan-port", "4789", "--vxlan-port", "9000",
+            "--xdp-mode", "off", "--output", "json",
+        ])
+        .unwrap();
+        let Command::Attach(args) = cli.command;
+        assert_eq!(args.ifaces, ["eth0", "eth1"]);
+        assert_eq!(args.vxlan_ports, [4789, 9000]);
+        assert_eq!(args.xdp_mode, XdpMode::Off);
+        assert_eq!(args.output, Some(Format::Json));
+    }
+
+    #[test]
+    fn attach_needs_an_interface() {
+        assert!(Cli::try_parse_from(["observer", "attach"]).is_err());
+    }
+}

@@ -1,0 +1,404 @@
+//! Renders rows for people (a refreshed table) and for programs (JSON
+//! lines, one object per row; schema in the README).
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    io::{self, Write},
+    net::IpAddr,
+    time::SystemTime,
+};
+
+use observer_common::{Direction, Proto, Unclassified};
+use serde::Serialize;
+
+use crate::{aggregate::Row, loader::Attachment, loader::KernelStats};
+
+/// Output format (`--output`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    /// A table refreshed every interval (default on a terminal).
+    Table,
+    /// One JSON object per line (default when stdout is not a terminal).
+    Json,
+}
+
+fn direction_name(direction: Direction) -> &'static str {
+    match direction {
+        Direction::Rx => "rx",
+        Direction::Tx => "tx",
+    }
+}
+
+fn timestamp(at: SystemTime) -> String {
+    humantime::format_rfc3339_millis(at).to_string()
+}
+
+/// `{"type":"attach",...}`: one per interface once attached.
+#[derive(Serialize)]
+pub struct AttachLine<'a> {
+    r#type: &'static str,
+    ts: String,
+    iface: &'a str,
+    ifindex: u32,
+    rx_hook: String,
+    tx_hook: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    xdp_fallback_reason: Option<&'a str>,
+    program_ids: &'a [u32],
+}
+
+impl<'a> AttachLine<'a> {
+    /// Describes `attachment`.
+    pub fn new(attachment: &'a Attachment, program_ids: &'a [u32], at: SystemTime) -> Self {
+        AttachLine {
+            r#type: "attach",
+            ts: timestamp(at),
+            iface: &attachment.iface,
+            ifindex: attachment.ifindex,
+            rx_hook: attachment.rx.to_string(),
+            tx_hook: attachment.tx.to_string(),
+            xdp_fallback_reason: attachment.xdp_fallback_reason.as_deref(),
+            program_ids,
+        }
+    }
+}
+
+/// `{"type":"peer",...}`: counters of one (iface, direction, proto, peer, vni).
+#[derive(Serialize)]
+struct PeerLine<'a> {
+    r#type: &'static str,
+    ts: &'a str,
+    iface: &'a str,
+    direction: &'static str,
+    proto: &'static str,
+    /// Outer source (rx) / destination (tx); null for the `other` aggregate.
+    peer: Option<IpAddr>,
+    vni: u32,
+    packets: u64,
+    bytes: u64,
+    pps: f64,
+    bps: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    inner_src: Option<IpAddr>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    inner_dst: Option<IpAddr>,
+}
+
+/// `{"type":"unclassified",...}`: frames that could not be parsed, by reason.
+#[derive(Serialize)]
+struct UnclassifiedLine<'a> {
+    r#type: &'static str,
+    ts: &'a str,
+    iface: &'a str,
+    direction: &'static str,
+    reason: &'static str,
+    packets: u64,
+    bytes: u64,
+}
+
+/// `{"type":"stats",...}`: the observer's own counters, once per interval.
+#[derive(Serialize)]
+struct StatsLine<'a> {
+    r#type: &'static str,
+    ts: &'a str,
+    /// True on the last line the process prints.
+    #[serde(rename = "final")]
+    is_final: bool,
+    flow_entries: u64,
+    flow_evictions: u64,
+    flow_insert_failures: u64,
+    rows_forgotten: u64,
+}
+
+/// Everything one interval reports.
+pub struct Snapshot<'a> {
+    /// Rows with totals and rates.
+    pub rows: &'a [Row],
+    /// Kernel self counters.
+    pub stats: KernelStats,
+    /// Rows the aggregator forgot (bound reached).
+    pub rows_forgotten: u64,
+    /// Interface names by index.
+    pub ifaces: &'a HashMap<u32, String>,
+    /// Attachments, for the table header.
+    pub attachments: &'a [Attachment],
+    /// When the snapshot was taken.
+    pub at: SystemTime,
+    /// Last snapshot before exit: JSON prints every row, not only changed ones.
+    pub is_final: bool,
+}
+
+fn iface_name(ifaces: &HashMap<u32, String>, ifindex: u32) -> String {
+    ifaces
+        .get(&ifindex)
+        .cloned()
+        .unwrap_or_else(|| format!("if{ifindex}"))
+}
+
+/// Writes one interval as JSON lines: rows that changed during the interval
+/// (every row when final), then a stats line.
+pub fn write_json(out: &mut impl Write, snap: &Snapshot<'_>) -> io::Result<()> {
+    let ts = timestamp(snap.at);
+    for row in snap.rows.iter().filter(|r| r.changed || snap.is_final) {
+        let iface = iface_name(snap.ifaces, row.id.ifindex);
+        let direction = direction_name(row.id.direction);
+        let line = if row.id.reason == Unclassified::None {
+            serde_json::to_string(&PeerLine {
+                r#type: "peer",
+                ts: &ts,
+                iface: &iface,
+                direction,
+                proto: row.id.proto.name(),
+                peer: row.id.peer,
+                vni: row.id.vni,
+                packets: row.packets,
+                bytes: row.bytes,
+                pps: round2(row.pps),
+                bps: round2(row.bps),
+                inner_src: row.inner.map(|i| i.0),
+                inner_dst: row.inner.map(|i| i.1),
+            })
+        } else {
+            serde_json::to_string(&UnclassifiedLine {
+                r#type: "unclassified",
+                ts: &ts,
+                iface: &iface,
+                direction,
+                reason: row.id.reason.name(),
+                packets: row.packets,
+                bytes: row.bytes,
+            })
+        };
+        writeln!(out, "{}", line.map_err(io::Error::other)?)?;
+    }
+    let stats = StatsLine {
+        r#type: "stats",
+        ts: &ts,
+        is_final: snap.is_final,
+        flow_entries: snap.stats.flow_entries,
+        flow_evictions: snap.stats.flow_evictions,
+        flow_insert_failures: snap.stats.flow_insert_failures,
+        rows_forgotten: snap.rows_forgotten,
+    };
+    writeln!(out, "{}", serde_json::to_string(&stats).map_err(io::Error::other)?)?;
+    out.flush()
+}
+
+fn round2(value: f64) -> f64 {
+    (value * 100.0).round() / 100.0
+}
+
+/// Human rate with SI prefixes: `1.5 M`, `980`, `12.0 k`.
+pub fn si(value: f64) -> String {
+    let units = [(1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")];
+    for (scale, unit) in units {
+        if value >= scale {
+            return format!("{:.1}{unit}", value / scale);
+        }
+    }
+    format!("{value:.0}")
+}
+
+/// Rows shown in the table before "(N more)".
+const TABLE_ROWS: usize = 40;
+
+/// Writes one interval as a table; `clear` redraws the screen (terminal).
+pub fn write_table(out: &mut impl Write, snap: &Snapshot<'_>, clear: bool) -> io::Result<()> {
+    if clear {
+        write!(out, "\x1b[2J\x1b[H")?;
+    }
+    writeln!(out, "observer  {}", timestamp(snap.at))?;
+    for a in snap.attachments {
+        writeln!(out, "  {} (ifindex {}): rx via {}, tx via {}", a.iface, a.ifindex, a.rx, a.tx)?;
+    }
+    writeln!(
+        out,
+        "\n{:<10} {:<3} {:<10} {:<39} {:>8} {:>9} {:>9} {:>12} {:>12}  INNER SAMPLE",
+        "IFACE", "DIR", "PROTO", "PEER", "VNI", "PKT/S", "BIT/S", "PACKETS", "BYTES"
+    )?;
+    let peers: Vec<&Row> = snap.rows.iter().filter(|r| r.id.reason == Unclassified::None).collect();
+    for row in peers.iter().take(TABLE_ROWS) {
+        let peer = row.id.peer.map_or("(all non-tunnel IP)".to_string(), |p| p.to_string());
+        let vni = if row.id.vni != 0 || matches!(row.id.proto, Proto::Vxlan | Proto::Geneve | Proto::VxlanGpe) {
+            row.id.vni.to_string()
+        } else {
+            "-".to_string()
+        };
+        let inner = row.inner.map_or(String::new(), |(s, d)| format!("{s} > {d}"));
+        writeln!(
+            out,
+            "{:<10} {:<3} {:<10} {:<39} {:>8} {:>9} {:>9} {:>12} {:>12}  {}",
+            iface_name(snap.ifaces, row.id.ifindex),
+            direction_name(row.id.direction),
+            row.id.proto.name(),
+            peer,
+            vni,
+            si(row.pps),
+            si(row.bps),
+            row.packets,
+            row.bytes,
+            inner
+        )?;
+    }
+    if peers.len() > TABLE_ROWS {
+        writeln!(out, "({} more rows; use --output json for all)", peers.len() - TABLE_ROWS)?;
+    }
+
+    // Totals per direction and protocol.
+    let mut totals: BTreeMap<(&str, &str), (u64, u64, f64, f64)> = BTreeMap::new();
+    for row in &peers {
+        let entry = totals
+            .entry((direction_name(row.id.direction), row.id.proto.name()))
+            .or_default();
+        entry.0 += row.packets;
+        entry.1 += row.bytes;
+        entry.2 += row.pps;
+        entry.3 += row.bps;
+    }
+    writeln!(out, "\nTOTALS")?;
+    for ((direction, proto), (packets, bytes, pps, bps)) in totals {
+        writeln!(
+            out,
+            "  {direction:<3} {proto:<10} {:>9} pkt/s {:>9} bit/s {packets:>12} packets {bytes:>14} bytes",
+            si(pps),
+            si(bps)
+        )?;
+    }
+    let unclassified: Vec<&Row> = snap.rows.iter().filter(|r| r.id.reason != Unclassified::None).collect();
+    if !unclassified.is_empty() {
+        writeln!(out, "\nUNCLASSIFIED FRAMES")?;
+        for row in unclassified {
+            writeln!(
+                out,
+                "  {:<10} {:<3} {:<16} {:>12} packets",
+                iface_name(snap.ifaces, row.id.ifindex),
+                direction_name(row.id.direction),
+                row.id.reason.name(),
+                row.packets
+            )?;
+        }
+    }
+    writeln!(
+        out,
+        "\nflow map: {} entries, {} evictions, {} insert failures",
+        snap.stats.flow_entries, snap.stats.flow_evictions, snap.stats.flow_insert_failures
+    )?;
+    out.flush()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::flows::FlowId;
+
+    fn row(proto: Proto, peer: Option<&str>, reason: Unclassified, changed: bool) -> Row {
+        Row {
+            id: FlowId {
+                ifindex: 7,
+                direction: Direction::Rx,
+                proto,
+                reason,
+                peer: peer.map(|p| p.parse().unwrap()),
+                vni: if proto == Proto::Vxlan { 4096 } else { 0 },
+            },
+            packets: 123,
+            bytes: 45678,
+            pps: 1.0 / 3.0,
+            bps: 8.0,
+            inner: Some(("10.42.182.1".parse().unwrap(), "10.42.168.210".parse().unwrap())),
+            changed,
+        }
+    }
+
+    fn render(rows: &[Row], is_final: bool) -> Vec<serde_json::Value> {
+        let ifaces = HashMap::from([(7, "eth0".to_string())]);
+        let snap = Snapshot {
+            rows,
+            stats: KernelStats::default(),
+            rows_forgotten: 0,
+            ifaces: &ifaces,
+            attachments: &[],
+            at: SystemTime::UNIX_EPOCH,
+            is_final,
+        };
+        let mut out = Vec::new();
+        write_json(&mut out, &snap).unwrap();
+        String::from_utf8(out)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn peer_row_has_the_documented_fields() {
+        let lines = render(&[row(Proto::Vxlan, Some("10.10.60.127"), Unclassified::None, true)], false);
+        let peer = &lines[0];
+        assert_eq!(peer["type"], "peer");
+        assert_eq!(peer["iface"], "eth0");
+        assert_eq!(peer["direction"], "rx");
+        assert_eq!(peer["proto"], "vxlan");
+        assert_eq!(peer["peer"], "10.10.60.127");
+        assert_eq!(peer["vni"], 4096);
+        assert_eq!(peer["packets"], 123);
+        assert_eq!(peer["bytes"], 45678);
+        assert_eq!(peer["pps"], 0.33);
+        assert_eq!(peer["inner_src"], "10.42.182.1");
+        assert_eq!(peer["ts"], "1970-01-01T00:00:00.000Z");
+        assert_eq!(lines[1]["type"], "stats");
+        assert_eq!(lines[1]["final"], false);
+    }
+
+    #[test]
+    fn other_aggregate_has_null_peer_and_unclassified_has_reason() {
+        let lines = render(
+            &[
+                row(Proto::Other, None, Unclassified::None, true),
+                row(Proto::Other, None, Unclassified::TruncatedL4, true),
+            ],
+            false,
+        );
+        assert_eq!(lines[0]["proto"], "other");
+        assert!(lines[0]["peer"].is_null());
+        assert_eq!(lines[1]["type"], "unclassified");
+        assert_eq!(lines[1]["reason"], "truncated_l4");
+    }
+
+    #[test]
+    fn unchanged_rows_print_only_in_the_final_snapshot() {
+        let rows = [row(Proto::Vxlan, Some("10.0.0.1"), Unclassified::None, false)];
+        assert_eq!(render(&rows, false).len(), 1);
+        let last = render(&rows, true);
+        assert_eq!(last.len(), 2);
+        assert_eq!(last[1]["final"], true);
+    }
+
+    #[test]
+    fn table_shows_rows_and_totals() {
+        let rows = [row(Proto::Vxlan, Some("10.10.60.127"), Unclassified::None, true)];
+        let ifaces = HashMap::new();
+        let snap = Snapshot {
+            rows: &rows,
+            stats: KernelStats::default(),
+            rows_forgotten: 0,
+            ifaces: &ifaces,
+            attachments: &[],
+            at: SystemTime::UNIX_EPOCH,
+            is_final: false,
+        };
+        let mut out = Vec::new();
+        write_table(&mut out, &snap, false).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert!(text.contains("10.10.60.127"), "{text}");
+        assert!(text.contains("10.42.182.1 > 10.42.168.210"), "{text}");
+        assert!(text.contains("TOTALS"), "{text}");
+        assert!(text.contains("rx  vxlan"), "{text}");
+    }
+
+    #[test]
+    fn si_prefixes() {
+        assert_eq!(si(999.0), "999");
+        assert_eq!(si(1500.0), "1.5k");
+        assert_eq!(si(2_500_000.0), "2.5M");
+    }
+}
