@@ -8,9 +8,7 @@
 //! are read once at the end, so the program is not inlined once per
 //! encapsulation.
 
-use observer_common::{
-    Direction, PORT_MATCH_SOURCE, PORT_PROTO_MASK, Proto, Unclassified, family,
-};
+use observer_common::{Direction, PORT_MATCH_SOURCE, PORT_PROTO_MASK, Proto, Unclassified, family};
 
 use crate::maps::UDP_PORTS;
 

@@ -24,9 +24,9 @@ impl parse::Frame for SkbFrame<'_> {
         let at = self.start + off;
         if at + size <= self.end {
             // SAFETY: bounds checked against data_end just above. The pointer may
-        // be misaligned for T: BPF allows misaligned packet loads on the
-        // architectures the observer supports (x86_64, arm64), and an
-        // aligned read lets LLVM emit word loads instead of byte loads.
+            // be misaligned for T: BPF allows misaligned packet loads on the
+            // architectures the observer supports (x86_64, arm64), and an
+            // aligned read lets LLVM emit word loads instead of byte loads.
             return Some(unsafe { core::ptr::read(at as *const T) });
         }
         let mut value = core::mem::MaybeUninit::<T>::uninit();
@@ -59,7 +59,8 @@ pub fn observe(ctx: &TcContext, direction: Direction) {
     let c = parse::classify(&frame, direction);
     let skb = ctx.skb.skb;
     // SAFETY: reads of the program's own __sk_buff context.
-    let (len, segs, ifindex) = unsafe { ((*skb).len as u64, (*skb).gso_segs as u64, (*skb).ifindex) };
+    let (len, segs, ifindex) =
+        unsafe { ((*skb).len as u64, (*skb).gso_segs as u64, (*skb).ifindex) };
     let (packets, bytes) = if segs > 1 {
         // Each segment repeats the headers; without an inner L4 header we
         // can only count the skb's own bytes.

@@ -1,7 +1,10 @@
 //! XDP on ingress: counts frames as they arrive, before GRO, so packet
 //! counts are the wire's. Always returns XDP_PASS.
 
-use aya_ebpf::{bindings::xdp_action, helpers::generated::bpf_xdp_get_buff_len, macros::xdp, programs::XdpContext};
+use aya_ebpf::{
+    bindings::xdp_action, helpers::generated::bpf_xdp_get_buff_len, macros::xdp,
+    programs::XdpContext,
+};
 use observer_common::Direction;
 
 use crate::{count, parse};

@@ -90,7 +90,8 @@ impl Aggregator {
         // Keys gone from the kernel map keep their totals, but their kernel
         // baseline resets so a re-created key counts from zero.
         if read.len() < self.rows.len() {
-            let present: std::collections::HashSet<&FlowId> = read.iter().map(|(id, _)| id).collect();
+            let present: std::collections::HashSet<&FlowId> =
+                read.iter().map(|(id, _)| id).collect();
             for (id, state) in self.rows.iter_mut() {
                 if !present.contains(id) {
                     state.kernel = (0, 0);
@@ -105,8 +106,11 @@ impl Aggregator {
         if excess == 0 {
             return;
         }
-        let mut by_idle: Vec<(u64, FlowId)> =
-            self.rows.iter().map(|(id, s)| (s.last_moved, *id)).collect();
+        let mut by_idle: Vec<(u64, FlowId)> = self
+            .rows
+            .iter()
+            .map(|(id, s)| (s.last_moved, *id))
+            .collect();
         by_idle.sort_unstable();
         for (_, id) in by_idle.into_iter().take(excess) {
             self.rows.remove(&id);
@@ -224,7 +228,10 @@ mod tests {
         let rows = agg.finish_interval(1.0);
         assert_eq!(rows.len(), 2);
         assert_eq!(agg.forgotten_rows(), 1);
-        let peers: Vec<_> = rows.iter().map(|r| r.id.peer.unwrap().to_string()).collect();
+        let peers: Vec<_> = rows
+            .iter()
+            .map(|r| r.id.peer.unwrap().to_string())
+            .collect();
         assert!(!peers.contains(&"10.0.0.1".to_string()), "{peers:?}");
     }
 

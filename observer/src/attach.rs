@@ -64,7 +64,11 @@ pub fn run(args: AttachArgs) -> Result<()> {
             "attached"
         );
         if format == Format::Json {
-            let line = serde_json::to_string(&AttachLine::new(attachment, &program_ids, SystemTime::now()))?;
+            let line = serde_json::to_string(&AttachLine::new(
+                attachment,
+                &program_ids,
+                SystemTime::now(),
+            ))?;
             if writeln!(io::stdout(), "{line}").is_err() {
                 return Ok(());
             }
@@ -84,7 +88,11 @@ pub fn run(args: AttachArgs) -> Result<()> {
 fn port_config(args: &AttachArgs) -> PortConfig {
     let defaults = PortConfig::default();
     let pick = |given: &Vec<u16>, default: Vec<u16>| {
-        if given.is_empty() { default } else { given.clone() }
+        if given.is_empty() {
+            default
+        } else {
+            given.clone()
+        }
     };
     PortConfig {
         vxlan: pick(&args.vxlan_ports, defaults.vxlan),

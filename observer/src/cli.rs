@@ -90,8 +90,9 @@ pub struct AttachArgs {
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let duration = match text.parse::<u64>() {
         Ok(seconds) => Duration::from_secs(seconds),
-        Err(_) => humantime::parse_duration(text)
-            .map_err(|e| format!("{e} (examples: 500ms, 2s, 1m)"))?,
+        Err(_) => {
+            humantime::parse_duration(text).map_err(|e| format!("{e} (examples: 500ms, 2s, 1m)"))?
+        }
     };
     if duration.is_zero() {
         return Err("must be greater than zero".to_string());
@@ -121,8 +122,18 @@ mod tests {
     #[test]
     fn attach_parses_ports_and_modes() {
         let cli = Cli::try_parse_from([
-            "observer", "attach", "eth0", "eth1", "--vxlan-port", "4789", "--vxlan-port", "9000",
-            "--xdp-mode", "off", "--output", "json",
+            "observer",
+            "attach",
+            "eth0",
+            "eth1",
+            "--vxlan-port",
+            "4789",
+            "--vxlan-port",
+            "9000",
+            "--xdp-mode",
+            "off",
+            "--output",
+            "json",
         ])
         .unwrap();
         let Command::Attach(args) = cli.command;

@@ -59,13 +59,13 @@ impl FlowCounters {
         for value in values {
             total.packets += value.packets;
             total.bytes += value.bytes;
-            if total.inner.is_none() {
-                if let (Some(src), Some(dst)) = (
+            if total.inner.is_none()
+                && let (Some(src), Some(dst)) = (
                     decode_addr(&value.inner_src, value.inner_family),
                     decode_addr(&value.inner_dst, value.inner_family),
-                ) {
-                    total.inner = Some((src, dst));
-                }
+                )
+            {
+                total.inner = Some((src, dst));
             }
         }
         total

@@ -1,7 +1,11 @@
 //! Loads the eBPF object, configures it, attaches it to interfaces with bpf
 //! links, and reads its maps. Dropping the [`Observer`] detaches everything.
 
-use std::{ffi::CString, fmt, io, os::fd::{AsFd, BorrowedFd}};
+use std::{
+    ffi::CString,
+    fmt, io,
+    os::fd::{AsFd, BorrowedFd},
+};
 
 use anyhow::{Context, Result, anyhow, bail};
 use aya::{
@@ -12,9 +16,7 @@ use aya::{
         tc::{self, NlOptions, TcAttachOptions},
     },
 };
-use observer_common::{
-    FLOWS_MAP, FlowKey, FlowValue, STATS_MAP, Stat, UDP_PORTS_MAP,
-};
+use observer_common::{FLOWS_MAP, FlowKey, FlowValue, STATS_MAP, Stat, UDP_PORTS_MAP};
 
 use crate::{
     flows::{FlowCounters, FlowId},
@@ -22,8 +24,7 @@ use crate::{
 };
 
 /// The eBPF object built by build.rs from `observer-ebpf`.
-pub static EBPF_OBJECT: &[u8] =
-    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/observer"));
+pub static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/observer"));
 
 /// The three programs of the object.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -151,9 +152,9 @@ impl Observer {
             .load(EBPF_OBJECT)
             .map_err(|e| explain_load_error(anyhow::Error::new(e)))?;
         for hook in [Hook::Xdp, Hook::TcIngress, Hook::TcEgress] {
-            let program = ebpf
-                .program_mut(hook.program_name())
-                .with_context(|| format!("program {} missing from the object", hook.program_name()))?;
+            let program = ebpf.program_mut(hook.program_name()).with_context(|| {
+                format!("program {} missing from the object", hook.program_name())
+            })?;
             let loaded = match program {
                 aya::programs::Program::Xdp(p) => p.load(),
                 aya::programs::Program::SchedClassifier(p) => p.load(),
@@ -164,7 +165,8 @@ impl Observer {
                 .with_context(|| format!("loading {}", hook.program_name()))?;
         }
         let mut ports: Array<_, u8> = Array::try_from(
-            ebpf.map_mut(UDP_PORTS_MAP).context("UDP_PORTS map missing")?,
+            ebpf.map_mut(UDP_PORTS_MAP)
+                .context("UDP_PORTS map missing")?,
         )?;
         for (port, value) in entries {
             ports
@@ -264,7 +266,12 @@ impl Observer {
         }
     }
 
-    fn attach_tc(&mut self, iface: &str, attach_type: TcAttachType, hook: Hook) -> Result<AttachedWith> {
+    fn attach_tc(
+        &mut self,
+        iface: &str,
+        attach_type: TcAttachType,
+        hook: Hook,
+    ) -> Result<AttachedWith> {
         let classifier: &mut SchedClassifier = self.program(hook)?.try_into()?;
         let tcx = classifier.attach_with_options(
             iface,
@@ -279,7 +286,9 @@ impl Observer {
         if let Err(e) = tc::qdisc_add_clsact(iface) {
             let text = error_chain(&e);
             if !text.contains("exists") {
-                bail!("cannot attach tc {attach_type:?} to {iface}: tcx failed ({tcx_error}) and adding a clsact qdisc failed ({text})");
+                bail!(
+                    "cannot attach tc {attach_type:?} to {iface}: tcx failed ({tcx_error}) and adding a clsact qdisc failed ({text})"
+                );
             }
         }
         classifier
@@ -290,7 +299,10 @@ impl Observer {
                     error_chain(&e)
                 )
             })?;
-        tracing::warn!(iface, "tcx unavailable; attached with clsact, which a killed observer leaves behind");
+        tracing::warn!(
+            iface,
+            "tcx unavailable; attached with clsact, which a killed observer leaves behind"
+        );
         Ok(AttachedWith::Clsact)
     }
 
@@ -327,9 +339,7 @@ impl Observer {
     pub fn read_stats(&self) -> Result<KernelStats> {
         let stats: PerCpuArray<&MapData, u64> =
             PerCpuArray::try_from(self.ebpf.map(STATS_MAP).context("STATS map missing")?)?;
-        let read = |stat: Stat| -> Result<u64> {
-            Ok(stats.get(&(stat as u32), 0)?.iter().sum())
-        };
+        let read = |stat: Stat| -> Result<u64> { Ok(stats.get(&(stat as u32), 0)?.iter().sum()) };
         let flow_entries = self.flow_map()?.keys().filter(|k| k.is_ok()).count() as u64;
         let flow_inserts = read(Stat::FlowInserts)?;
         Ok(KernelStats {
@@ -343,11 +353,14 @@ impl Observer {
 
 /// Interface index of `iface` in the current network namespace.
 pub fn ifindex(iface: &str) -> Result<u32> {
-    let name = CString::new(iface).map_err(|_| anyhow!("interface name {iface:?} contains a NUL byte"))?;
+    let name =
+        CString::new(iface).map_err(|_| anyhow!("interface name {iface:?} contains a NUL byte"))?;
     // SAFETY: valid NUL-terminated string.
     let index = unsafe { libc::if_nametoindex(name.as_ptr()) };
     if index == 0 {
-        bail!("interface {iface} not found (list interfaces with `ip link`; use --netns NAME for one inside a network namespace)");
+        bail!(
+            "interface {iface} not found (list interfaces with `ip link`; use --netns NAME for one inside a network namespace)"
+        );
     }
     Ok(index)
 }

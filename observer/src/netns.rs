@@ -40,7 +40,10 @@ mod tests {
     #[test]
     fn missing_namespace_is_named_in_the_error() {
         let err = enter("observer-no-such-ns").unwrap_err().to_string();
-        assert!(err.contains("network namespace observer-no-such-ns not found"), "{err}");
+        assert!(
+            err.contains("network namespace observer-no-such-ns not found"),
+            "{err}"
+        );
         assert!(err.contains("ip netns list"), "{err}");
     }
 

@@ -180,7 +180,11 @@ pub fn write_json(out: &mut impl Write, snap: &Snapshot<'_>) -> io::Result<()> {
         flow_insert_failures: snap.stats.flow_insert_failures,
         rows_forgotten: snap.rows_forgotten,
     };
-    writeln!(out, "{}", serde_json::to_string(&stats).map_err(io::Error::other)?)?;
+    writeln!(
+        out,
+        "{}",
+        serde_json::to_string(&stats).map_err(io::Error::other)?
+    )?;
     out.flush()
 }
 
@@ -209,22 +213,37 @@ pub fn write_table(out: &mut impl Write, snap: &Snapshot<'_>, clear: bool) -> io
     }
     writeln!(out, "observer  {}", timestamp(snap.at))?;
     for a in snap.attachments {
-        writeln!(out, "  {} (ifindex {}): rx via {}, tx via {}", a.iface, a.ifindex, a.rx, a.tx)?;
+        writeln!(
+            out,
+            "  {} (ifindex {}): rx via {}, tx via {}",
+            a.iface, a.ifindex, a.rx, a.tx
+        )?;
     }
     writeln!(
         out,
         "\n{:<10} {:<3} {:<10} {:<39} {:>8} {:>9} {:>9} {:>12} {:>12}  INNER SAMPLE",
         "IFACE", "DIR", "PROTO", "PEER", "VNI", "PKT/S", "BIT/S", "PACKETS", "BYTES"
     )?;
-    let peers: Vec<&Row> = snap.rows.iter().filter(|r| r.id.reason == Unclassified::None).collect();
+    let peers: Vec<&Row> = snap
+        .rows
+        .iter()
+        .filter(|r| r.id.reason == Unclassified::None)
+        .collect();
     for row in peers.iter().take(TABLE_ROWS) {
-        let peer = row.id.peer.map_or("(all non-tunnel IP)".to_string(), |p| p.to_string());
-        let vni = if row.id.vni != 0 || matches!(row.id.proto, Proto::Vxlan | Proto::Geneve | Proto::VxlanGpe) {
+        let peer = row
+            .id
+            .peer
+            .map_or("(all non-tunnel IP)".to_string(), |p| p.to_string());
+        let vni = if row.id.vni != 0
+            || matches!(row.id.proto, Proto::Vxlan | Proto::Geneve | Proto::VxlanGpe)
+        {
             row.id.vni.to_string()
         } else {
             "-".to_string()
         };
-        let inner = row.inner.map_or(String::new(), |(s, d)| format!("{s} > {d}"));
+        let inner = row
+            .inner
+            .map_or(String::new(), |(s, d)| format!("{s} > {d}"));
         writeln!(
             out,
             "{:<10} {:<3} {:<10} {:<39} {:>8} {:>9} {:>9} {:>12} {:>12}  {}",
@@ -241,7 +260,11 @@ pub fn write_table(out: &mut impl Write, snap: &Snapshot<'_>, clear: bool) -> io
         )?;
     }
     if peers.len() > TABLE_ROWS {
-        writeln!(out, "({} more rows; use --output json for all)", peers.len() - TABLE_ROWS)?;
+        writeln!(
+            out,
+            "({} more rows; use --output json for all)",
+            peers.len() - TABLE_ROWS
+        )?;
     }
 
     // Totals per direction and protocol.
@@ -264,7 +287,11 @@ pub fn write_table(out: &mut impl Write, snap: &Snapshot<'_>, clear: bool) -> io
             si(bps)
         )?;
     }
-    let unclassified: Vec<&Row> = snap.rows.iter().filter(|r| r.id.reason != Unclassified::None).collect();
+    let unclassified: Vec<&Row> = snap
+        .rows
+        .iter()
+        .filter(|r| r.id.reason != Unclassified::None)
+        .collect();
     if !unclassified.is_empty() {
         writeln!(out, "\nUNCLASSIFIED FRAMES")?;
         for row in unclassified {
@@ -305,7 +332,10 @@ mod tests {
             bytes: 45678,
             pps: 1.0 / 3.0,
             bps: 8.0,
-            inner: Some(("10.42.182.1".parse().unwrap(), "10.42.168.210".parse().unwrap())),
+            inner: Some((
+                "10.42.182.1".parse().unwrap(),
+                "10.42.168.210".parse().unwrap(),
+            )),
             changed,
         }
     }
@@ -332,7 +362,15 @@ mod tests {
 
     #[test]
     fn peer_row_has_the_documented_fields() {
-        let lines = render(&[row(Proto::Vxlan, Some("10.10.60.127"), Unclassified::None, true)], false);
+        let lines = render(
+            &[row(
+                Proto::Vxlan,
+                Some("10.10.60.127"),
+                Unclassified::None,
+                true,
+            )],
+            false,
+        );
         let peer = &lines[0];
         assert_eq!(peer["type"], "peer");
         assert_eq!(peer["iface"], "eth0");
@@ -366,7 +404,12 @@ mod tests {
 
     #[test]
     fn unchanged_rows_print_only_in_the_final_snapshot() {
-        let rows = [row(Proto::Vxlan, Some("10.0.0.1"), Unclassified::None, false)];
+        let rows = [row(
+            Proto::Vxlan,
+            Some("10.0.0.1"),
+            Unclassified::None,
+            false,
+        )];
         assert_eq!(render(&rows, false).len(), 1);
         let last = render(&rows, true);
         assert_eq!(last.len(), 2);
@@ -375,7 +418,12 @@ mod tests {
 
     #[test]
     fn table_shows_rows_and_totals() {
-        let rows = [row(Proto::Vxlan, Some("10.10.60.127"), Unclassified::None, true)];
+        let rows = [row(
+            Proto::Vxlan,
+            Some("10.10.60.127"),
+            Unclassified::None,
+            true,
+        )];
         let ifaces = HashMap::new();
         let snap = Snapshot {
             rows: &rows,

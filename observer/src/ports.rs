@@ -88,7 +88,10 @@ mod tests {
             ..PortConfig::default()
         };
         let err = config.entries().unwrap_err();
-        assert!(err.contains("4789") && err.contains("vxlan") && err.contains("geneve"), "{err}");
+        assert!(
+            err.contains("4789") && err.contains("vxlan") && err.contains("geneve"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -97,7 +100,15 @@ mod tests {
             vxlan: vec![4789, 4789],
             ..PortConfig::default()
         };
-        assert_eq!(config.entries().unwrap().iter().filter(|(p, _)| *p == 4789).count(), 1);
+        assert_eq!(
+            config
+                .entries()
+                .unwrap()
+                .iter()
+                .filter(|(p, _)| *p == 4789)
+                .count(),
+            1
+        );
     }
 
     #[test]

@@ -39,9 +39,10 @@ pub fn check_privileges() -> Result<()> {
 /// CAP_SYS_ADMIN stands in for CAP_BPF and CAP_PERFMON on kernels < 5.8.
 fn missing_capabilities(effective: u64) -> Vec<&'static str> {
     let has = |cap: u32| effective & (1u64 << cap) != 0;
+    let covered = |cap: u32| has(cap) || (cap != CAP_NET_ADMIN && has(CAP_SYS_ADMIN));
     NEEDED
         .iter()
-        .filter(|(cap, _)| !has(*cap) && !(has(CAP_SYS_ADMIN) && *cap != CAP_NET_ADMIN))
+        .filter(|(cap, _)| !covered(*cap))
         .map(|(_, name)| *name)
         .collect()
 }
@@ -83,17 +84,28 @@ mod tests {
         );
         let all = (1 << CAP_BPF) | (1 << CAP_NET_ADMIN) | (1 << CAP_PERFMON);
         assert!(missing_capabilities(all).is_empty());
-        assert_eq!(missing_capabilities(1 << CAP_NET_ADMIN), vec!["CAP_BPF", "CAP_PERFMON"]);
+        assert_eq!(
+            missing_capabilities(1 << CAP_NET_ADMIN),
+            vec!["CAP_BPF", "CAP_PERFMON"]
+        );
     }
 
     #[test]
     fn sys_admin_covers_bpf_and_perfmon_but_not_net_admin() {
-        assert_eq!(missing_capabilities(1 << CAP_SYS_ADMIN), vec!["CAP_NET_ADMIN"]);
+        assert_eq!(
+            missing_capabilities(1 << CAP_SYS_ADMIN),
+            vec!["CAP_NET_ADMIN"]
+        );
     }
 
     #[test]
     fn missing_btf_is_explained() {
-        let err = check_btf(Path::new("/nonexistent/vmlinux")).unwrap_err().to_string();
-        assert!(err.contains("no BTF") && err.contains("CONFIG_DEBUG_INFO_BTF"), "{err}");
+        let err = check_btf(Path::new("/nonexistent/vmlinux"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("no BTF") && err.contains("CONFIG_DEBUG_INFO_BTF"),
+            "{err}"
+        );
     }
 }
