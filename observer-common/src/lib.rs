@@ -239,4 +239,176 @@ mod pod {
     // (FlowKey: 16+4+4+4 = 28 bytes; FlowValue: 8+8+16+16+1+7 = 56 bytes).
     unsafe impl aya::Pod for super::FlowKey {}
     unsafe impl aya::Pod for super::FlowValue {}
+    // SAFETY: as above (DropKey: 16+4+4+2+1+1+1+3 = 32; DropValue 16;
+    // WatchedIface 8; SkbLayout 10*4).
+    unsafe impl aya::Pod for super::DropKey {}
+    unsafe impl aya::Pod for super::DropValue {}
+    unsafe impl aya::Pod for super::WatchedIface {}
+    unsafe impl aya::Pod for super::SkbLayout {}
+}
+
+/// Name of the per-CPU LRU hash map of [`DropKey`] -> [`DropValue`]:
+/// packets the classifier flags and packets the kernel drops, by reason.
+pub const DROPS_MAP: &str = "DROPS";
+/// LPM trie of IPv4 sources allowed to send VXLAN (key data: the address
+/// word as in the packet).
+pub const VXLAN_ALLOW_V4_MAP: &str = "VXLAN_ALLOW4";
+/// LPM trie of IPv6 sources allowed to send VXLAN (key data: four words).
+pub const VXLAN_ALLOW_V6_MAP: &str = "VXLAN_ALLOW6";
+/// LPM trie of IPv4 sources allowed to send IPIP.
+pub const IPIP_ALLOW_V4_MAP: &str = "IPIP_ALLOW4";
+/// LPM trie of IPv6 sources allowed to send IP-in-IP.
+pub const IPIP_ALLOW_V6_MAP: &str = "IPIP_ALLOW6";
+/// Capacity of each allow-set trie.
+pub const ALLOW_SET_MAX_PREFIXES: u32 = 65_536;
+/// Name of the `u32` array of switches indexed by [`config`] constants.
+pub const CONFIG_MAP: &str = "CONFIG";
+/// Name of the hash set of VNIs configured on local vxlan devices.
+pub const LOCAL_VNIS_MAP: &str = "LOCAL_VNIS";
+/// Capacity of [`LOCAL_VNIS_MAP`].
+pub const LOCAL_VNIS_MAX: u32 = 4096;
+/// Name of the map ifindex -> underlay MTU of watched interfaces.
+pub const IFACE_MTU_MAP: &str = "IFACE_MTU";
+/// Name of the hash set of [`WatchedIface`]s the kfree_skb program counts.
+pub const WATCHED_MAP: &str = "WATCHED";
+/// Capacity of [`WATCHED_MAP`] and [`IFACE_MTU_MAP`].
+pub const WATCHED_MAX: u32 = 256;
+/// Name of the global holding the [`SkbLayout`].
+pub const SKB_LAYOUT_GLOBAL: &str = "SKB_LAYOUT";
+
+/// Indexes of [`CONFIG_MAP`]; a non-zero value switches a check on.
+pub mod config {
+    /// An IPv4 VXLAN allow-set was found: check VXLAN sources against it.
+    pub const VXLAN_ALLOW_V4: u32 = 0;
+    /// An IPv6 VXLAN allow-set was found.
+    pub const VXLAN_ALLOW_V6: u32 = 1;
+    /// An IPv4 IPIP allow-set was found.
+    pub const IPIP_ALLOW_V4: u32 = 2;
+    /// An IPv6 IP-in-IP allow-set was found.
+    pub const IPIP_ALLOW_V6: u32 = 3;
+    /// Local vxlan devices were read: flag VNIs none of them has.
+    pub const VNI_CHECK: u32 = 4;
+    /// Number of slots.
+    pub const COUNT: u32 = 5;
+}
+
+/// Where a drop was seen.
+pub mod drop_origin {
+    /// Flagged by the ingress classifier (the packet itself still passes).
+    pub const CLASSIFIER: u8 = 0;
+    /// Freed by the kernel with a drop reason (skb:kfree_skb).
+    pub const KERNEL: u8 = 1;
+}
+
+/// Reasons the ingress classifier flags (origin [`drop_origin::CLASSIFIER`]).
+#[repr(u16)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ClassifierDrop {
+    /// Source not in the allow-set of its encapsulation (Calico drops it).
+    CalicoAllowSet = 1,
+    /// VXLAN header without the I (valid VNI) flag.
+    VxlanNoIFlag = 2,
+    /// VNI configured on no local vxlan device.
+    VniUnknown = 3,
+    /// The outer IP packet is a fragment.
+    OuterFragment = 4,
+    /// The outer IP packet is larger than the interface MTU.
+    OverMtu = 5,
+}
+
+impl ClassifierDrop {
+    /// Every reason.
+    pub const ALL: [ClassifierDrop; 5] = [
+        ClassifierDrop::CalicoAllowSet,
+        ClassifierDrop::VxlanNoIFlag,
+        ClassifierDrop::VniUnknown,
+        ClassifierDrop::OuterFragment,
+        ClassifierDrop::OverMtu,
+    ];
+
+    /// Decodes a stored reason.
+    pub fn from_u16(value: u16) -> Option<ClassifierDrop> {
+        ClassifierDrop::ALL.into_iter().find(|r| *r as u16 == value)
+    }
+
+    /// Name used in JSON (`drops` keys) and labels.
+    pub fn name(self) -> &'static str {
+        match self {
+            ClassifierDrop::CalicoAllowSet => "calico_allow_set",
+            ClassifierDrop::VxlanNoIFlag => "vxlan_no_i_flag",
+            ClassifierDrop::VniUnknown => "vni_unknown",
+            ClassifierDrop::OuterFragment => "outer_fragment",
+            ClassifierDrop::OverMtu => "over_mtu",
+        }
+    }
+}
+
+/// Key of [`DROPS_MAP`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct DropKey {
+    /// Outer source of the dropped packet (zero for `Other`).
+    pub peer: [u32; 4],
+    /// Interface the packet arrived on.
+    pub ifindex: u32,
+    /// VNI when the encapsulation has one.
+    pub vni: u32,
+    /// [`ClassifierDrop`] or the kernel's `enum skb_drop_reason` value.
+    pub reason: u16,
+    /// [`drop_origin`].
+    pub origin: u8,
+    /// [`Proto`] as u8.
+    pub proto: u8,
+    /// [`family`] of `peer`.
+    pub peer_family: u8,
+    /// Padding, always zero.
+    pub _pad: [u8; 3],
+}
+
+/// Per-CPU value of [`DROPS_MAP`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct DropValue {
+    /// Packets.
+    pub packets: u64,
+    /// Bytes (frame length for the classifier, skb length for the kernel).
+    pub bytes: u64,
+}
+
+/// Interface identity for the kfree_skb filter: network namespace inode
+/// number and interface index (indexes repeat across namespaces).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct WatchedIface {
+    /// Inode number of the network namespace (`stat /proc/self/ns/net`).
+    pub netns: u32,
+    /// Interface index inside it.
+    pub ifindex: u32,
+}
+
+/// Byte offsets of kernel structure fields, read from the running
+/// kernel's BTF at load time so one build runs on many kernels.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct SkbLayout {
+    /// `sk_buff.dev` (struct net_device *).
+    pub skb_dev: u32,
+    /// `sk_buff.head` (unsigned char *).
+    pub skb_head: u32,
+    /// `sk_buff.mac_header` (u16 offset from head).
+    pub skb_mac_header: u32,
+    /// `sk_buff.tail` (u32 offset from head on 64-bit kernels).
+    pub skb_tail: u32,
+    /// `sk_buff.data` (unsigned char *).
+    pub skb_data: u32,
+    /// `sk_buff.len`.
+    pub skb_len: u32,
+    /// `net_device.ifindex`.
+    pub dev_ifindex: u32,
+    /// `net_device.nd_net` (possible_net_t, whose first member is `struct net *`).
+    pub dev_nd_net: u32,
+    /// `net.ns.inum`.
+    pub net_inum: u32,
+    /// Non-zero once userspace filled the offsets in.
+    pub valid: u32,
 }

@@ -4,6 +4,8 @@
 #![cfg_attr(target_arch = "bpf", no_main)]
 
 mod count;
+mod drops;
+mod kfree_skb;
 mod maps;
 mod parse;
 mod tc_egress;

@@ -1,10 +1,14 @@
 //! The maps the programs write (layouts in `observer-common`).
 
 use aya_ebpf::{
+    bindings::BPF_F_NO_PREALLOC,
     macros::map,
-    maps::{Array, LruPerCpuHashMap, PerCpuArray},
+    maps::{Array, HashMap, LpmTrie, LruPerCpuHashMap, PerCpuArray},
 };
-use observer_common::{DEFAULT_MAX_FLOWS, FlowKey, FlowValue, STAT_COUNT};
+use observer_common::{
+    ALLOW_SET_MAX_PREFIXES, DEFAULT_MAX_FLOWS, DropKey, DropValue, FlowKey, FlowValue,
+    LOCAL_VNIS_MAX, STAT_COUNT, SkbLayout, WATCHED_MAX, WatchedIface, config,
+};
 
 /// Per (interface, direction, protocol, peer, VNI) packet and byte counters.
 /// Per-CPU so that the hot path needs no atomics; LRU so that it stays
@@ -21,3 +25,65 @@ pub static UDP_PORTS: Array<u8> = Array::with_max_entries(65536, 0);
 /// Self counters indexed by `observer_common::Stat`.
 #[map(name = "STATS")]
 pub static STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(STAT_COUNT, 0);
+
+/// Dropped or drop-flagged packets by (interface, peer, origin, reason).
+#[map(name = "DROPS")]
+pub static DROPS: LruPerCpuHashMap<DropKey, DropValue> =
+    LruPerCpuHashMap::with_max_entries(DEFAULT_MAX_FLOWS, 0);
+
+/// Sources allowed to send VXLAN (Calico's cali40all-vxlan-net), IPv4.
+#[map(name = "VXLAN_ALLOW4")]
+pub static VXLAN_ALLOW4: LpmTrie<u32, u8> =
+    LpmTrie::with_max_entries(ALLOW_SET_MAX_PREFIXES, BPF_F_NO_PREALLOC);
+
+/// Sources allowed to send VXLAN (cali60all-vxlan-net), IPv6.
+#[map(name = "VXLAN_ALLOW6")]
+pub static VXLAN_ALLOW6: LpmTrie<[u32; 4], u8> =
+    LpmTrie::with_max_entries(ALLOW_SET_MAX_PREFIXES, BPF_F_NO_PREALLOC);
+
+/// Sources allowed to send IPIP (cali40all-hosts-net), IPv4.
+#[map(name = "IPIP_ALLOW4")]
+pub static IPIP_ALLOW4: LpmTrie<u32, u8> =
+    LpmTrie::with_max_entries(ALLOW_SET_MAX_PREFIXES, BPF_F_NO_PREALLOC);
+
+/// Sources allowed to send IP-in-IP, IPv6.
+#[map(name = "IPIP_ALLOW6")]
+pub static IPIP_ALLOW6: LpmTrie<[u32; 4], u8> =
+    LpmTrie::with_max_entries(ALLOW_SET_MAX_PREFIXES, BPF_F_NO_PREALLOC);
+
+/// Check switches, indexed by `observer_common::config`.
+#[map(name = "CONFIG")]
+pub static CONFIG: Array<u32> = Array::with_max_entries(config::COUNT, 0);
+
+/// VNIs of the local vxlan devices.
+#[map(name = "LOCAL_VNIS")]
+pub static LOCAL_VNIS: HashMap<u32, u8> = HashMap::with_max_entries(LOCAL_VNIS_MAX, 0);
+
+/// Underlay MTU of each watched interface.
+#[map(name = "IFACE_MTU")]
+pub static IFACE_MTU: HashMap<u32, u32> = HashMap::with_max_entries(WATCHED_MAX, 0);
+
+/// Interfaces whose kernel drops are counted.
+#[map(name = "WATCHED")]
+pub static WATCHED: HashMap<WatchedIface, u8> = HashMap::with_max_entries(WATCHED_MAX, 0);
+
+/// sk_buff field offsets from the running kernel's BTF, set at load time.
+#[unsafe(no_mangle)]
+pub static SKB_LAYOUT: SkbLayout = SkbLayout {
+    skb_dev: 0,
+    skb_head: 0,
+    skb_mac_header: 0,
+    skb_tail: 0,
+    skb_data: 0,
+    skb_len: 0,
+    dev_ifindex: 0,
+    dev_nd_net: 0,
+    net_inum: 0,
+    valid: 0,
+};
+
+/// Reads a `CONFIG` switch.
+#[inline(always)]
+pub fn config_on(index: u32) -> bool {
+    CONFIG.get(index).is_some_and(|v| *v != 0)
+}

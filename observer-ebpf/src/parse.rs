@@ -110,6 +110,12 @@ pub struct Classified {
     pub inner_l4_off: usize,
     /// Inner L4 protocol (valid when `inner_l4_off != 0`).
     pub inner_l4_proto: u8,
+    /// Length of the Ethernet header and VLAN tags.
+    pub l2_len: usize,
+    /// First byte of the VXLAN header (flags; 0x08 is I, "VNI valid").
+    pub vxlan_flags: u8,
+    /// The outer IP packet is a fragment (first or later).
+    pub outer_fragment: bool,
 }
 
 impl Classified {
@@ -126,6 +132,9 @@ impl Classified {
             inner_family: family::NONE,
             inner_l4_off: 0,
             inner_l4_proto: 0,
+            l2_len: 0,
+            vxlan_flags: 0,
+            outer_fragment: false,
         }
     }
 }
@@ -134,6 +143,7 @@ impl Classified {
 struct Encap {
     proto: Proto,
     vni: u32,
+    flags: u8,
     inner: Inner,
     inner_off: usize,
 }
@@ -144,6 +154,7 @@ impl Encap {
         Encap {
             proto: Proto::Other,
             vni: 0,
+            flags: 0,
             inner: Inner::None,
             inner_off: 0,
         }
@@ -171,7 +182,8 @@ pub fn classify<F: Frame>(f: &F, direction: Direction) -> Classified {
     }
 
     let mut c = Classified::unclassified(Unclassified::None);
-    let (l4_off, l4_proto) = match eth_type {
+    c.l2_len = off;
+    let (l4_off, l4_proto, fragment) = match eth_type {
         ETH_P_IP => {
             let Some(h) = f.read::<Ipv4Hdr>(off) else {
                 return Classified::unclassified(Unclassified::TruncatedL3);
@@ -185,16 +197,20 @@ pub fn classify<F: Frame>(f: &F, direction: Direction) -> Classified {
             if f.read::<[u8; 2]>(off + ihl - 2).is_none() {
                 return Classified::unclassified(Unclassified::TruncatedL3);
             }
-            if u16::from_be(h.frag_off) & 0x1fff != 0 {
-                // A later fragment has no L4 header to classify.
-                return c;
-            }
             c.peer[0] = match direction {
                 Direction::Rx => h.src,
                 Direction::Tx => h.dst,
             };
             c.peer_family = family::V4;
-            (off + ihl, h.proto)
+            let frag_off = u16::from_be(h.frag_off);
+            let fragment = if frag_off & 0x1fff != 0 {
+                Fragment::Later
+            } else if frag_off & 0x2000 != 0 {
+                Fragment::First
+            } else {
+                Fragment::No
+            };
+            (off + ihl, h.proto, fragment)
         }
         ETH_P_IPV6 => {
             let Some(h) = f.read::<Ipv6Hdr>(off) else {
@@ -209,24 +225,36 @@ pub fn classify<F: Frame>(f: &F, direction: Direction) -> Classified {
             };
             c.peer_family = family::V6;
             match ipv6_payload(f, off + 40, h.next_header) {
-                Ok(Some(l4)) => l4,
-                Ok(None) => return Classified::unclassified(Unclassified::None),
+                Ok(l4) => l4,
                 Err(reason) => return Classified::unclassified(reason),
             }
         }
         _ => return Classified::unclassified(Unclassified::Unsupported),
     };
+    c.outer_fragment = fragment != Fragment::No;
+    if fragment == Fragment::Later {
+        // No L4 header: only IP-protocol encapsulations are recognisable.
+        c.proto = match l4_proto {
+            IPPROTO_IPIP => Proto::Ipip,
+            IPPROTO_IPV6 => Proto::Ip6ip,
+            IPPROTO_GRE => Proto::Gre,
+            _ => return Classified::unclassified(Unclassified::None),
+        };
+        return c;
+    }
 
     let encap = match l4_proto {
         IPPROTO_IPIP => Ok(Encap {
             proto: Proto::Ipip,
             vni: 0,
+            flags: 0,
             inner: Inner::Ipv4,
             inner_off: l4_off,
         }),
         IPPROTO_IPV6 => Ok(Encap {
             proto: Proto::Ip6ip,
             vni: 0,
+            flags: 0,
             inner: Inner::Ipv6,
             inner_off: l4_off,
         }),
@@ -243,18 +271,29 @@ pub fn classify<F: Frame>(f: &F, direction: Direction) -> Classified {
     }
     c.proto = encap.proto;
     c.vni = encap.vni;
+    c.vxlan_flags = encap.flags;
     inner_headers(f, encap.inner, encap.inner_off, &mut c);
     c
 }
 
-/// Follows IPv6 extension headers to the upper-layer protocol. `Ok(None)`
-/// for a later fragment (nothing to classify).
+/// Whether the outer IP packet is a fragment.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Fragment {
+    No,
+    /// Offset 0, more fragments follow: the L4 header is present.
+    First,
+    /// Offset > 0: no L4 header.
+    Later,
+}
+
+/// Follows IPv6 extension headers to the upper-layer protocol.
 #[inline(always)]
 fn ipv6_payload<F: Frame>(
     f: &F,
     mut off: usize,
     mut next: u8,
-) -> Result<Option<(usize, u8)>, Unclassified> {
+) -> Result<(usize, u8, Fragment), Unclassified> {
+    let mut fragment = Fragment::No;
     for _ in 0..MAX_IPV6_EXT {
         match next {
             IPPROTO_HOPOPTS | IPPROTO_ROUTING | IPPROTO_DSTOPTS | IPPROTO_AH => {
@@ -272,13 +311,14 @@ fn ipv6_payload<F: Frame>(
                 let Some(ext) = f.read::<[u16; 2]>(off) else {
                     return Err(Unclassified::TruncatedL3);
                 };
-                if u16::from_be(ext[1]) & 0xfff8 != 0 {
-                    return Ok(None);
-                }
                 next = ext[0].to_ne_bytes()[0];
                 off += 8;
+                if u16::from_be(ext[1]) & 0xfff8 != 0 {
+                    return Ok((off, next, Fragment::Later));
+                }
+                fragment = Fragment::First;
             }
-            _ => return Ok(Some((off, next))),
+            _ => return Ok((off, next, fragment)),
         }
     }
     Err(Unclassified::Unsupported)
@@ -304,6 +344,7 @@ fn udp<F: Frame>(f: &F, off: usize) -> Result<Encap, Unclassified> {
             return Ok(Encap {
                 proto,
                 vni: 0,
+                flags: 0,
                 inner: Inner::None,
                 inner_off: 0,
             });
@@ -335,6 +376,7 @@ fn udp<F: Frame>(f: &F, off: usize) -> Result<Encap, Unclassified> {
     Ok(Encap {
         proto,
         vni,
+        flags: h.b[0],
         inner,
         inner_off,
     })
@@ -363,6 +405,7 @@ fn gre<F: Frame>(f: &F, off: usize) -> Result<Encap, Unclassified> {
     let mut encap = Encap {
         proto: Proto::Gre,
         vni: 0,
+        flags: 0,
         inner: Inner::None,
         inner_off: 0,
     };

@@ -3,7 +3,7 @@
 use aya_ebpf::{helpers::generated::bpf_skb_load_bytes, programs::TcContext};
 use observer_common::Direction;
 
-use crate::{count, parse};
+use crate::{count, drops, parse};
 
 /// tc's pass verdict that lets the next program (tcx) or the default
 /// action (clsact) decide: the observer never takes a decision itself.
@@ -70,4 +70,7 @@ pub fn observe(ctx: &TcContext, direction: Direction) {
         (1, len)
     };
     count::record(ifindex, direction, &c, packets, bytes);
+    if direction == Direction::Rx {
+        drops::classifier_checks(ifindex, &c, len);
+    }
 }

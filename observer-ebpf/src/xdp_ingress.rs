@@ -7,7 +7,7 @@ use aya_ebpf::{
 };
 use observer_common::Direction;
 
-use crate::{count, parse};
+use crate::{count, drops, parse};
 
 /// Direct packet access to the linear part of the frame.
 struct XdpFrame {
@@ -47,5 +47,7 @@ fn try_observer_xdp(ctx: &XdpContext) {
     let c = parse::classify(&frame, Direction::Rx);
     // SAFETY: ctx.ctx is the program's own xdp_md.
     let bytes = unsafe { bpf_xdp_get_buff_len(ctx.ctx) };
-    count::record(ctx.ingress_ifindex() as u32, Direction::Rx, &c, 1, bytes);
+    let ifindex = ctx.ingress_ifindex() as u32;
+    count::record(ifindex, Direction::Rx, &c, 1, bytes);
+    drops::classifier_checks(ifindex, &c, bytes);
 }

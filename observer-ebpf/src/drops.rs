@@ -1,0 +1,111 @@
+//! Drop accounting shared by the ingress hooks (classifier reasons) and the
+//! kfree_skb hook (kernel reasons).
+
+use aya_ebpf::maps::lpm_trie::Key;
+use observer_common::{ClassifierDrop, DropKey, DropValue, Proto, config, drop_origin, family};
+
+use crate::{
+    maps::{
+        DROPS, IFACE_MTU, IPIP_ALLOW4, IPIP_ALLOW6, LOCAL_VNIS, VXLAN_ALLOW4, VXLAN_ALLOW6,
+        config_on,
+    },
+    parse::Classified,
+};
+
+/// VXLAN flags bit I: the VNI field is valid (RFC 7348).
+const VXLAN_FLAG_I: u8 = 0x08;
+
+/// Adds one packet to the drop counters of (ifindex, peer, origin, reason).
+#[inline(always)]
+pub fn record(ifindex: u32, c: &Classified, origin: u8, reason: u16, bytes: u64) {
+    let key = DropKey {
+        peer: c.peer,
+        ifindex,
+        vni: c.vni,
+        reason,
+        origin,
+        proto: c.proto as u8,
+        peer_family: c.peer_family,
+        _pad: [0; 3],
+    };
+    if let Some(value) = DROPS.get_ptr_mut(&key) {
+        // SAFETY: per-CPU value of this CPU.
+        unsafe {
+            (*value).packets += 1;
+            (*value).bytes += bytes;
+        }
+        return;
+    }
+    let value = DropValue { packets: 1, bytes };
+    // A lost race with another CPU loses this one count; drops are rare
+    // and the flow counters stay exact.
+    let _ = DROPS.insert(&key, &value, 0);
+}
+
+/// Flags received tunnel packets the node is likely to drop, without
+/// touching them: a source outside the allow-set of its encapsulation,
+/// VXLAN without the I flag or with a VNI no local device has, an outer
+/// fragment, an outer packet above the interface MTU.
+#[inline(always)]
+pub fn classifier_checks(ifindex: u32, c: &Classified, wire_len: u64) {
+    if c.proto == Proto::Other {
+        return;
+    }
+    let flag = |reason: ClassifierDrop| {
+        record(ifindex, c, drop_origin::CLASSIFIER, reason as u16, wire_len)
+    };
+    if outside_allow_set(c) {
+        flag(ClassifierDrop::CalicoAllowSet);
+    }
+    if c.proto == Proto::Vxlan {
+        if c.vxlan_flags & VXLAN_FLAG_I == 0 {
+            flag(ClassifierDrop::VxlanNoIFlag);
+        }
+        if config_on(config::VNI_CHECK) && LOCAL_VNIS.get_ptr(c.vni).is_none() {
+            flag(ClassifierDrop::VniUnknown);
+        }
+    }
+    if c.outer_fragment {
+        flag(ClassifierDrop::OuterFragment);
+    }
+    if let Some(mtu) = IFACE_MTU.get_ptr(ifindex) {
+        // SAFETY: map value pointer from a successful lookup.
+        let mtu = unsafe { *mtu } as u64;
+        if wire_len > c.l2_len as u64 + mtu {
+            flag(ClassifierDrop::OverMtu);
+        }
+    }
+}
+
+/// True when the packet's encapsulation has an active allow-set that does
+/// not contain its source.
+#[inline(always)]
+fn outside_allow_set(c: &Classified) -> bool {
+    let (v4_switch, v6_switch) = match c.proto {
+        Proto::Vxlan => (config::VXLAN_ALLOW_V4, config::VXLAN_ALLOW_V6),
+        Proto::Ipip | Proto::Ip6ip => (config::IPIP_ALLOW_V4, config::IPIP_ALLOW_V6),
+        _ => return false,
+    };
+    let vxlan = c.proto == Proto::Vxlan;
+    match c.peer_family {
+        family::V4 if config_on(v4_switch) => {
+            let key = Key::new(32, c.peer[0]);
+            let found = if vxlan {
+                VXLAN_ALLOW4.get(&key).is_some()
+            } else {
+                IPIP_ALLOW4.get(&key).is_some()
+            };
+            !found
+        }
+        family::V6 if config_on(v6_switch) => {
+            let key = Key::new(128, c.peer);
+            let found = if vxlan {
+                VXLAN_ALLOW6.get(&key).is_some()
+            } else {
+                IPIP_ALLOW6.get(&key).is_some()
+            };
+            !found
+        }
+        _ => false,
+    }
+}
