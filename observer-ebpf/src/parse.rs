@@ -106,10 +106,11 @@ pub struct Classified {
     pub inner_dst: [u32; 4],
     /// Family of the inner sample, 0 when none was read.
     pub inner_family: u8,
-    /// Offset of the inner L4 header (0 when unknown); used to size GSO segments.
-    pub inner_l4_off: usize,
-    /// Inner L4 protocol (valid when `inner_l4_off != 0`).
-    pub inner_l4_proto: u8,
+    /// Offset of the innermost L4 header (the outer one for plain IP; 0
+    /// when unknown); used to size GSO segments.
+    pub l4_off: usize,
+    /// Protocol of that L4 header (valid when `l4_off != 0`).
+    pub l4_proto: u8,
     /// Length of the Ethernet header and VLAN tags.
     pub l2_len: usize,
     /// First byte of the VXLAN header (flags; 0x08 is I, "VNI valid").
@@ -130,8 +131,8 @@ impl Classified {
             inner_src: [0; 4],
             inner_dst: [0; 4],
             inner_family: family::NONE,
-            inner_l4_off: 0,
-            inner_l4_proto: 0,
+            l4_off: 0,
+            l4_proto: 0,
             l2_len: 0,
             vxlan_flags: 0,
             outer_fragment: false,
@@ -267,7 +268,10 @@ pub fn classify<F: Frame>(f: &F, direction: Direction) -> Classified {
         Err(reason) => return Classified::unclassified(reason),
     };
     if encap.proto == Proto::Other {
-        return Classified::unclassified(Unclassified::None);
+        let mut plain = Classified::unclassified(Unclassified::None);
+        plain.l4_off = l4_off;
+        plain.l4_proto = l4_proto;
+        return plain;
     }
     c.proto = encap.proto;
     c.vni = encap.vni;
@@ -305,10 +309,15 @@ fn ipv6_payload<F: Frame>(
                 } else {
                     (ext[1] as usize + 1) * 8
                 };
+                // The whole header must be present (two-byte probe, as for
+                // IPv4 options).
+                if f.read::<[u8; 2]>(off - 2).is_none() {
+                    return Err(Unclassified::TruncatedL3);
+                }
                 next = ext[0];
             }
             IPPROTO_FRAGMENT => {
-                let Some(ext) = f.read::<[u16; 2]>(off) else {
+                let Some(ext) = f.read::<[u16; 4]>(off) else {
                     return Err(Unclassified::TruncatedL3);
                 };
                 next = ext[0].to_ne_bytes()[0];
@@ -321,7 +330,12 @@ fn ipv6_payload<F: Frame>(
             _ => return Ok((off, next, fragment)),
         }
     }
-    Err(Unclassified::Unsupported)
+    match next {
+        IPPROTO_HOPOPTS | IPPROTO_ROUTING | IPPROTO_DSTOPTS | IPPROTO_AH | IPPROTO_FRAGMENT => {
+            Err(Unclassified::Unsupported)
+        }
+        _ => Ok((off, next, fragment)),
+    }
 }
 
 #[inline(always)]
@@ -341,6 +355,10 @@ fn udp<F: Frame>(f: &F, off: usize) -> Result<Encap, Unclassified> {
     let (inner, inner_off) = match proto {
         Proto::Other => return Ok(Encap::plain()),
         Proto::Wireguard => {
+            // Message type and reserved bytes.
+            if f.read::<[u8; 4]>(hdr_off).is_none() {
+                return Err(Unclassified::TruncatedEncap);
+            }
             return Ok(Encap {
                 proto,
                 vni: 0,
@@ -436,8 +454,8 @@ fn inner_headers<F: Frame>(f: &F, mut inner: Inner, mut off: usize, c: &mut Clas
                     c.inner_src[0] = h.src;
                     c.inner_dst[0] = h.dst;
                     c.inner_family = family::V4;
-                    c.inner_l4_off = off + ((h.version_ihl & 0x0f) as usize) * 4;
-                    c.inner_l4_proto = h.proto;
+                    c.l4_off = off + ((h.version_ihl & 0x0f) as usize) * 4;
+                    c.l4_proto = h.proto;
                 }
             }
         }
@@ -447,8 +465,8 @@ fn inner_headers<F: Frame>(f: &F, mut inner: Inner, mut off: usize, c: &mut Clas
                     c.inner_src = h.src;
                     c.inner_dst = h.dst;
                     c.inner_family = family::V6;
-                    c.inner_l4_off = off + 40;
-                    c.inner_l4_proto = h.next_header;
+                    c.l4_off = off + 40;
+                    c.l4_proto = h.next_header;
                 }
             }
         }
@@ -461,15 +479,15 @@ fn inner_headers<F: Frame>(f: &F, mut inner: Inner, mut off: usize, c: &mut Clas
 /// Returns `None` when the inner L4 header is unknown.
 #[inline(always)]
 pub fn headers_len<F: Frame>(f: &F, c: &Classified) -> Option<usize> {
-    if c.inner_l4_off == 0 {
+    if c.l4_off == 0 {
         return None;
     }
-    match c.inner_l4_proto {
+    match c.l4_proto {
         IPPROTO_TCP => {
-            let doff = f.read::<[u8; 2]>(c.inner_l4_off + 12)?;
-            Some(c.inner_l4_off + ((doff[0] >> 4) as usize) * 4)
+            let doff = f.read::<[u8; 2]>(c.l4_off + 12)?;
+            Some(c.l4_off + ((doff[0] >> 4) as usize) * 4)
         }
-        IPPROTO_UDP => Some(c.inner_l4_off + UDP_HLEN),
-        _ => Some(c.inner_l4_off),
+        IPPROTO_UDP => Some(c.l4_off + UDP_HLEN),
+        _ => Some(c.l4_off),
     }
 }

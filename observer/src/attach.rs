@@ -54,6 +54,20 @@ pub fn run(args: AttachArgs) -> Result<()> {
     } else {
         Format::Json
     });
+    // Signal handlers go in before the first attach line: a script that
+    // stops the observer as soon as it is attached must get the final
+    // counters and exit 0, not die from the default signal action.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    let signals = {
+        let _guard = runtime.enter();
+        Signals {
+            interrupt: signal(SignalKind::interrupt()).context("installing the SIGINT handler")?,
+            terminate: signal(SignalKind::terminate()).context("installing the SIGTERM handler")?,
+        }
+    };
     let program_ids = observer.program_ids()?;
     for iface in &args.ifaces {
         let attachment = observer.attach(iface, args.xdp_mode)?;
@@ -75,11 +89,7 @@ pub fn run(args: AttachArgs) -> Result<()> {
         }
     }
 
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("starting the async runtime")?;
-    let result = runtime.block_on(stream(&observer, &args, format));
+    let result = runtime.block_on(stream(&observer, &args, format, signals));
     // Dropping the observer closes the links: everything is detached.
     drop(observer);
     result
@@ -102,9 +112,18 @@ fn port_config(args: &AttachArgs) -> PortConfig {
     }
 }
 
-async fn stream(observer: &Observer, args: &AttachArgs, format: Format) -> Result<()> {
-    let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
-    let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+/// The signals that end a run.
+struct Signals {
+    interrupt: tokio::signal::unix::Signal,
+    terminate: tokio::signal::unix::Signal,
+}
+
+async fn stream(
+    observer: &Observer,
+    args: &AttachArgs,
+    format: Format,
+    mut signals: Signals,
+) -> Result<()> {
     let ifaces: HashMap<u32, String> = observer
         .attachments()
         .iter()
@@ -121,8 +140,8 @@ async fn stream(observer: &Observer, args: &AttachArgs, format: Format) -> Resul
     loop {
         let is_final = tokio::select! {
             _ = ticker.tick() => false,
-            _ = sigint.recv() => true,
-            _ = sigterm.recv() => true,
+            _ = signals.interrupt.recv() => true,
+            _ = signals.terminate.recv() => true,
             _ = async {
                 match deadline {
                     Some(d) => tokio::time::sleep_until(d).await,

@@ -1,1 +1,849 @@
-//! Network namespace fixtures (owned by the namespace tests).
+//! Network namespace fixtures (owned by the namespace tests): namespaces,
+//! veth pairs, the observer binary, tcpdump and a raw-frame sender, each
+//! behind a guard that cleans up also when a test panics.
+//!
+//! Names are unique per process and per call (pid + counter), so tests run
+//! in parallel, also with other test binaries.
+
+use std::{
+    collections::BTreeMap,
+    fs::File,
+    io::{BufRead, BufReader, Read},
+    os::fd::AsRawFd,
+    path::{Path, PathBuf},
+    process::{Child, Command, ExitStatus, Output, Stdio},
+    sync::{
+        Arc, Condvar, Mutex,
+        atomic::{AtomicU32, Ordering},
+    },
+    thread::JoinHandle,
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+
+/// How long a fixture waits for a process to become ready or to exit.
+pub const WAIT: Duration = Duration::from_secs(20);
+
+static COUNTER: AtomicU32 = AtomicU32::new(0);
+
+/// A name unique in this process and among processes: `obs<tag><pid>x<n>`.
+pub fn unique(tag: &str) -> String {
+    format!(
+        "obs{tag}{}x{}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// A fresh path in the temporary directory (not named `obs*`, so that
+/// cleanups of other tools' namespaces and files leave it alone).
+pub fn temp_path(tag: &str, ext: &str) -> PathBuf {
+    std::env::temp_dir().join(format!(
+        "nstest-{tag}-{}-{}.{ext}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    ))
+}
+
+/// Runs `program args`, panicking with its output when it fails.
+pub fn run(program: &str, args: &[&str]) -> Output {
+    let output = try_run(program, args);
+    assert!(
+        output.status.success(),
+        "`{program} {}` failed ({}):\nstdout: {}\nstderr: {}",
+        args.join(" "),
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    output
+}
+
+/// Runs `program args` and returns its output, whatever the exit status.
+pub fn try_run(program: &str, args: &[&str]) -> Output {
+    Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {program}: {e}"))
+}
+
+/// Runs `f` on a new thread that has entered network namespace `name`
+/// (setns only moves the calling thread). Sockets created there stay in the
+/// namespace and may be used from any thread afterwards.
+pub fn in_netns<T, F>(name: &str, f: F) -> T
+where
+    T: Send + 'static,
+    F: FnOnce() -> T + Send + 'static,
+{
+    let path = format!("/run/netns/{name}");
+    std::thread::spawn(move || {
+        let file = File::open(&path).unwrap_or_else(|e| panic!("opening {path}: {e}"));
+        // SAFETY: valid fd of a network namespace file.
+        let ret = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
+        assert_eq!(ret, 0, "setns {path}: {}", std::io::Error::last_os_error());
+        f()
+    })
+    .join()
+    .unwrap_or_else(|e| std::panic::resume_unwind(e))
+}
+
+/// Interface counters as the kernel reports them (`ip -s link`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct LinkStats {
+    /// Packets received.
+    pub rx_packets: u64,
+    /// Packets received but dropped.
+    pub rx_dropped: u64,
+    /// Packets sent.
+    pub tx_packets: u64,
+    /// Packets that could not be sent.
+    pub tx_dropped: u64,
+}
+
+/// A named network namespace (`ip netns add`), deleted on drop. IPv6 is
+/// disabled inside (no router/neighbour solicitations, no MLD) and `lo` is up.
+pub struct Netns {
+    name: String,
+}
+
+impl Netns {
+    /// Creates a namespace named after `tag` (keep it short).
+    pub fn new(tag: &str) -> Netns {
+        let name = unique(tag);
+        run("ip", &["netns", "add", &name]);
+        let ns = Netns { name };
+        ns.exec_ok(&[
+            "sysctl",
+            "-qw",
+            "net.ipv6.conf.all.disable_ipv6=1",
+            "net.ipv6.conf.default.disable_ipv6=1",
+        ]);
+        ns.ip(&["link", "set", "lo", "up"]);
+        ns
+    }
+
+    /// The namespace's name (for `--netns`).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// `ip -n NAME args`, panicking on failure; returns stdout.
+    pub fn ip(&self, args: &[&str]) -> String {
+        let mut all = vec!["-n", &self.name];
+        all.extend_from_slice(args);
+        String::from_utf8_lossy(&run("ip", &all).stdout).into_owned()
+    }
+
+    /// `bridge -n NAME args`, panicking on failure.
+    pub fn bridge(&self, args: &[&str]) {
+        let mut all = vec!["-n", &self.name];
+        all.extend_from_slice(args);
+        run("bridge", &all);
+    }
+
+    /// `ip netns exec NAME argv...`, whatever the exit status.
+    pub fn exec(&self, argv: &[&str]) -> Output {
+        let mut all = vec!["netns", "exec", &self.name];
+        all.extend_from_slice(argv);
+        try_run("ip", &all)
+    }
+
+    /// `ip netns exec NAME argv...`, panicking on failure.
+    pub fn exec_ok(&self, argv: &[&str]) -> Output {
+        let mut all = vec!["netns", "exec", &self.name];
+        all.extend_from_slice(argv);
+        run("ip", &all)
+    }
+
+    /// Counters of `iface`.
+    pub fn link_stats(&self, iface: &str) -> LinkStats {
+        let text = self.ip(&["-s", "-j", "link", "show", "dev", iface]);
+        let json: Value = serde_json::from_str(&text).expect("ip -j output");
+        let stats = &json[0]["stats64"];
+        let get = |dir: &str, field: &str| {
+            stats[dir][field]
+                .as_u64()
+                .unwrap_or_else(|| panic!("no {dir}.{field} in {text}"))
+        };
+        LinkStats {
+            rx_packets: get("rx", "packets"),
+            rx_dropped: get("rx", "dropped"),
+            tx_packets: get("tx", "packets"),
+            tx_dropped: get("tx", "dropped"),
+        }
+    }
+
+    /// `ip -d link show dev iface`.
+    pub fn link_details(&self, iface: &str) -> String {
+        self.ip(&["-d", "link", "show", "dev", iface])
+    }
+
+    /// Adds a permanent neighbour entry, so that no ARP is ever sent.
+    pub fn neigh(&self, addr: &str, mac: &str, dev: &str) {
+        self.ip(&[
+            "neigh",
+            "replace",
+            addr,
+            "lladdr",
+            mac,
+            "dev",
+            dev,
+            "nud",
+            "permanent",
+        ]);
+    }
+
+    /// Runs `f` inside the namespace (see [`in_netns`]).
+    pub fn run<T, F>(&self, f: F) -> T
+    where
+        T: Send + 'static,
+        F: FnOnce() -> T + Send + 'static,
+    {
+        in_netns(&self.name, f)
+    }
+
+    /// Pings `dst` `count` times, 10 ms apart; returns (transmitted, received).
+    pub fn ping(&self, dst: &str, count: u32) -> (u32, u32) {
+        let count = count.to_string();
+        let output = self.exec(&[
+            "ping", "-n", "-q", "-c", &count, "-i", "0.01", "-W", "2", dst,
+        ]);
+        let text = String::from_utf8_lossy(&output.stdout).into_owned();
+        let line = text
+            .lines()
+            .find(|l| l.contains("packets transmitted"))
+            .unwrap_or_else(|| {
+                panic!(
+                    "no ping summary: {text}{}",
+                    String::from_utf8_lossy(&output.stderr)
+                )
+            });
+        let numbers: Vec<u32> = line
+            .split(|c: char| !c.is_ascii_digit())
+            .filter(|s| !s.is_empty())
+            .take(2)
+            .map(|s| s.parse().unwrap())
+            .collect();
+        (numbers[0], numbers[1])
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        // Deleting the namespace destroys its interfaces, veth peers included.
+        let _ = try_run("ip", &["netns", "del", &self.name]);
+    }
+}
+
+/// One end of a veth pair.
+#[derive(Debug, Clone)]
+pub struct VethEnd {
+    /// Interface name inside its namespace.
+    pub iface: String,
+    /// MAC address.
+    pub mac: String,
+    /// IPv4 address (no prefix).
+    pub addr: String,
+}
+
+/// Creates a veth pair directly inside `a` and `b`, with fixed MACs,
+/// `addr/prefix` addresses, up, and static neighbour entries for each other.
+pub fn veth_pair(a: &Netns, end_a: &VethEnd, b: &Netns, end_b: &VethEnd, prefix: u8) {
+    a.ip(&[
+        "link",
+        "add",
+        &end_a.iface,
+        "address",
+        &end_a.mac,
+        "type",
+        "veth",
+        "peer",
+        "name",
+        &end_b.iface,
+        "netns",
+        b.name(),
+        "address",
+        &end_b.mac,
+    ]);
+    for (ns, end) in [(a, end_a), (b, end_b)] {
+        ns.ip(&[
+            "addr",
+            "add",
+            &format!("{}/{prefix}", end.addr),
+            "dev",
+            &end.iface,
+        ]);
+        ns.ip(&["link", "set", &end.iface, "up"]);
+    }
+    a.neigh(&end_b.addr, &end_b.mac, &end_a.iface);
+    b.neigh(&end_a.addr, &end_a.mac, &end_b.iface);
+}
+
+/// Sends signal `sig` to `pid`.
+pub fn signal(pid: u32, sig: libc::c_int) {
+    // SAFETY: plain kill(2) on a child we own.
+    let ret = unsafe { libc::kill(pid as libc::pid_t, sig) };
+    assert_eq!(
+        ret,
+        0,
+        "kill({pid}, {sig}): {}",
+        std::io::Error::last_os_error()
+    );
+}
+
+/// Waits for `child` to exit, at most `timeout`.
+pub fn wait_timeout(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(status) = child.try_wait().expect("waitpid") {
+            return Some(status);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Lines collected from a pipe by a reader thread.
+#[derive(Default)]
+struct Collected {
+    lines: Mutex<(Vec<String>, bool)>,
+    changed: Condvar,
+}
+
+impl Collected {
+    fn spawn_reader(self: &Arc<Self>, pipe: impl Read + Send + 'static) -> JoinHandle<()> {
+        let me = Arc::clone(self);
+        std::thread::spawn(move || {
+            for line in BufReader::new(pipe).lines() {
+                let Ok(line) = line else { break };
+                me.lines.lock().unwrap().0.push(line);
+                me.changed.notify_all();
+            }
+            me.lines.lock().unwrap().1 = true;
+            me.changed.notify_all();
+        })
+    }
+
+    /// Waits until `done(lines)` or the pipe closes or the timeout; returns
+    /// whether `done` held.
+    fn wait_for(&self, timeout: Duration, done: impl Fn(&[String]) -> bool) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut guard = self.lines.lock().unwrap();
+        loop {
+            if done(&guard.0) {
+                return true;
+            }
+            let now = Instant::now();
+            if guard.1 || now >= deadline {
+                return false;
+            }
+            guard = self.changed.wait_timeout(guard, deadline - now).unwrap().0;
+        }
+    }
+
+    fn snapshot(&self) -> Vec<String> {
+        self.lines.lock().unwrap().0.clone()
+    }
+
+    fn wait_closed(&self, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        let mut guard = self.lines.lock().unwrap();
+        while !guard.1 && Instant::now() < deadline {
+            let left = deadline.saturating_duration_since(Instant::now());
+            guard = self.changed.wait_timeout(guard, left).unwrap().0;
+        }
+    }
+}
+
+/// Key of a peer row: (iface, direction, proto, peer, vni).
+pub type PeerKey = (String, String, String, Option<String>, u64);
+
+/// What a stopped observer printed.
+#[derive(Debug)]
+pub struct ObserverRun {
+    /// Every stdout line, parsed.
+    pub lines: Vec<Value>,
+    /// Exit status.
+    pub status: ExitStatus,
+    /// Everything printed on stderr.
+    pub stderr: String,
+}
+
+impl ObserverRun {
+    /// Latest `peer` line per key: each holds its cumulative total.
+    pub fn peers(&self) -> BTreeMap<PeerKey, &Value> {
+        let mut rows = BTreeMap::new();
+        for line in self.lines.iter().filter(|l| l["type"] == "peer") {
+            let key = (
+                line["iface"].as_str().unwrap().to_string(),
+                line["direction"].as_str().unwrap().to_string(),
+                line["proto"].as_str().unwrap().to_string(),
+                line["peer"].as_str().map(str::to_string),
+                line["vni"].as_u64().unwrap(),
+            );
+            rows.insert(key, line);
+        }
+        rows
+    }
+
+    /// (packets, bytes) of one row, (0, 0) when it does not exist.
+    pub fn counts(
+        &self,
+        iface: &str,
+        direction: &str,
+        proto: &str,
+        peer: Option<&str>,
+        vni: u64,
+    ) -> (u64, u64) {
+        let key = (
+            iface.to_string(),
+            direction.to_string(),
+            proto.to_string(),
+            peer.map(str::to_string),
+            vni,
+        );
+        self.peers().get(&key).map_or((0, 0), |row| {
+            (
+                row["packets"].as_u64().unwrap(),
+                row["bytes"].as_u64().unwrap(),
+            )
+        })
+    }
+
+    /// Latest `unclassified` line per (iface, direction, reason).
+    pub fn unclassified(&self) -> BTreeMap<(String, String, String), &Value> {
+        let mut rows = BTreeMap::new();
+        for line in self.lines.iter().filter(|l| l["type"] == "unclassified") {
+            let key = (
+                line["iface"].as_str().unwrap().to_string(),
+                line["direction"].as_str().unwrap().to_string(),
+                line["reason"].as_str().unwrap().to_string(),
+            );
+            rows.insert(key, line);
+        }
+        rows
+    }
+
+    /// The `attach` lines.
+    pub fn attach_lines(&self) -> Vec<&Value> {
+        self.lines
+            .iter()
+            .filter(|l| l["type"] == "attach")
+            .collect()
+    }
+
+    /// The last line, which must be the final stats line.
+    pub fn final_stats(&self) -> &Value {
+        let last = self.lines.last().expect("observer printed nothing");
+        assert_eq!(
+            last["type"], "stats",
+            "last line is not a stats line: {last}"
+        );
+        assert_eq!(last["final"], true, "last stats line is not final: {last}");
+        last
+    }
+}
+
+/// The observer binary running `attach --output json`, killed on drop.
+pub struct ObserverProcess {
+    child: Child,
+    stdout: Arc<Collected>,
+    stderr: Arc<Collected>,
+    readers: Vec<JoinHandle<()>>,
+}
+
+impl ObserverProcess {
+    /// Path of the binary under test.
+    pub fn binary() -> &'static str {
+        env!("CARGO_BIN_EXE_observer")
+    }
+
+    /// Spawns `observer attach --output json --interval 200ms [--netns NS] ARGS...`
+    /// without waiting.
+    pub fn spawn(netns: Option<&str>, args: &[&str]) -> ObserverProcess {
+        let mut command = Command::new(Self::binary());
+        command.args(["attach", "--output", "json", "--interval", "200ms"]);
+        if let Some(ns) = netns {
+            command.args(["--netns", ns]);
+        }
+        command
+            .args(args)
+            .env("OBSERVER_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = command.spawn().expect("spawning the observer");
+        let stdout = Arc::new(Collected::default());
+        let stderr = Arc::new(Collected::default());
+        let readers = vec![
+            stdout.spawn_reader(child.stdout.take().unwrap()),
+            stderr.spawn_reader(child.stderr.take().unwrap()),
+        ];
+        ObserverProcess {
+            child,
+            stdout,
+            stderr,
+            readers,
+        }
+    }
+
+    /// Spawns the observer on `ifaces` (plus extra `args`) and waits until
+    /// it is ready (see [`ObserverProcess::wait_ready`]).
+    pub fn start(netns: Option<&str>, ifaces: &[&str], args: &[&str]) -> ObserverProcess {
+        let mut all: Vec<&str> = args.to_vec();
+        all.extend_from_slice(ifaces);
+        let process = Self::spawn(netns, &all);
+        process.wait_ready(ifaces.len());
+        process
+    }
+
+    /// Waits for one `attach` line per interface and then for the first
+    /// `stats` line, so the observer is known to be reading its maps.
+    pub fn wait_ready(&self, ifaces: usize) -> Vec<Value> {
+        let ready = self.stdout.wait_for(WAIT, |lines| {
+            let attach = lines
+                .iter()
+                .filter(|l| l.contains(r#""type":"attach""#))
+                .count();
+            attach >= ifaces && lines.iter().any(|l| l.contains(r#""type":"stats""#))
+        });
+        if !ready {
+            self.stderr.wait_closed(Duration::from_millis(500));
+            panic!(
+                "observer not ready after {WAIT:?}\nstdout: {:?}\nstderr: {}",
+                self.stdout.snapshot(),
+                self.stderr.snapshot().join("\n")
+            );
+        }
+        self.attach_lines()
+    }
+
+    /// The `attach` lines printed so far.
+    pub fn attach_lines(&self) -> Vec<Value> {
+        self.lines()
+            .into_iter()
+            .filter(|l| l["type"] == "attach")
+            .collect()
+    }
+
+    /// Every line printed so far, parsed.
+    pub fn lines(&self) -> Vec<Value> {
+        self.stdout
+            .snapshot()
+            .iter()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad JSON {l:?}: {e}")))
+            .collect()
+    }
+
+    /// Waits until the printed lines satisfy `done`; false after [`WAIT`]
+    /// or when the process closed its output.
+    pub fn wait_for_lines(&self, done: impl Fn(&[Value]) -> bool) -> bool {
+        self.stdout.wait_for(WAIT, |lines| {
+            let parsed: Vec<Value> = lines
+                .iter()
+                .filter_map(|l| serde_json::from_str(l).ok())
+                .collect();
+            done(&parsed)
+        })
+    }
+
+    /// Process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends SIGINT and collects the output.
+    pub fn stop(self) -> ObserverRun {
+        self.stop_with(libc::SIGINT)
+    }
+
+    /// Sends `sig` and collects everything the process printed.
+    pub fn stop_with(self, sig: libc::c_int) -> ObserverRun {
+        signal(self.pid(), sig);
+        self.wait()
+    }
+
+    /// Waits for the process to exit by itself (`--duration`, errors).
+    pub fn wait(mut self) -> ObserverRun {
+        let status = wait_timeout(&mut self.child, WAIT).unwrap_or_else(|| {
+            panic!(
+                "observer did not exit within {WAIT:?}; stderr: {}",
+                self.stderr.snapshot().join("\n")
+            )
+        });
+        for reader in self.readers.drain(..) {
+            reader.join().unwrap();
+        }
+        let lines = self
+            .stdout
+            .snapshot()
+            .iter()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad JSON line {l:?}: {e}")))
+            .collect();
+        ObserverRun {
+            lines,
+            status,
+            stderr: self.stderr.snapshot().join("\n"),
+        }
+    }
+
+    /// kill -9, then reaps the process; returns its status.
+    pub fn kill9(mut self) -> ExitStatus {
+        signal(self.pid(), libc::SIGKILL);
+        wait_timeout(&mut self.child, WAIT).expect("observer survived SIGKILL")
+    }
+}
+
+impl Drop for ObserverProcess {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Frame records of a pcap file: (captured bytes, original length). A
+/// record still being written (partial) is left out.
+pub fn pcap_records(path: &Path) -> Vec<(Vec<u8>, u32)> {
+    let data = std::fs::read(path).unwrap_or_default();
+    if data.len() < 24 {
+        return Vec::new();
+    }
+    let magic = u32::from_le_bytes(data[0..4].try_into().unwrap());
+    let u32_at = |off: usize| -> u32 {
+        let bytes: [u8; 4] = data[off..off + 4].try_into().unwrap();
+        match magic {
+            0xa1b2c3d4 | 0xa1b23c4d => u32::from_le_bytes(bytes),
+            0xd4c3b2a1 | 0x4d3cb2a1 => u32::from_be_bytes(bytes),
+            _ => panic!("{} is not a pcap file (magic {magic:#x})", path.display()),
+        }
+    };
+    let mut records = Vec::new();
+    let mut off = 24;
+    while off + 16 <= data.len() {
+        let caplen = u32_at(off + 8) as usize;
+        let orig = u32_at(off + 12);
+        if off + 16 + caplen > data.len() {
+            break;
+        }
+        records.push((data[off + 16..off + 16 + caplen].to_vec(), orig));
+        off += 16 + caplen;
+    }
+    records
+}
+
+/// `tcpdump -w` running inside a namespace, stopped with SIGINT.
+pub struct Tcpdump {
+    child: Child,
+    file: PathBuf,
+    stderr: Arc<Collected>,
+    reader: Option<JoinHandle<()>>,
+}
+
+impl Tcpdump {
+    /// Starts `tcpdump -i IFACE -w FILE -U FILTER` in `ns` and waits until it
+    /// says "listening on".
+    pub fn start(ns: &Netns, iface: &str, filter: &str) -> Tcpdump {
+        let file = temp_path("capture", "pcap");
+        let mut child = Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                ns.name(),
+                "tcpdump",
+                "-n",
+                "-i",
+                iface,
+                "-U",
+                "--immediate-mode",
+            ])
+            .args(["-Z", "root", "-s", "256", "-B", "8192", "-w"])
+            .arg(&file)
+            .arg(filter)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawning tcpdump");
+        let stderr = Arc::new(Collected::default());
+        let reader = stderr.spawn_reader(child.stderr.take().unwrap());
+        let mut tcpdump = Tcpdump {
+            child,
+            file,
+            stderr,
+            reader: Some(reader),
+        };
+        let listening = tcpdump.stderr.wait_for(WAIT, |lines| {
+            lines.iter().any(|l| l.contains("listening on"))
+        });
+        if !listening {
+            let _ = tcpdump.child.kill();
+            panic!(
+                "tcpdump did not start: {}",
+                tcpdump.stderr.snapshot().join("\n")
+            );
+        }
+        tcpdump
+    }
+
+    /// Waits until the file holds at least `frames` frames (tcpdump reads
+    /// the socket asynchronously), then stops tcpdump.
+    pub fn stop_after(mut self, frames: usize) -> Capture {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while pcap_records(&self.file).len() < frames && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        signal(self.child.id(), libc::SIGINT);
+        let status = wait_timeout(&mut self.child, WAIT).expect("tcpdump did not stop");
+        if let Some(reader) = self.reader.take() {
+            reader.join().unwrap();
+        }
+        let stderr = self.stderr.snapshot().join("\n");
+        assert!(status.success(), "tcpdump failed ({status}): {stderr}");
+        // "N packets dropped by kernel": a capture that lost frames is no reference.
+        assert!(
+            stderr
+                .lines()
+                .any(|l| l.trim() == "0 packets dropped by kernel"),
+            "tcpdump dropped frames: {stderr}"
+        );
+        Capture {
+            file: std::mem::take(&mut self.file),
+        }
+    }
+}
+
+impl Drop for Tcpdump {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+        if !self.file.as_os_str().is_empty() {
+            let _ = std::fs::remove_file(&self.file);
+        }
+    }
+}
+
+/// A finished capture file, removed on drop.
+pub struct Capture {
+    file: PathBuf,
+}
+
+impl Capture {
+    /// Path of the pcap file.
+    pub fn path(&self) -> &Path {
+        &self.file
+    }
+
+    /// Frames `filter` selects, as tcpdump counts them
+    /// (`tcpdump --count -nr FILE FILTER` prints "N packets"; without
+    /// `--count` a tunnelled frame can take more than one line).
+    pub fn count(&self, filter: &str) -> u64 {
+        let path = self.file.to_str().unwrap();
+        let output = run("tcpdump", &["--count", "-nr", path, filter]);
+        let text = String::from_utf8_lossy(&output.stdout);
+        text.split_whitespace()
+            .next()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("unexpected tcpdump --count output: {text:?}"))
+    }
+
+    /// Original lengths of the frames `filter` selects
+    /// (`tcpdump -r FILE -w SUBSET FILTER`, then read).
+    pub fn frame_lengths(&self, filter: &str) -> Vec<u32> {
+        let subset = temp_path("subset", "pcap");
+        let path = self.file.to_str().unwrap();
+        let output = try_run(
+            "tcpdump",
+            &["-r", path, "-w", subset.to_str().unwrap(), filter],
+        );
+        let records = pcap_records(&subset);
+        let _ = std::fs::remove_file(&subset);
+        assert!(
+            output.status.success(),
+            "tcpdump -r: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        records.into_iter().map(|(_, orig)| orig).collect()
+    }
+
+    /// (frames, sum of their lengths) that `filter` selects.
+    pub fn totals(&self, filter: &str) -> (u64, u64) {
+        let lengths = self.frame_lengths(filter);
+        (
+            lengths.len() as u64,
+            lengths.iter().map(|&l| l as u64).sum(),
+        )
+    }
+}
+
+impl Drop for Capture {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.file);
+    }
+}
+
+/// Sends `copies` of each frame on `iface` of namespace `ns` through an
+/// AF_PACKET raw socket (the frames carry their Ethernet header). Sent
+/// frames go through tc egress of `iface`, and arrive at its veth peer.
+pub fn send_frames(ns: &Netns, iface: &str, frames: Vec<(Vec<u8>, u32)>) {
+    let iface = iface.to_string();
+    ns.run(move || {
+        let name = std::ffi::CString::new(iface.clone()).unwrap();
+        // SAFETY: valid NUL-terminated name.
+        let ifindex = unsafe { libc::if_nametoindex(name.as_ptr()) };
+        assert_ne!(ifindex, 0, "no interface {iface}");
+        // Protocol 0: this socket sends only, it receives nothing.
+        // SAFETY: plain socket(2).
+        let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW, 0) };
+        assert!(
+            fd >= 0,
+            "AF_PACKET socket: {}",
+            std::io::Error::last_os_error()
+        );
+        // SAFETY: fd was just returned by socket(2) and is owned here.
+        let socket = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        for (frame, copies) in &frames {
+            // SAFETY: zeroed sockaddr_ll is valid; fields set below.
+            let mut addr: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+            addr.sll_family = libc::AF_PACKET as u16;
+            addr.sll_ifindex = ifindex as i32;
+            addr.sll_protocol = u16::from_be_bytes([frame[12], frame[13]]).to_be();
+            addr.sll_halen = 6;
+            addr.sll_addr[..6].copy_from_slice(&frame[..6]);
+            for _ in 0..*copies {
+                loop {
+                    // SAFETY: buffer and address valid for the given lengths.
+                    let sent = unsafe {
+                        libc::sendto(
+                            socket.as_raw_fd(),
+                            frame.as_ptr().cast(),
+                            frame.len(),
+                            0,
+                            (&addr as *const libc::sockaddr_ll).cast(),
+                            std::mem::size_of::<libc::sockaddr_ll>() as u32,
+                        )
+                    };
+                    if sent == frame.len() as isize {
+                        break;
+                    }
+                    let err = std::io::Error::last_os_error();
+                    // A full queue: wait, then send the same frame again.
+                    if err.raw_os_error() == Some(libc::ENOBUFS)
+                        || err.raw_os_error() == Some(libc::EAGAIN)
+                    {
+                        std::thread::sleep(Duration::from_millis(1));
+                        continue;
+                    }
+                    panic!("sendto on {iface}: {sent} bytes, {err}");
+                }
+            }
+        }
+    });
+}
