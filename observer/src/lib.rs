@@ -15,3 +15,4 @@ pub mod output;
 pub mod ports;
 pub mod preflight;
 pub mod testrun;
+pub mod kernel_btf;
