@@ -406,25 +406,25 @@ fn inner_headers<F: Frame>(f: &F, mut inner: Inner, mut off: usize, c: &mut Clas
     }
     match inner {
         Inner::Ipv4 => {
-            if let Some(h) = f.read::<Ipv4Hdr>(off) {
-                if h.version_ihl >> 4 == 4 {
-                    c.inner_src[0] = h.src;
-                    c.inner_dst[0] = h.dst;
-                    c.inner_family = family::V4;
-                    c.l4_off = off + ((h.version_ihl & 0x0f) as usize) * 4;
-                    c.l4_proto = h.proto;
-                }
+            if let Some(h) = f.read::<Ipv4Hdr>(off)
+                && h.version_ihl >> 4 == 4
+            {
+                c.inner_src[0] = h.src;
+                c.inner_dst[0] = h.dst;
+                c.inner_family = family::V4;
+                c.l4_off = off + ((h.version_ihl & 0x0f) as usize) * 4;
+                c.l4_proto = h.proto;
             }
         }
         Inner::Ipv6 => {
-            if let Some(h) = f.read::<Ipv6Hdr>(off) {
-                if u32::from_be(h.version_flow) >> 28 == 6 {
-                    c.inner_src = h.src;
-                    c.inner_dst = h.dst;
-                    c.inner_family = family::V6;
-                    c.l4_off = off + 40;
-                    c.l4_proto = h.next_header;
-                }
+            if let Some(h) = f.read::<Ipv6Hdr>(off)
+                && u32::from_be(h.version_flow) >> 28 == 6
+            {
+                c.inner_src = h.src;
+                c.inner_dst = h.dst;
+                c.inner_family = family::V6;
+                c.l4_off = off + 40;
+                c.l4_proto = h.next_header;
             }
         }
         _ => {}
