@@ -50,7 +50,7 @@ pub trait Frame {
 struct Ipv4Hdr {
     version_ihl: u8,
     _tos: u8,
-    _total_len: u16,
+    total_len: u16,
     _id: u16,
     frag_off: u16,
     _ttl: u8,
@@ -64,7 +64,7 @@ struct Ipv4Hdr {
 #[derive(Clone, Copy)]
 struct Ipv6Hdr {
     version_flow: u32,
-    _payload_len: u16,
+    payload_len: u16,
     next_header: u8,
     _hop_limit: u8,
     src: [u32; 4],
@@ -111,6 +111,10 @@ pub struct Classified {
     pub l4_off: usize,
     /// Protocol of that L4 header (valid when `l4_off != 0`).
     pub l4_proto: u8,
+    /// Where the outer IP packet ends according to its length field
+    /// (0 when unknown): a shorter linear buffer means the frame has more
+    /// data in fragments.
+    pub ip_end: usize,
 }
 
 impl Classified {
@@ -127,6 +131,7 @@ impl Classified {
             inner_family: family::NONE,
             l4_off: 0,
             l4_proto: 0,
+            ip_end: 0,
         }
     }
 }
@@ -195,6 +200,7 @@ pub fn classify<F: Frame>(f: &F, direction: Direction) -> Classified {
                 Direction::Tx => h.dst,
             };
             c.peer_family = family::V4;
+            c.ip_end = ip_end(off, u16::from_be(h.total_len) as usize);
             (off + ihl, h.proto)
         }
         ETH_P_IPV6 => {
@@ -209,6 +215,7 @@ pub fn classify<F: Frame>(f: &F, direction: Direction) -> Classified {
                 Direction::Tx => h.dst,
             };
             c.peer_family = family::V6;
+            c.ip_end = ip_end(off + 40, u16::from_be(h.payload_len) as usize);
             match ipv6_payload(f, off + 40, h.next_header) {
                 Ok(Some(l4)) => l4,
                 Ok(None) => return Classified::unclassified(Unclassified::None),
@@ -243,12 +250,21 @@ pub fn classify<F: Frame>(f: &F, direction: Direction) -> Classified {
         let mut plain = Classified::unclassified(Unclassified::None);
         plain.l4_off = l4_off;
         plain.l4_proto = l4_proto;
+        plain.ip_end = c.ip_end;
         return plain;
     }
     c.proto = encap.proto;
     c.vni = encap.vni;
     inner_headers(f, encap.inner, encap.inner_off, &mut c);
     c
+}
+
+/// End of the IP packet whose length field says `len` bytes after `start`.
+/// A zero length (BIG TCP, IPv6 jumbograms) means "larger than the field
+/// can say": the end is reported beyond any linear buffer.
+#[inline(always)]
+fn ip_end(start: usize, len: usize) -> usize {
+    if len == 0 { 1 << 20 } else { start + len }
 }
 
 /// Follows IPv6 extension headers to the upper-layer protocol. `Ok(None)`
