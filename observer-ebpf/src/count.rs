@@ -31,7 +31,7 @@ pub fn record(ifindex: u32, direction: Direction, c: &Classified, packets: u64, 
         inner_family: c.inner_family,
         _pad: [0; 7],
     };
-    if FLOWS.insert(&key, &value, BPF_NOEXIST as u64).is_ok() {
+    if FLOWS.insert(key, value, BPF_NOEXIST as u64).is_ok() {
         bump(Stat::FlowInserts);
     } else if !add(&key, c, packets, bytes) {
         // Another CPU inserted the key between our lookup and insert, and

@@ -50,7 +50,7 @@ pub trait Frame {
 struct Ipv4Hdr {
     version_ihl: u8,
     _tos: u8,
-    _total_len: u16,
+    total_len: u16,
     _id: u16,
     frag_off: u16,
     _ttl: u8,
@@ -64,7 +64,7 @@ struct Ipv4Hdr {
 #[derive(Clone, Copy)]
 struct Ipv6Hdr {
     version_flow: u32,
-    _payload_len: u16,
+    payload_len: u16,
     next_header: u8,
     _hop_limit: u8,
     src: [u32; 4],
@@ -117,6 +117,10 @@ pub struct Classified {
     pub vxlan_flags: u8,
     /// The outer IP packet is a fragment (first or later).
     pub outer_fragment: bool,
+    /// Where the outer IP packet ends according to its length field
+    /// (0 when unknown): a shorter linear buffer means the frame has more
+    /// data in fragments.
+    pub ip_end: usize,
 }
 
 impl Classified {
@@ -136,6 +140,7 @@ impl Classified {
             l2_len: 0,
             vxlan_flags: 0,
             outer_fragment: false,
+            ip_end: 0,
         }
     }
 }
@@ -203,6 +208,7 @@ pub fn classify<F: Frame>(f: &F, direction: Direction) -> Classified {
                 Direction::Tx => h.dst,
             };
             c.peer_family = family::V4;
+            c.ip_end = ip_end(off, u16::from_be(h.total_len) as usize);
             let frag_off = u16::from_be(h.frag_off);
             let fragment = if frag_off & 0x1fff != 0 {
                 Fragment::Later
@@ -225,6 +231,7 @@ pub fn classify<F: Frame>(f: &F, direction: Direction) -> Classified {
                 Direction::Tx => h.dst,
             };
             c.peer_family = family::V6;
+            c.ip_end = ip_end(off + 40, u16::from_be(h.payload_len) as usize);
             match ipv6_payload(f, off + 40, h.next_header) {
                 Ok(l4) => l4,
                 Err(reason) => return Classified::unclassified(reason),
@@ -271,6 +278,7 @@ pub fn classify<F: Frame>(f: &F, direction: Direction) -> Classified {
         let mut plain = Classified::unclassified(Unclassified::None);
         plain.l4_off = l4_off;
         plain.l4_proto = l4_proto;
+        plain.ip_end = c.ip_end;
         return plain;
     }
     c.proto = encap.proto;
@@ -278,6 +286,14 @@ pub fn classify<F: Frame>(f: &F, direction: Direction) -> Classified {
     c.vxlan_flags = encap.flags;
     inner_headers(f, encap.inner, encap.inner_off, &mut c);
     c
+}
+
+/// End of the IP packet whose length field says `len` bytes after `start`.
+/// A zero length (BIG TCP, IPv6 jumbograms) means "larger than the field
+/// can say": the end is reported beyond any linear buffer.
+#[inline(always)]
+fn ip_end(start: usize, len: usize) -> usize {
+    if len == 0 { 1 << 20 } else { start + len }
 }
 
 /// Whether the outer IP packet is a fragment.
@@ -449,25 +465,25 @@ fn inner_headers<F: Frame>(f: &F, mut inner: Inner, mut off: usize, c: &mut Clas
     }
     match inner {
         Inner::Ipv4 => {
-            if let Some(h) = f.read::<Ipv4Hdr>(off) {
-                if h.version_ihl >> 4 == 4 {
-                    c.inner_src[0] = h.src;
-                    c.inner_dst[0] = h.dst;
-                    c.inner_family = family::V4;
-                    c.l4_off = off + ((h.version_ihl & 0x0f) as usize) * 4;
-                    c.l4_proto = h.proto;
-                }
+            if let Some(h) = f.read::<Ipv4Hdr>(off)
+                && h.version_ihl >> 4 == 4
+            {
+                c.inner_src[0] = h.src;
+                c.inner_dst[0] = h.dst;
+                c.inner_family = family::V4;
+                c.l4_off = off + ((h.version_ihl & 0x0f) as usize) * 4;
+                c.l4_proto = h.proto;
             }
         }
         Inner::Ipv6 => {
-            if let Some(h) = f.read::<Ipv6Hdr>(off) {
-                if u32::from_be(h.version_flow) >> 28 == 6 {
-                    c.inner_src = h.src;
-                    c.inner_dst = h.dst;
-                    c.inner_family = family::V6;
-                    c.l4_off = off + 40;
-                    c.l4_proto = h.next_header;
-                }
+            if let Some(h) = f.read::<Ipv6Hdr>(off)
+                && u32::from_be(h.version_flow) >> 28 == 6
+            {
+                c.inner_src = h.src;
+                c.inner_dst = h.dst;
+                c.inner_family = family::V6;
+                c.l4_off = off + 40;
+                c.l4_proto = h.next_header;
             }
         }
         _ => {}

@@ -45,8 +45,16 @@ fn try_observer_xdp(ctx: &XdpContext) {
         end: ctx.data_end(),
     };
     let c = parse::classify(&frame, Direction::Rx);
-    // SAFETY: ctx.ctx is the program's own xdp_md.
-    let bytes = unsafe { bpf_xdp_get_buff_len(ctx.ctx) };
+    // The linear buffer is the whole frame unless it is shorter than the IP
+    // header says: only then ask for the length including fragments (a
+    // helper call costs more than the rest of the program).
+    let linear = frame.end - frame.start;
+    let bytes = if c.ip_end > linear {
+        // SAFETY: ctx.ctx is the program's own xdp_md.
+        unsafe { bpf_xdp_get_buff_len(ctx.ctx) }
+    } else {
+        linear as u64
+    };
     let ifindex = ctx.ingress_ifindex() as u32;
     count::record(ifindex, Direction::Rx, &c, 1, bytes);
     drops::classifier_checks(ifindex, &c, bytes);
