@@ -28,7 +28,7 @@ pub fn record(ifindex: u32, c: &Classified, origin: u8, reason: u16, bytes: u64)
         peer_family: c.peer_family,
         _pad: [0; 3],
     };
-    if let Some(value) = DROPS.get_ptr_mut(&key) {
+    if let Some(value) = DROPS.get_ptr_mut(key) {
         // SAFETY: per-CPU value of this CPU.
         unsafe {
             (*value).packets += 1;
@@ -39,7 +39,7 @@ pub fn record(ifindex: u32, c: &Classified, origin: u8, reason: u16, bytes: u64)
     let value = DropValue { packets: 1, bytes };
     // A lost race with another CPU loses this one count; drops are rare
     // and the flow counters stay exact.
-    let _ = DROPS.insert(&key, &value, 0);
+    let _ = DROPS.insert(key, value, 0);
 }
 
 /// Flags received tunnel packets the node is likely to drop, without

@@ -76,7 +76,7 @@ fn try_observe_drop(skb: usize, reason: u32) -> Option<()> {
     let ifindex: u32 = field(dev, layout.dev_ifindex)?;
     let net: usize = field(dev, layout.dev_nd_net)?;
     let netns: u32 = field(net, layout.net_inum)?;
-    WATCHED.get_ptr(&WatchedIface { netns, ifindex })?;
+    WATCHED.get_ptr(WatchedIface { netns, ifindex })?;
 
     let head: usize = field(skb, layout.skb_head)?;
     let mac: u16 = field(skb, layout.skb_mac_header)?;

@@ -3,15 +3,44 @@
 //! per-interval rates. Bounded: at most `max_rows` rows are kept; the
 //! longest-idle rows are forgotten first and counted.
 
-use std::{collections::HashMap, net::IpAddr};
+use std::{collections::HashMap, hash::Hash, net::IpAddr};
 
-use crate::flows::{FlowCounters, FlowId};
+use crate::{
+    drops::{DropCounters, DropId},
+    flows::{FlowCounters, FlowId},
+};
+
+/// Counters the aggregator can fold: packets, bytes and an optional inner
+/// address sample.
+pub trait Counters {
+    /// Packets and bytes as read from the kernel.
+    fn totals(&self) -> (u64, u64);
+    /// Inner (source, destination) sample, when there is one.
+    fn inner(&self) -> Option<(IpAddr, IpAddr)> {
+        None
+    }
+}
+
+impl Counters for FlowCounters {
+    fn totals(&self) -> (u64, u64) {
+        (self.packets, self.bytes)
+    }
+    fn inner(&self) -> Option<(IpAddr, IpAddr)> {
+        self.inner
+    }
+}
+
+impl Counters for DropCounters {
+    fn totals(&self) -> (u64, u64) {
+        (self.packets, self.bytes)
+    }
+}
 
 /// One row as reported to the user.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Row {
+pub struct Row<K = FlowId> {
     /// Identity of the row.
-    pub id: FlowId,
+    pub id: K,
     /// Packets since attach.
     pub packets: u64,
     /// Bytes since attach.
@@ -41,16 +70,19 @@ struct State {
 
 /// Monotonic per-row totals.
 #[derive(Debug)]
-pub struct Aggregator {
-    rows: HashMap<FlowId, State>,
+pub struct Aggregator<K = FlowId> {
+    rows: HashMap<K, State>,
     max_rows: usize,
     generation: u64,
     forgotten_rows: u64,
 }
 
-impl Aggregator {
+/// Aggregator of drop rows.
+pub type DropAggregator = Aggregator<DropId>;
+
+impl<K: Copy + Eq + Hash + Ord> Aggregator<K> {
     /// An aggregator keeping at most `max_rows` rows (at least 1).
-    pub fn new(max_rows: usize) -> Aggregator {
+    pub fn new(max_rows: usize) -> Self {
         Aggregator {
             rows: HashMap::new(),
             max_rows: max_rows.max(1),
@@ -67,11 +99,11 @@ impl Aggregator {
     /// Folds in one read of the kernel map. A kernel value smaller than the
     /// previous read means the key was evicted and re-created: the new value
     /// is all new traffic.
-    pub fn update(&mut self, read: &[(FlowId, FlowCounters)]) {
+    pub fn update<C: Counters>(&mut self, read: &[(K, C)]) {
         self.generation += 1;
         for (id, counters) in read {
             let state = self.rows.entry(*id).or_default();
-            let now = (counters.packets, counters.bytes);
+            let now = counters.totals();
             let delta = if now.0 >= state.kernel.0 && now.1 >= state.kernel.1 {
                 (now.0 - state.kernel.0, now.1 - state.kernel.1)
             } else {
@@ -83,15 +115,14 @@ impl Aggregator {
             if delta != (0, 0) {
                 state.last_moved = self.generation;
             }
-            if counters.inner.is_some() {
-                state.inner = counters.inner;
+            if let Some(inner) = counters.inner() {
+                state.inner = Some(inner);
             }
         }
         // Keys gone from the kernel map keep their totals, but their kernel
         // baseline resets so a re-created key counts from zero.
         if read.len() < self.rows.len() {
-            let present: std::collections::HashSet<&FlowId> =
-                read.iter().map(|(id, _)| id).collect();
+            let present: std::collections::HashSet<&K> = read.iter().map(|(id, _)| id).collect();
             for (id, state) in self.rows.iter_mut() {
                 if !present.contains(id) {
                     state.kernel = (0, 0);
@@ -106,7 +137,7 @@ impl Aggregator {
         if excess == 0 {
             return;
         }
-        let mut by_idle: Vec<(u64, FlowId)> = self
+        let mut by_idle: Vec<(u64, K)> = self
             .rows
             .iter()
             .map(|(id, s)| (s.last_moved, *id))
@@ -120,9 +151,9 @@ impl Aggregator {
 
     /// Ends the current interval of length `seconds` and returns every row
     /// with its rate over that interval.
-    pub fn finish_interval(&mut self, seconds: f64) -> Vec<Row> {
+    pub fn finish_interval(&mut self, seconds: f64) -> Vec<Row<K>> {
         let seconds = if seconds > 0.0 { seconds } else { 1.0 };
-        let mut rows: Vec<Row> = self
+        let mut rows: Vec<Row<K>> = self
             .rows
             .iter_mut()
             .map(|(id, state)| {
@@ -197,7 +228,7 @@ mod tests {
         let mut agg = Aggregator::new(10);
         agg.update(&[(id("10.0.0.1"), c(100, 10_000))]);
         // Key evicted: absent from the read, totals kept.
-        agg.update(&[]);
+        agg.update::<FlowCounters>(&[]);
         let rows = agg.finish_interval(1.0);
         assert_eq!(rows[0].packets, 100);
         // Re-created with a smaller kernel value: counted as new traffic.
@@ -210,7 +241,7 @@ mod tests {
     fn recreated_key_larger_than_before_counts_from_zero() {
         let mut agg = Aggregator::new(10);
         agg.update(&[(id("10.0.0.1"), c(5, 500))]);
-        agg.update(&[]);
+        agg.update::<FlowCounters>(&[]);
         agg.update(&[(id("10.0.0.1"), c(7, 700))]);
         let rows = agg.finish_interval(1.0);
         assert_eq!(rows[0].packets, 12);

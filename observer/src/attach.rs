@@ -11,11 +11,14 @@ use anyhow::{Context, Result, bail};
 use tokio::signal::unix::{SignalKind, signal};
 
 use crate::{
-    aggregate::Aggregator,
+    aggregate::{Aggregator, DropAggregator},
+    allowsets::AllowSetConfig,
+    checks::NodeChecks,
     cli::AttachArgs,
+    drops,
     loader::{self, LoadConfig, Observer},
     netns,
-    output::{self, AttachLine, Format, Snapshot},
+    output::{self, AttachLine, DropRow, Format, Snapshot},
     ports::PortConfig,
     preflight,
 };
@@ -70,7 +73,8 @@ pub fn run(args: AttachArgs) -> Result<()> {
     };
     let program_ids = observer.program_ids()?;
     for iface in &args.ifaces {
-        let attachment = observer.attach(iface, args.xdp_mode)?;
+        observer.attach(iface, args.xdp_mode)?;
+        let attachment = observer.attachments().last().expect("attached just now");
         tracing::info!(
             iface = %attachment.iface,
             rx = %attachment.rx,
@@ -81,6 +85,7 @@ pub fn run(args: AttachArgs) -> Result<()> {
             let line = serde_json::to_string(&AttachLine::new(
                 attachment,
                 &program_ids,
+                observer.drop_hook(),
                 SystemTime::now(),
             ))?;
             if writeln!(io::stdout(), "{line}").is_err() {
@@ -89,7 +94,7 @@ pub fn run(args: AttachArgs) -> Result<()> {
         }
     }
 
-    let result = runtime.block_on(stream(&observer, &args, format, signals));
+    let result = runtime.block_on(stream(&mut observer, &args, format, signals));
     // Dropping the observer closes the links: everything is detached.
     drop(observer);
     result
@@ -119,7 +124,7 @@ struct Signals {
 }
 
 async fn stream(
-    observer: &Observer,
+    observer: &mut Observer,
     args: &AttachArgs,
     format: Format,
     mut signals: Signals,
@@ -131,6 +136,37 @@ async fn stream(
         .collect();
     let max_rows = (args.max_flows as usize).saturating_mul(ROWS_PER_FLOW);
     let mut aggregator = Aggregator::new(max_rows);
+    let mut drop_aggregator = DropAggregator::new(max_rows);
+    let mut checks = NodeChecks::new(
+        AllowSetConfig {
+            sets: args.allow_sets.clone(),
+            cidrs: args.allow_cidrs.clone(),
+        },
+        args.allow_set_refresh,
+    );
+    let print_reports = |reports: Vec<crate::checks::AllowSetReport>| -> io::Result<()> {
+        if format != Format::Json {
+            return Ok(());
+        }
+        let mut out = io::stdout().lock();
+        for report in reports {
+            writeln!(
+                out,
+                "{}",
+                serde_json::to_string(&report).map_err(io::Error::other)?
+            )?;
+        }
+        out.flush()
+    };
+    if let Err(e) = print_reports(checks.refresh(observer)?) {
+        return if e.kind() == io::ErrorKind::BrokenPipe {
+            Ok(())
+        } else {
+            Err(e.into())
+        };
+    }
+    // Baseline of the netfilter counters: the comparison is since attach.
+    checks.netfilter(&[]);
     let start = tokio::time::Instant::now();
     let deadline = args.duration.map(|d| start + d);
     let mut ticker = tokio::time::interval_at(start + args.interval, args.interval);
@@ -149,8 +185,30 @@ async fn stream(
                 }
             } => true,
         };
+        let reports = checks.refresh(observer)?;
         aggregator.update(&observer.read_flows()?);
-        let rows = aggregator.finish_interval(last.elapsed().as_secs_f64());
+        drop_aggregator.update(&drops::read(observer)?);
+        let seconds = last.elapsed().as_secs_f64();
+        let rows = aggregator.finish_interval(seconds);
+        let drop_rows: Vec<DropRow> = drop_aggregator
+            .finish_interval(seconds)
+            .into_iter()
+            .map(|row| {
+                let reason = row.id.reason_name(observer);
+                let message = drops::message(
+                    &row.id,
+                    row.packets,
+                    &reason,
+                    &checks.allow_set_names(row.id.proto),
+                );
+                DropRow {
+                    row,
+                    reason,
+                    message,
+                }
+            })
+            .collect();
+        let netfilter = checks.netfilter(&drop_rows);
         last = Instant::now();
         let snapshot = Snapshot {
             rows: &rows,
@@ -160,7 +218,16 @@ async fn stream(
             attachments: observer.attachments(),
             at: SystemTime::now(),
             is_final,
+            drops: &drop_rows,
+            netfilter: &netfilter,
         };
+        if let Err(e) = print_reports(reports) {
+            return if e.kind() == io::ErrorKind::BrokenPipe {
+                Ok(())
+            } else {
+                Err(e.into())
+            };
+        }
         let mut out = io::stdout().lock();
         let written = match format {
             Format::Json => output::write_json(&mut out, &snapshot),

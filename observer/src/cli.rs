@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::{loader::XdpMode, output::Format};
+use crate::{allowsets::Tagged, loader::XdpMode, output::Format};
 
 /// See, at the wire, what happens to overlay traffic: encapsulated packets
 /// (VXLAN, VXLAN-GPE, Geneve, IPIP, IPv6-in-IP, GRE, WireGuard) counted per
@@ -84,6 +84,24 @@ pub struct AttachArgs {
     /// full, the least recently used row is evicted and counted.
     #[arg(long, default_value_t = observer_common::DEFAULT_MAX_FLOWS, value_name = "N")]
     pub max_flows: u32,
+
+    /// Extra allow-set (ipset or nftables set name) of sources allowed to
+    /// send VXLAN (`vxlan=NAME`, the default) or IPIP (`ipip=NAME`), beside
+    /// Calico's cali40all-vxlan-net, cali60all-vxlan-net and
+    /// cali40all-hosts-net. Sources outside count as drop reason
+    /// calico_allow_set.
+    #[arg(long = "allow-set", value_name = "[PROTO=]NAME")]
+    pub allow_sets: Vec<Tagged<String>>,
+
+    /// Prefix allowed to send VXLAN (`vxlan=CIDR`, the default) or IPIP
+    /// (`ipip=CIDR`), for setups without sets. Repeatable.
+    #[arg(long = "allow-cidr", value_name = "[PROTO=]CIDR")]
+    pub allow_cidrs: Vec<Tagged<ipnet::IpNet>>,
+
+    /// How often allow-sets and local vxlan devices are re-read; changes
+    /// take effect in the programs at the next refresh.
+    #[arg(long, default_value = "5s", value_parser = parse_duration, value_name = "DURATION")]
+    pub allow_set_refresh: Duration,
 }
 
 /// Parses `500ms`, `2s`, `1m`, `1h30m`; a bare number means seconds.

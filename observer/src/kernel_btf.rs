@@ -5,7 +5,7 @@
 use std::{collections::HashMap, path::Path};
 
 use anyhow::{Context, Result, anyhow, bail};
-use btf_rs::{Btf, BtfType, Type};
+use btf_rs::{Btf, Type};
 use observer_common::SkbLayout;
 
 /// Prefix of every drop reason name in the kernel's enum.
@@ -41,7 +41,10 @@ impl KernelBtf {
         let mut names = HashMap::new();
         for member in &reasons.members {
             let name = self.btf.resolve_name(member).map_err(|e| anyhow!("{e}"))?;
-            let name = name.strip_prefix(DROP_REASON_PREFIX).unwrap_or(&name).to_string();
+            let name = name
+                .strip_prefix(DROP_REASON_PREFIX)
+                .unwrap_or(&name)
+                .to_string();
             names.insert(member.val(), name);
         }
         Ok(names)
@@ -68,7 +71,10 @@ impl KernelBtf {
     /// Byte offset of `field` in `struct name`, looking through anonymous
     /// structs and unions (sk_buff nests `dev` two levels deep).
     pub fn offset(&self, name: &str, field: &str) -> Result<u32> {
-        let types = self.btf.resolve_types_by_name(name).map_err(|e| anyhow!("{e}"))?;
+        let types = self
+            .btf
+            .resolve_types_by_name(name)
+            .map_err(|e| anyhow!("{e}"))?;
         let strukt = types
             .into_iter()
             .find_map(|t| match t {
@@ -93,7 +99,10 @@ impl KernelBtf {
                 return Ok(Some(at));
             }
             if name.is_empty() {
-                let inner = self.btf.resolve_chained_type(member).map_err(|e| anyhow!("{e}"))?;
+                let inner = self
+                    .btf
+                    .resolve_chained_type(member)
+                    .map_err(|e| anyhow!("{e}"))?;
                 if let Type::Struct(s) | Type::Union(s) = inner
                     && let Some(found) = self.find_member(&s, field, at)?
                 {
@@ -137,7 +146,10 @@ mod tests {
     #[test]
     fn unknown_field_is_named() {
         let Some(btf) = kernel() else { return };
-        let err = btf.offset("sk_buff", "no_such_field").unwrap_err().to_string();
+        let err = btf
+            .offset("sk_buff", "no_such_field")
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("sk_buff has no field no_such_field"), "{err}");
     }
 }

@@ -6,13 +6,19 @@
 //! `testrun` runs programs on frames without a device.
 
 pub mod aggregate;
+pub mod allowsets;
 pub mod attach;
+pub mod checks;
 pub mod cli;
+pub mod drops;
 pub mod flows;
+pub mod kernel_btf;
 pub mod loader;
+pub mod localnet;
+pub mod mirror;
+pub mod netfilter;
 pub mod netns;
 pub mod output;
 pub mod ports;
 pub mod preflight;
 pub mod testrun;
-pub mod kernel_btf;

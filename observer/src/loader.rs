@@ -2,25 +2,34 @@
 //! links, and reads its maps. Dropping the [`Observer`] detaches everything.
 
 use std::{
+    collections::HashMap,
     ffi::CString,
     fmt, io,
     os::fd::{AsFd, BorrowedFd},
+    path::Path,
 };
 
 use anyhow::{Context, Result, anyhow, bail};
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{Array, MapData, PerCpuArray, PerCpuHashMap},
+    maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, PerCpuHashMap},
     programs::{
-        LinkOrder, ProgramError, SchedClassifier, TcAttachType, Xdp, XdpMode as AyaXdpMode,
+        BtfTracePoint, LinkOrder, ProgramError, RawTracePoint, SchedClassifier, TcAttachType, Xdp,
+        XdpMode as AyaXdpMode,
         tc::{self, NlOptions, TcAttachOptions},
     },
 };
-use observer_common::{FLOWS_MAP, FlowKey, FlowValue, STATS_MAP, Stat, UDP_PORTS_MAP};
+use observer_common::{
+    FLOWS_MAP, FlowKey, FlowValue, IFACE_MTU_MAP, SKB_LAYOUT_GLOBAL, STATS_MAP, SkbLayout, Stat,
+    UDP_PORTS_MAP, WATCHED_MAP, WatchedIface,
+};
 
 use crate::{
     flows::{FlowCounters, FlowId},
+    kernel_btf::KernelBtf,
+    localnet,
     ports::PortConfig,
+    preflight,
 };
 
 /// The eBPF object built by build.rs from `observer-ebpf`.
@@ -134,10 +143,26 @@ pub struct KernelStats {
     pub flow_insert_failures: u64,
 }
 
+/// Which hook counts kernel drops.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DropHook {
+    /// Not attached yet (no interface attached).
+    Pending,
+    /// skb:kfree_skb through tp_btf (preferred) or the raw tracepoint.
+    Attached(&'static str),
+    /// Could not be attached: kernel drop reasons are not counted.
+    Unavailable(String),
+}
+
 /// The loaded programs and their maps.
 pub struct Observer {
     ebpf: Ebpf,
     attachments: Vec<Attachment>,
+    /// `enum skb_drop_reason` of the running kernel, value -> name.
+    drop_reasons: HashMap<u32, String>,
+    /// Why kernel drops cannot be counted, when the BTF facts are missing.
+    btf_problem: Option<String>,
+    drop_hook: DropHook,
 }
 
 impl Observer {
@@ -147,8 +172,17 @@ impl Observer {
         if config.max_flows == 0 {
             bail!("--max-flows must be at least 1");
         }
+        // sk_buff offsets and drop reason names from the running kernel; a
+        // kernel without them still gets every counter but kernel drops.
+        let (layout, drop_reasons, btf_problem) =
+            match kernel_facts(Path::new(preflight::KERNEL_BTF)) {
+                Ok((layout, reasons)) => (layout, reasons, None),
+                Err(e) => (SkbLayout::default(), HashMap::new(), Some(format!("{e:#}"))),
+            };
         let mut ebpf = EbpfLoader::new()
             .map_max_entries(FLOWS_MAP, config.max_flows)
+            .map_max_entries(observer_common::DROPS_MAP, config.max_flows)
+            .override_global(SKB_LAYOUT_GLOBAL, &layout, true)
             .load(EBPF_OBJECT)
             .map_err(|e| explain_load_error(anyhow::Error::new(e)))?;
         for hook in [Hook::Xdp, Hook::TcIngress, Hook::TcEgress] {
@@ -176,7 +210,109 @@ impl Observer {
         Ok(Observer {
             ebpf,
             attachments: Vec::new(),
+            drop_reasons,
+            btf_problem,
+            drop_hook: DropHook::Pending,
         })
+    }
+
+    /// The kernel's name of drop reason `value` (`NETFILTER_DROP`, ...).
+    pub fn drop_reason_name(&self, value: u32) -> String {
+        self.drop_reasons
+            .get(&value)
+            .cloned()
+            .unwrap_or_else(|| format!("reason_{value}"))
+    }
+
+    /// How kernel drops are counted.
+    pub fn drop_hook(&self) -> &DropHook {
+        &self.drop_hook
+    }
+
+    /// The loaded object, for modules that keep its maps in sync.
+    pub(crate) fn ebpf_mut(&mut self) -> &mut Ebpf {
+        &mut self.ebpf
+    }
+
+    /// The loaded object, for modules that read its maps.
+    pub(crate) fn ebpf(&self) -> &Ebpf {
+        &self.ebpf
+    }
+
+    /// Attaches the skb:kfree_skb program once: tp_btf, else the raw
+    /// tracepoint. Failure is reported, not fatal: packet counters work
+    /// without it.
+    fn attach_drop_hook(&mut self) {
+        if self.drop_hook != DropHook::Pending {
+            return;
+        }
+        if let Some(problem) = &self.btf_problem {
+            self.drop_hook = DropHook::Unavailable(problem.clone());
+            return;
+        }
+        let tp_btf = (|| -> Result<()> {
+            let btf = aya::Btf::from_sys_fs().context("reading kernel BTF")?;
+            let program: &mut BtfTracePoint = self
+                .ebpf
+                .program_mut("observer_kfree")
+                .context("observer_kfree missing")?
+                .try_into()?;
+            program.load("kfree_skb", &btf)?;
+            program.attach()?;
+            Ok(())
+        })();
+        let error = match tp_btf {
+            Ok(()) => {
+                self.drop_hook = DropHook::Attached("tp_btf");
+                return;
+            }
+            Err(e) => format!("{e:#}"),
+        };
+        let raw = (|| -> Result<()> {
+            let program: &mut RawTracePoint = self
+                .ebpf
+                .program_mut("observer_kfree_raw")
+                .context("observer_kfree_raw missing")?
+                .try_into()?;
+            program.load()?;
+            program.attach("kfree_skb")?;
+            Ok(())
+        })();
+        self.drop_hook = match raw {
+            Ok(()) => DropHook::Attached("raw_tracepoint"),
+            Err(raw_error) => DropHook::Unavailable(format!(
+                "skb:kfree_skb: tp_btf failed ({error}), raw tracepoint failed ({raw_error:#})"
+            )),
+        };
+        if let DropHook::Unavailable(why) = &self.drop_hook {
+            tracing::warn!(%why, "kernel drop reasons will not be counted");
+        }
+    }
+
+    /// Registers `ifindex` of the current namespace for the kernel drop
+    /// filter and the MTU check.
+    fn watch(&mut self, iface: &str, ifindex: u32) -> Result<()> {
+        let netns = localnet::netns_inode()?;
+        let mut watched: BpfHashMap<_, WatchedIface, u8> = BpfHashMap::try_from(
+            self.ebpf
+                .map_mut(WATCHED_MAP)
+                .context("WATCHED map missing")?,
+        )?;
+        watched.insert(WatchedIface { netns, ifindex }, 1, 0)?;
+        match localnet::mtu(iface) {
+            Ok(mtu) => {
+                let mut mtus: BpfHashMap<_, u32, u32> = BpfHashMap::try_from(
+                    self.ebpf
+                        .map_mut(IFACE_MTU_MAP)
+                        .context("IFACE_MTU map missing")?,
+                )?;
+                mtus.insert(ifindex, mtu, 0)?;
+            }
+            Err(e) => {
+                tracing::warn!(iface, error = %format!("{e:#}"), "MTU unknown: over_mtu not checked")
+            }
+        }
+        Ok(())
     }
 
     /// File descriptor of a loaded program (for BPF_PROG_TEST_RUN).
@@ -212,6 +348,8 @@ impl Observer {
         let ifindex = ifindex(iface)?;
         let (rx, xdp_fallback_reason) = self.attach_rx(iface, ifindex, mode)?;
         let tx = self.attach_tc(iface, TcAttachType::Egress, Hook::TcEgress)?;
+        self.watch(iface, ifindex)?;
+        self.attach_drop_hook();
         self.attachments.push(Attachment {
             iface: iface.to_string(),
             ifindex,
@@ -349,6 +487,12 @@ impl Observer {
             flow_insert_failures: read(Stat::FlowInsertFailures)?,
         })
     }
+}
+
+/// The SkbLayout and drop reason names of the kernel whose BTF is at `path`.
+fn kernel_facts(path: &Path) -> Result<(SkbLayout, HashMap<u32, String>)> {
+    let btf = KernelBtf::open(path)?;
+    Ok((btf.skb_layout()?, btf.drop_reasons()?))
 }
 
 /// Interface index of `iface` in the current network namespace.

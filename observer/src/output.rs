@@ -11,7 +11,11 @@ use std::{
 use observer_common::{Direction, Proto, Unclassified};
 use serde::Serialize;
 
-use crate::{aggregate::Row, loader::Attachment, loader::KernelStats};
+use crate::{
+    aggregate::Row,
+    drops::DropId,
+    loader::{Attachment, DropHook, KernelStats},
+};
 
 /// Output format (`--output`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -45,11 +49,18 @@ pub struct AttachLine<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     xdp_fallback_reason: Option<&'a str>,
     program_ids: &'a [u32],
+    /// How kernel drops are counted: `tp_btf`, `raw_tracepoint`, or why not.
+    drop_hook: String,
 }
 
 impl<'a> AttachLine<'a> {
     /// Describes `attachment`.
-    pub fn new(attachment: &'a Attachment, program_ids: &'a [u32], at: SystemTime) -> Self {
+    pub fn new(
+        attachment: &'a Attachment,
+        program_ids: &'a [u32],
+        drop_hook: &DropHook,
+        at: SystemTime,
+    ) -> Self {
         AttachLine {
             r#type: "attach",
             ts: timestamp(at),
@@ -59,6 +70,11 @@ impl<'a> AttachLine<'a> {
             tx_hook: attachment.tx.to_string(),
             xdp_fallback_reason: attachment.xdp_fallback_reason.as_deref(),
             program_ids,
+            drop_hook: match drop_hook {
+                DropHook::Pending => "pending".to_string(),
+                DropHook::Attached(how) => how.to_string(),
+                DropHook::Unavailable(why) => format!("unavailable: {why}"),
+            },
         }
     }
 }
@@ -82,6 +98,73 @@ struct PeerLine<'a> {
     inner_src: Option<IpAddr>,
     #[serde(skip_serializing_if = "Option::is_none")]
     inner_dst: Option<IpAddr>,
+    /// Drops of this peer's packets by reason (rx rows only).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    drops: BTreeMap<&'a str, u64>,
+}
+
+/// A drop row with its reason named and explained.
+#[derive(Debug, Clone)]
+pub struct DropRow {
+    /// Totals and rates.
+    pub row: Row<DropId>,
+    /// Reason name (`calico_allow_set`, `NETFILTER_DROP`, ...).
+    pub reason: String,
+    /// One-line explanation.
+    pub message: String,
+}
+
+/// `{"type":"drop",...}`: one (iface, proto, peer, vni, origin, reason).
+#[derive(Serialize)]
+struct DropLine<'a> {
+    r#type: &'static str,
+    ts: &'a str,
+    iface: &'a str,
+    proto: &'static str,
+    peer: Option<IpAddr>,
+    vni: u32,
+    origin: &'static str,
+    reason: &'a str,
+    packets: u64,
+    bytes: u64,
+    message: &'a str,
+}
+
+/// `{"type":"drop_summary",...}`: one reason over all peers.
+#[derive(Serialize)]
+struct DropSummaryLine<'a> {
+    r#type: &'static str,
+    ts: &'a str,
+    origin: &'static str,
+    reason: &'a str,
+    packets: u64,
+    peers: usize,
+}
+
+/// The observer's count beside a netfilter rule's counter.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct NetfilterCheck {
+    /// `iptables`, `ip6tables` or `nftables`.
+    pub backend: &'static str,
+    /// The rule's comment.
+    pub rule: String,
+    /// `vxlan` or `ipip`.
+    pub proto: &'static str,
+    /// Packets the rule matched since attach.
+    pub packets: u64,
+    /// Packets the observer flagged `calico_allow_set` for the same
+    /// protocol and family since attach.
+    pub observer_packets: u64,
+    /// Whether both agree.
+    pub agree: bool,
+}
+
+#[derive(Serialize)]
+struct NetfilterLine<'a> {
+    r#type: &'static str,
+    ts: &'a str,
+    #[serde(flatten)]
+    check: &'a NetfilterCheck,
 }
 
 /// `{"type":"unclassified",...}`: frames that could not be parsed, by reason.
@@ -126,6 +209,41 @@ pub struct Snapshot<'a> {
     pub at: SystemTime,
     /// Last snapshot before exit: JSON prints every row, not only changed ones.
     pub is_final: bool,
+    /// Drop rows.
+    pub drops: &'a [DropRow],
+    /// Netfilter rule counters beside the observer's.
+    pub netfilter: &'a [NetfilterCheck],
+}
+
+/// Drops by reason of the rx row `row`.
+fn drops_of<'a>(row: &Row, drops: &'a [DropRow]) -> BTreeMap<&'a str, u64> {
+    let mut by_reason = BTreeMap::new();
+    if row.id.direction != Direction::Rx {
+        return by_reason;
+    }
+    for d in drops.iter().filter(|d| {
+        d.row.id.ifindex == row.id.ifindex
+            && d.row.id.proto == row.id.proto
+            && d.row.id.peer == row.id.peer
+            && d.row.id.vni == row.id.vni
+    }) {
+        *by_reason.entry(d.reason.as_str()).or_default() += d.row.packets;
+    }
+    by_reason
+}
+
+/// Per (origin, reason): packets and distinct peers.
+fn drop_summary(drops: &[DropRow]) -> BTreeMap<(&'static str, &str), (u64, usize, bool)> {
+    let mut summary: BTreeMap<(&'static str, &str), (u64, usize, bool)> = BTreeMap::new();
+    for d in drops {
+        let entry = summary
+            .entry((d.row.id.origin.name(), d.reason.as_str()))
+            .or_default();
+        entry.0 += d.row.packets;
+        entry.1 += 1;
+        entry.2 |= d.row.changed;
+    }
+    summary
 }
 
 fn iface_name(ifaces: &HashMap<u32, String>, ifindex: u32) -> String {
@@ -157,6 +275,7 @@ pub fn write_json(out: &mut impl Write, snap: &Snapshot<'_>) -> io::Result<()> {
                 bps: round2(row.bps),
                 inner_src: row.inner.map(|i| i.0),
                 inner_dst: row.inner.map(|i| i.1),
+                drops: drops_of(row, snap.drops),
             })
         } else {
             serde_json::to_string(&UnclassifiedLine {
@@ -170,6 +289,55 @@ pub fn write_json(out: &mut impl Write, snap: &Snapshot<'_>) -> io::Result<()> {
             })
         };
         writeln!(out, "{}", line.map_err(io::Error::other)?)?;
+    }
+    for d in snap.drops.iter().filter(|d| d.row.changed || snap.is_final) {
+        let line = DropLine {
+            r#type: "drop",
+            ts: &ts,
+            iface: &iface_name(snap.ifaces, d.row.id.ifindex),
+            proto: d.row.id.proto.name(),
+            peer: d.row.id.peer,
+            vni: d.row.id.vni,
+            origin: d.row.id.origin.name(),
+            reason: &d.reason,
+            packets: d.row.packets,
+            bytes: d.row.bytes,
+            message: &d.message,
+        };
+        writeln!(
+            out,
+            "{}",
+            serde_json::to_string(&line).map_err(io::Error::other)?
+        )?;
+    }
+    for ((origin, reason), (packets, peers, changed)) in drop_summary(snap.drops) {
+        if changed || snap.is_final {
+            let line = DropSummaryLine {
+                r#type: "drop_summary",
+                ts: &ts,
+                origin,
+                reason,
+                packets,
+                peers,
+            };
+            writeln!(
+                out,
+                "{}",
+                serde_json::to_string(&line).map_err(io::Error::other)?
+            )?;
+        }
+    }
+    for check in snap.netfilter {
+        let line = NetfilterLine {
+            r#type: "netfilter",
+            ts: &ts,
+            check,
+        };
+        writeln!(
+            out,
+            "{}",
+            serde_json::to_string(&line).map_err(io::Error::other)?
+        )?;
     }
     let stats = StatsLine {
         r#type: "stats",
@@ -305,6 +473,39 @@ pub fn write_table(out: &mut impl Write, snap: &Snapshot<'_>, clear: bool) -> io
             )?;
         }
     }
+    if !snap.drops.is_empty() {
+        writeln!(out, "\nDROPS (why packets die)")?;
+        let mut drops: Vec<&DropRow> = snap.drops.iter().collect();
+        drops.sort_by_key(|d| std::cmp::Reverse(d.row.packets));
+        for d in drops.iter().take(TABLE_ROWS) {
+            writeln!(
+                out,
+                "  {:<10} {}",
+                iface_name(snap.ifaces, d.row.id.ifindex),
+                d.message
+            )?;
+        }
+        for ((origin, reason), (packets, peers, _)) in drop_summary(snap.drops) {
+            writeln!(
+                out,
+                "  total {origin:<10} {reason:<24} {packets:>12} packets from {peers} peer(s)"
+            )?;
+        }
+    }
+    if !snap.netfilter.is_empty() {
+        writeln!(out, "\nNETFILTER CROSS-CHECK (since attach)")?;
+        for c in snap.netfilter {
+            writeln!(
+                out,
+                "  {:<9} \"{}\": rule {} / observer {}{}",
+                c.backend,
+                c.rule,
+                c.packets,
+                c.observer_packets,
+                if c.agree { "" } else { "  <-- DISAGREE" }
+            )?;
+        }
+    }
     writeln!(
         out,
         "\nflow map: {} entries, {} evictions, {} insert failures",
@@ -350,6 +551,8 @@ mod tests {
             attachments: &[],
             at: SystemTime::UNIX_EPOCH,
             is_final,
+            drops: &[],
+            netfilter: &[],
         };
         let mut out = Vec::new();
         write_json(&mut out, &snap).unwrap();
@@ -433,6 +636,8 @@ mod tests {
             attachments: &[],
             at: SystemTime::UNIX_EPOCH,
             is_final: false,
+            drops: &[],
+            netfilter: &[],
         };
         let mut out = Vec::new();
         write_table(&mut out, &snap, false).unwrap();

@@ -1,0 +1,498 @@
+//! Mirrors the allow-sets that decide which sources may send tunnel
+//! traffic to this node (Calico's `cali40all-vxlan-net`,
+//! `cali60all-vxlan-net`, `cali40all-hosts-net`, or sets and CIDRs given on
+//! the command line), read from ipset (iptables data plane) and nftables
+//! (nft data plane). The tools' own output is parsed because neither ipset
+//! nor nftables has a maintained Rust crate that reads sets; parsers are
+//! unit-tested against real output.
+
+use std::{collections::BTreeSet, fmt, process::Command, str::FromStr};
+
+use anyhow::{Result, anyhow, bail};
+use ipnet::{IpNet, Ipv4Subnets, Ipv6Subnets};
+use serde::Deserialize;
+
+/// Which encapsulation an allow-set guards.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum SetKind {
+    /// VXLAN sources (Calico: cali40all-vxlan-net / cali60all-vxlan-net).
+    Vxlan,
+    /// IPIP sources (Calico: cali40all-hosts-net).
+    Ipip,
+}
+
+impl SetKind {
+    /// Both kinds.
+    pub const ALL: [SetKind; 2] = [SetKind::Vxlan, SetKind::Ipip];
+
+    /// Name used in output and on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            SetKind::Vxlan => "vxlan",
+            SetKind::Ipip => "ipip",
+        }
+    }
+
+    /// Calico's set names for this kind.
+    pub fn calico_sets(self) -> &'static [&'static str] {
+        match self {
+            SetKind::Vxlan => &["cali40all-vxlan-net", "cali60all-vxlan-net"],
+            SetKind::Ipip => &["cali40all-hosts-net"],
+        }
+    }
+}
+
+/// `[PROTO=]VALUE` as given to `--allow-set` / `--allow-cidr`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tagged<T> {
+    /// The encapsulation (default vxlan).
+    pub kind: SetKind,
+    /// The set name or CIDR.
+    pub value: T,
+}
+
+impl<T: FromStr> FromStr for Tagged<T>
+where
+    T::Err: fmt::Display,
+{
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        let (kind, value) = match text.split_once('=') {
+            Some(("vxlan", v)) => (SetKind::Vxlan, v),
+            Some(("ipip", v)) => (SetKind::Ipip, v),
+            Some((other, _)) => {
+                return Err(format!(
+                    "unknown protocol {other:?}: use vxlan=... or ipip=..."
+                ));
+            }
+            None => (SetKind::Vxlan, text),
+        };
+        let value = value.parse::<T>().map_err(|e| format!("{value:?}: {e}"))?;
+        Ok(Tagged { kind, value })
+    }
+}
+
+/// What to mirror.
+#[derive(Debug, Clone, Default)]
+pub struct AllowSetConfig {
+    /// Extra set names (ipset or nft) per kind, beside Calico's.
+    pub sets: Vec<Tagged<String>>,
+    /// Fixed prefixes per kind.
+    pub cidrs: Vec<Tagged<IpNet>>,
+}
+
+/// The members found for one kind, and where they came from.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AllowSet {
+    /// Prefixes, normalised (host bits cleared), sorted, deduplicated.
+    pub prefixes: BTreeSet<IpNet>,
+    /// Where they were found, e.g. `ipset cali40all-vxlan-net`.
+    pub sources: Vec<String>,
+    /// An IPv4 set was found: IPv4 sources are checked (an empty but
+    /// existing set means "nobody is allowed").
+    pub ipv4: bool,
+    /// An IPv6 set was found: IPv6 sources are checked.
+    pub ipv6: bool,
+}
+
+impl AllowSet {
+    /// True when any source was found.
+    pub fn active(&self) -> bool {
+        !self.sources.is_empty()
+    }
+
+    fn add(
+        &mut self,
+        source: String,
+        family: Option<Family>,
+        prefixes: impl IntoIterator<Item = IpNet>,
+    ) {
+        let prefixes: Vec<IpNet> = prefixes.into_iter().collect();
+        let has_v4 = prefixes.iter().any(|p| matches!(p, IpNet::V4(_)));
+        let has_v6 = prefixes.iter().any(|p| matches!(p, IpNet::V6(_)));
+        self.ipv4 |= family == Some(Family::V4) || has_v4;
+        self.ipv6 |= family == Some(Family::V6) || has_v6;
+        self.prefixes.extend(prefixes);
+        if !self.sources.contains(&source) {
+            self.sources.push(source);
+        }
+    }
+}
+
+/// Address family of a set, when its definition says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Family {
+    /// IPv4 (`family inet`, `ipv4_addr`).
+    V4,
+    /// IPv6 (`family inet6`, `ipv6_addr`).
+    V6,
+}
+
+/// One read of all allow-sets, plus what could not be read.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Snapshot {
+    /// VXLAN allow-set.
+    pub vxlan: AllowSet,
+    /// IPIP allow-set.
+    pub ipip: AllowSet,
+    /// Problems worth telling the user (tool missing, set unreadable).
+    pub problems: Vec<String>,
+}
+
+impl Snapshot {
+    /// The set of `kind`.
+    pub fn get(&self, kind: SetKind) -> &AllowSet {
+        match kind {
+            SetKind::Vxlan => &self.vxlan,
+            SetKind::Ipip => &self.ipip,
+        }
+    }
+
+    fn get_mut(&mut self, kind: SetKind) -> &mut AllowSet {
+        match kind {
+            SetKind::Vxlan => &mut self.vxlan,
+            SetKind::Ipip => &mut self.ipip,
+        }
+    }
+}
+
+/// Reads every configured set from ipset and nftables in the current
+/// network namespace. Never fails: what cannot be read is reported in
+/// `problems` and the rest still counts.
+pub fn read(config: &AllowSetConfig) -> Snapshot {
+    let mut snapshot = Snapshot::default();
+    let nft_sets = match run_tool("nft", &["-j", "list", "sets"]) {
+        Ok(json) => match parse_nft_sets(&json) {
+            Ok(sets) => sets,
+            Err(e) => {
+                snapshot
+                    .problems
+                    .push(format!("cannot parse `nft -j list sets`: {e}"));
+                Vec::new()
+            }
+        },
+        Err(e) => {
+            snapshot.problems.push(e);
+            Vec::new()
+        }
+    };
+    let mut ipset_missing = false;
+    for kind in SetKind::ALL {
+        let names: Vec<&str> = kind
+            .calico_sets()
+            .iter()
+            .copied()
+            .chain(
+                config
+                    .sets
+                    .iter()
+                    .filter(|s| s.kind == kind)
+                    .map(|s| s.value.as_str()),
+            )
+            .collect();
+        for name in names {
+            if !ipset_missing {
+                match run_tool("ipset", &["save", name]) {
+                    Ok(text) => {
+                        let (family, prefixes) = parse_ipset_save(&text);
+                        snapshot
+                            .get_mut(kind)
+                            .add(format!("ipset {name}"), family, prefixes);
+                    }
+                    Err(e) if e.contains("not installed") => {
+                        snapshot.problems.push(e);
+                        ipset_missing = true;
+                    }
+                    // "The set with the given name does not exist": look in nft.
+                    Err(_) => {}
+                }
+            }
+            for set in nft_sets.iter().filter(|s| s.name == name) {
+                snapshot.get_mut(kind).add(
+                    format!("nft {} {} {}", set.family, set.table, set.name),
+                    set.addr_family,
+                    set.prefixes.iter().copied(),
+                );
+            }
+        }
+        for cidr in config.cidrs.iter().filter(|c| c.kind == kind) {
+            snapshot
+                .get_mut(kind)
+                .add("--allow-cidr".to_string(), None, [cidr.value.trunc()]);
+        }
+    }
+    snapshot
+}
+
+/// The names looked for, for the "no set found" message.
+pub fn looked_for(config: &AllowSetConfig, kind: SetKind) -> Vec<String> {
+    kind.calico_sets()
+        .iter()
+        .map(|s| s.to_string())
+        .chain(
+            config
+                .sets
+                .iter()
+                .filter(|s| s.kind == kind)
+                .map(|s| s.value.clone()),
+        )
+        .collect()
+}
+
+fn run_tool(tool: &str, args: &[&str]) -> Result<String, String> {
+    let output = Command::new(tool).args(args).output().map_err(|e| {
+        if e.kind() == std::io::ErrorKind::NotFound {
+            format!("{tool} is not installed (or not on PATH): its allow-sets cannot be read")
+        } else {
+            format!("running {tool}: {e}")
+        }
+    })?;
+    if !output.status.success() {
+        return Err(format!(
+            "{tool} {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&output.stderr).trim()
+        ));
+    }
+    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
+/// Family and members of `ipset save` output: `create NAME hash:net
+/// family inet ...`, then `add NAME 10.0.0.1`, `add NAME 10.0.0.0/24`,
+/// `add NAME 10.0.0.1-10.0.0.5`; `nomatch` entries (exceptions inside a
+/// hash:net set) are skipped.
+pub fn parse_ipset_save(text: &str) -> (Option<Family>, Vec<IpNet>) {
+    let mut prefixes = Vec::new();
+    let mut family = None;
+    for line in text.lines() {
+        let mut words = line.split_whitespace();
+        match words.next() {
+            Some("add") => {}
+            Some("create") => {
+                let words: Vec<&str> = words.collect();
+                family = match words.windows(2).find(|w| w[0] == "family").map(|w| w[1]) {
+                    Some("inet6") => Some(Family::V6),
+                    _ => Some(Family::V4),
+                };
+                continue;
+            }
+            _ => continue,
+        }
+        let (Some(_set), Some(member)) = (words.next(), words.next()) else {
+            continue;
+        };
+        if words.any(|w| w == "nomatch") {
+            continue;
+        }
+        prefixes.extend(parse_member(member));
+    }
+    (family, prefixes)
+}
+
+/// An address, a CIDR or an `a-b` range, as prefixes.
+fn parse_member(member: &str) -> Vec<IpNet> {
+    if let Some((start, end)) = member.split_once('-') {
+        return range(start, end).unwrap_or_default();
+    }
+    if let Ok(net) = member.parse::<IpNet>() {
+        return vec![net.trunc()];
+    }
+    match member.parse::<std::net::IpAddr>() {
+        Ok(addr) => vec![IpNet::from(addr)],
+        Err(_) => Vec::new(),
+    }
+}
+
+fn range(start: &str, end: &str) -> Option<Vec<IpNet>> {
+    match (start.parse().ok()?, end.parse().ok()?) {
+        (std::net::IpAddr::V4(a), std::net::IpAddr::V4(b)) => {
+            Some(Ipv4Subnets::new(a, b, 0).map(IpNet::V4).collect())
+        }
+        (std::net::IpAddr::V6(a), std::net::IpAddr::V6(b)) => {
+            Some(Ipv6Subnets::new(a, b, 0).map(IpNet::V6).collect())
+        }
+        _ => None,
+    }
+}
+
+/// One nftables set with its members.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NftSet {
+    /// Address family (`ip`, `ip6`, `inet`).
+    pub family: String,
+    /// Table name (`calico` for Calico's nft data plane).
+    pub table: String,
+    /// Set name.
+    pub name: String,
+    /// Element type (`ipv4_addr` / `ipv6_addr`), when an address type.
+    pub addr_family: Option<Family>,
+    /// Members as prefixes.
+    pub prefixes: Vec<IpNet>,
+}
+
+#[derive(Deserialize)]
+struct NftDoc {
+    nftables: Vec<serde_json::Value>,
+}
+
+#[derive(Deserialize)]
+struct NftSetJson {
+    family: String,
+    table: String,
+    name: String,
+    #[serde(default, rename = "type")]
+    elem_type: serde_json::Value,
+    #[serde(default)]
+    elem: Vec<serde_json::Value>,
+}
+
+/// Sets in `nft -j list sets` output. Elements are strings (addresses),
+/// `{"prefix": {"addr", "len"}}` or `{"range": [a, b]}`; others (set
+/// elements with timeouts wrap them in `{"elem": {"val": ...}}`) are unwrapped.
+pub fn parse_nft_sets(json: &str) -> Result<Vec<NftSet>> {
+    let doc: NftDoc = serde_json::from_str(json)?;
+    let mut sets = Vec::new();
+    for item in doc.nftables {
+        let Some(set) = item.get("set") else { continue };
+        let set: NftSetJson = serde_json::from_value(set.clone())?;
+        let mut prefixes = Vec::new();
+        for element in &set.elem {
+            prefixes.extend(nft_element(element)?);
+        }
+        let addr_family = match set.elem_type.as_str() {
+            Some("ipv4_addr") => Some(Family::V4),
+            Some("ipv6_addr") => Some(Family::V6),
+            _ => None,
+        };
+        sets.push(NftSet {
+            family: set.family,
+            table: set.table,
+            name: set.name,
+            addr_family,
+            prefixes,
+        });
+    }
+    Ok(sets)
+}
+
+fn nft_element(value: &serde_json::Value) -> Result<Vec<IpNet>> {
+    if let Some(text) = value.as_str() {
+        return Ok(parse_member(text));
+    }
+    if let Some(inner) = value.get("elem").and_then(|e| e.get("val")) {
+        return nft_element(inner);
+    }
+    if let Some(prefix) = value.get("prefix") {
+        let addr = prefix
+            .get("addr")
+            .and_then(|a| a.as_str())
+            .ok_or_else(|| anyhow!("prefix without addr: {prefix}"))?;
+        let len = prefix
+            .get("len")
+            .and_then(|l| l.as_u64())
+            .ok_or_else(|| anyhow!("prefix without len: {prefix}"))?;
+        let net = IpNet::new(addr.parse()?, len as u8).map_err(|e| anyhow!("{addr}/{len}: {e}"))?;
+        return Ok(vec![net.trunc()]);
+    }
+    if let Some(bounds) = value.get("range").and_then(|r| r.as_array()) {
+        if let [Some(a), Some(b)] =
+            [bounds.first(), bounds.get(1)].map(|v| v.and_then(|v| v.as_str()))
+        {
+            return Ok(range(a, b).unwrap_or_default());
+        }
+        bail!("unreadable range {value}");
+    }
+    Ok(Vec::new())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn nets(list: &[&str]) -> Vec<IpNet> {
+        list.iter().map(|s| s.parse().unwrap()).collect()
+    }
+
+    #[test]
+    fn ipset_save_output() {
+        let text = "create cali40all-vxlan-net hash:net family inet hashsize 1024 maxelem 65536 bucketsize 12 initval 0xbd5173ea\n\
+                    add cali40all-vxlan-net 10.10.60.209\n\
+                    add cali40all-vxlan-net 10.10.61.7/24\n\
+                    add cali40all-vxlan-net 10.10.62.0/24 nomatch\n";
+        assert_eq!(
+            parse_ipset_save(text),
+            (
+                Some(Family::V4),
+                nets(&["10.10.60.209/32", "10.10.61.0/24"])
+            )
+        );
+    }
+
+    #[test]
+    fn ipset_ranges_and_ipv6() {
+        let text = "add s 10.1.1.1-10.1.1.5\nadd s6 fd00::1\n";
+        assert_eq!(
+            parse_ipset_save(text).1,
+            nets(&["10.1.1.1/32", "10.1.1.2/31", "10.1.1.4/31", "fd00::1/128"])
+        );
+        let v6 = "create cali60all-vxlan-net hash:net family inet6 hashsize 1024\n";
+        assert_eq!(parse_ipset_save(v6), (Some(Family::V6), vec![]));
+    }
+
+    #[test]
+    fn nft_sets_json() {
+        let json = r#"{"nftables": [{"metainfo": {"version": "1.0.6"}}, {"set": {"family": "ip", "name": "cali40all-vxlan-net", "table": "calico", "type": "ipv4_addr", "handle": 1, "flags": ["interval"], "elem": [{"range": ["10.1.1.1", "10.1.1.2"]}, "10.10.60.209", {"prefix": {"addr": "10.10.62.0", "len": 24}}, {"elem": {"val": "10.9.9.9", "timeout": 30}}]}}, {"set": {"family": "ip", "name": "empty", "table": "t", "type": "ipv4_addr", "handle": 2}}]}"#;
+        let sets = parse_nft_sets(json).unwrap();
+        assert_eq!(sets.len(), 2);
+        assert_eq!(sets[0].table, "calico");
+        assert_eq!(
+            sets[0].prefixes,
+            nets(&[
+                "10.1.1.1/32",
+                "10.1.1.2/32",
+                "10.10.60.209/32",
+                "10.10.62.0/24",
+                "10.9.9.9/32"
+            ])
+        );
+        assert!(sets[1].prefixes.is_empty());
+        assert_eq!(sets[0].addr_family, Some(Family::V4));
+    }
+
+    #[test]
+    fn garbage_is_an_error_not_a_panic() {
+        assert!(parse_nft_sets("not json").is_err());
+        assert!(
+            parse_ipset_save("add\nadd s\nadd s not-an-address\n")
+                .1
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn tagged_options() {
+        let t: Tagged<String> = "ipip=my-hosts".parse().unwrap();
+        assert_eq!((t.kind, t.value.as_str()), (SetKind::Ipip, "my-hosts"));
+        let t: Tagged<IpNet> = "10.0.0.0/8".parse().unwrap();
+        assert_eq!(t.kind, SetKind::Vxlan);
+        assert!(
+            "gre=x"
+                .parse::<Tagged<String>>()
+                .unwrap_err()
+                .contains("vxlan=")
+        );
+        assert!("vxlan=10.0.0.0/99".parse::<Tagged<IpNet>>().is_err());
+    }
+
+    #[test]
+    fn empty_but_existing_set_activates_its_family_only() {
+        let mut set = AllowSet::default();
+        assert!(!set.active());
+        set.add("ipset x".into(), Some(Family::V4), []);
+        assert!(set.active() && set.ipv4 && !set.ipv6);
+        set.add("--allow-cidr".into(), None, nets(&["fd00::/64"]));
+        assert!(set.ipv6);
+        assert_eq!(set.sources, ["ipset x", "--allow-cidr"]);
+    }
+}

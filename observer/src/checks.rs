@@ -1,0 +1,214 @@
+//! The node-side facts behind the drop checks, refreshed while attached:
+//! allow-sets (mirrored into the programs), local VNIs, and the netfilter
+//! rule counters the observer's own counts are compared with.
+
+use std::{
+    collections::HashMap,
+    time::{Duration, Instant},
+};
+
+use anyhow::Result;
+use observer_common::{ClassifierDrop, Proto};
+use serde::Serialize;
+
+use crate::{
+    allowsets::{self, AllowSetConfig, SetKind, Snapshot},
+    drops::Origin,
+    loader::Observer,
+    localnet, mirror, netfilter,
+    output::{DropRow, NetfilterCheck},
+};
+
+/// `{"type":"allow_set",...}`: what an allow-set holds now.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct AllowSetReport {
+    r#type: &'static str,
+    /// `vxlan` or `ipip`.
+    pub proto: &'static str,
+    /// Whether sources are checked against it.
+    pub active: bool,
+    /// Where the members came from.
+    pub sources: Vec<String>,
+    /// Number of prefixes mirrored.
+    pub prefixes: usize,
+    /// Set names looked for.
+    pub looked_for: Vec<String>,
+    /// Problems met reading the sets.
+    pub problems: Vec<String>,
+}
+
+/// Refresh state of the node-side checks.
+pub struct NodeChecks {
+    config: AllowSetConfig,
+    refresh: Duration,
+    last_refresh: Option<Instant>,
+    allow: Option<Snapshot>,
+    vnis: Option<Vec<u32>>,
+    /// Rule counters at attach time, by (backend, comment).
+    baseline: Option<HashMap<(&'static str, String), u64>>,
+    reported_problems: Vec<String>,
+}
+
+impl NodeChecks {
+    /// Checks with the allow-sets of `config`, re-read every `refresh`.
+    pub fn new(config: AllowSetConfig, refresh: Duration) -> NodeChecks {
+        NodeChecks {
+            config,
+            refresh,
+            last_refresh: None,
+            allow: None,
+            vnis: None,
+            baseline: None,
+            reported_problems: Vec::new(),
+        }
+    }
+
+    /// Re-reads allow-sets and local VNIs when a refresh is due, mirrors
+    /// changes into the programs, and returns a report per allow-set that
+    /// changed (all of them on the first call).
+    pub fn refresh(&mut self, observer: &mut Observer) -> Result<Vec<AllowSetReport>> {
+        if self
+            .last_refresh
+            .is_some_and(|at| at.elapsed() < self.refresh)
+        {
+            return Ok(Vec::new());
+        }
+        self.last_refresh = Some(Instant::now());
+
+        match localnet::vxlan_vnis() {
+            Ok(vnis) if self.vnis.as_ref() != Some(&vnis) => {
+                mirror::apply_local_vnis(observer, &vnis)?;
+                self.vnis = Some(vnis);
+            }
+            Ok(_) => {}
+            Err(e) => self.warn_once(format!(
+                "local vxlan devices unknown, vni_unknown not checked: {e:#}"
+            )),
+        }
+
+        let snapshot = allowsets::read(&self.config);
+        for problem in &snapshot.problems {
+            self.warn_once(problem.clone());
+        }
+        let mut reports = Vec::new();
+        for kind in SetKind::ALL {
+            let changed = self
+                .allow
+                .as_ref()
+                .is_none_or(|old| old.get(kind) != snapshot.get(kind));
+            if !changed {
+                continue;
+            }
+            let set = snapshot.get(kind);
+            let looked_for = allowsets::looked_for(&self.config, kind);
+            if !set.active() {
+                tracing::warn!(
+                    proto = kind.name(),
+                    looked_for = %looked_for.join(", "),
+                    "no allow-set found (looked in ipset and nftables); {} sources are not checked",
+                    kind.name()
+                );
+            }
+            reports.push(AllowSetReport {
+                r#type: "allow_set",
+                proto: kind.name(),
+                active: set.active(),
+                sources: set.sources.clone(),
+                prefixes: set.prefixes.len(),
+                looked_for,
+                problems: snapshot.problems.clone(),
+            });
+        }
+        if !reports.is_empty() {
+            mirror::apply_allow_sets(observer, &snapshot)?;
+        }
+        self.allow = Some(snapshot);
+        Ok(reports)
+    }
+
+    fn warn_once(&mut self, problem: String) {
+        if !self.reported_problems.contains(&problem) {
+            tracing::warn!("{problem}");
+            self.reported_problems.push(problem);
+        }
+    }
+
+    /// Names of the sets guarding `proto`, for messages.
+    pub fn allow_set_names(&self, proto: Proto) -> String {
+        let kind = match proto {
+            Proto::Ipip | Proto::Ip6ip => SetKind::Ipip,
+            _ => SetKind::Vxlan,
+        };
+        let names: Vec<&str> = self
+            .allow
+            .as_ref()
+            .map(|s| {
+                s.get(kind)
+                    .sources
+                    .iter()
+                    .map(|src| src.rsplit(' ').next().unwrap_or(src))
+                    .collect()
+            })
+            .unwrap_or_default();
+        if names.is_empty() {
+            "the allow-set".to_string()
+        } else {
+            names.join(", ")
+        }
+    }
+
+    /// Calico's drop-rule counters since attach beside the observer's
+    /// `calico_allow_set` counts. The first call takes the baseline.
+    pub fn netfilter(&mut self, drops: &[DropRow]) -> Vec<NetfilterCheck> {
+        let (rules, problems) = netfilter::read_calico_drop_rules();
+        for problem in problems {
+            self.warn_once(problem);
+        }
+        let mut now: HashMap<(&'static str, String), (SetKind, u64)> = HashMap::new();
+        for (kind, rule) in rules {
+            now.entry((rule.backend, rule.comment))
+                .or_insert((kind, 0))
+                .1 += rule.packets;
+        }
+        let baseline = self
+            .baseline
+            .get_or_insert_with(|| now.iter().map(|(k, (_, p))| (k.clone(), *p)).collect());
+        let mut checks: Vec<NetfilterCheck> = now
+            .iter()
+            .map(|((backend, comment), (kind, packets))| {
+                let since = packets.saturating_sub(
+                    baseline
+                        .get(&(*backend, comment.clone()))
+                        .copied()
+                        .unwrap_or(0),
+                );
+                let ipv6 = comment.contains("IPv6");
+                let observer_packets = drops
+                    .iter()
+                    .filter(|d| {
+                        d.row.id.origin == Origin::Classifier
+                            && d.row.id.reason == ClassifierDrop::CalicoAllowSet as u16
+                            && match kind {
+                                SetKind::Vxlan => d.row.id.proto == Proto::Vxlan,
+                                SetKind::Ipip => {
+                                    matches!(d.row.id.proto, Proto::Ipip | Proto::Ip6ip)
+                                }
+                            }
+                            && d.row.id.peer.is_some_and(|p| p.is_ipv6() == ipv6)
+                    })
+                    .map(|d| d.row.packets)
+                    .sum();
+                NetfilterCheck {
+                    backend,
+                    rule: comment.clone(),
+                    proto: kind.name(),
+                    packets: since,
+                    observer_packets,
+                    agree: since == observer_packets,
+                }
+            })
+            .collect();
+        checks.sort_by(|a, b| (a.backend, &a.rule).cmp(&(b.backend, &b.rule)));
+        checks
+    }
+}
