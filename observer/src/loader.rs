@@ -289,6 +289,18 @@ impl Observer {
         }
     }
 
+    /// Tells the programs the MTU of interface `ifindex`: received tunnel
+    /// packets above it count as `over_mtu`.
+    pub fn set_mtu(&mut self, ifindex: u32, mtu: u32) -> Result<()> {
+        let mut mtus: BpfHashMap<_, u32, u32> = BpfHashMap::try_from(
+            self.ebpf
+                .map_mut(IFACE_MTU_MAP)
+                .context("IFACE_MTU map missing")?,
+        )?;
+        mtus.insert(ifindex, mtu, 0)?;
+        Ok(())
+    }
+
     /// Registers `ifindex` of the current namespace for the kernel drop
     /// filter and the MTU check.
     fn watch(&mut self, iface: &str, ifindex: u32) -> Result<()> {
@@ -300,14 +312,7 @@ impl Observer {
         )?;
         watched.insert(WatchedIface { netns, ifindex }, 1, 0)?;
         match localnet::mtu(iface) {
-            Ok(mtu) => {
-                let mut mtus: BpfHashMap<_, u32, u32> = BpfHashMap::try_from(
-                    self.ebpf
-                        .map_mut(IFACE_MTU_MAP)
-                        .context("IFACE_MTU map missing")?,
-                )?;
-                mtus.insert(ifindex, mtu, 0)?;
-            }
+            Ok(mtu) => self.set_mtu(ifindex, mtu)?,
             Err(e) => {
                 tracing::warn!(iface, error = %format!("{e:#}"), "MTU unknown: over_mtu not checked")
             }

@@ -1,0 +1,323 @@
+//! Classifier drop reasons through the real XDP and tc-ingress programs
+//! (BPF_PROG_TEST_RUN): allow-set membership (IPv4/IPv6, VXLAN/IPIP, LPM
+//! prefixes), VXLAN without the I flag, unknown VNI, outer fragments,
+//! packets above the MTU. Every frame still passes.
+
+mod support;
+
+use std::{collections::BTreeSet, os::fd::BorrowedFd};
+
+use ipnet::IpNet;
+use observer::{
+    allowsets::{AllowSet, Snapshot},
+    drops::{self, Origin},
+    loader::{Hook, LoadConfig, Observer},
+    mirror, testrun,
+};
+use observer_common::{ClassifierDrop, Proto};
+use support::frames::*;
+
+const XDP_PASS: u32 = 2;
+const TC_PASS: u32 = u32::MAX;
+/// BPF_PROG_TEST_RUN runs on the loopback device of the current namespace.
+const TEST_RUN_IFINDEX: u32 = 1;
+
+fn allow(prefixes: &[&str]) -> AllowSet {
+    let prefixes: BTreeSet<IpNet> = prefixes.iter().map(|p| p.parse().unwrap()).collect();
+    AllowSet {
+        ipv4: true,
+        ipv6: true,
+        prefixes,
+        sources: vec!["test".into()],
+    }
+}
+
+fn observer() -> Observer {
+    Observer::load(&LoadConfig::default()).expect("load observer")
+}
+
+/// Runs `frame` `n` times through XDP and returns the classifier drops as
+/// (proto, peer, reason, packets), sorted.
+fn run(
+    obs: &Observer,
+    hook: Hook,
+    frame: &[u8],
+    n: u32,
+) -> Vec<(Proto, String, ClassifierDrop, u64)> {
+    let fd: BorrowedFd<'_> = obs.program_fd(hook).unwrap();
+    for _ in 0..n {
+        let r = testrun::run(fd, frame, None, 1).expect("test run");
+        let pass = if hook == Hook::Xdp { XDP_PASS } else { TC_PASS };
+        assert_eq!(r.retval, pass, "every frame passes");
+    }
+    let mut rows: Vec<_> = drops::read(obs)
+        .unwrap()
+        .into_iter()
+        .filter(|(id, _)| id.origin == Origin::Classifier)
+        .map(|(id, c)| {
+            (
+                id.proto,
+                id.peer.map_or("-".into(), |p| p.to_string()),
+                ClassifierDrop::from_u16(id.reason).unwrap(),
+                c.packets,
+            )
+        })
+        .collect();
+    rows.sort();
+    rows
+}
+
+fn inner() -> Vec<u8> {
+    icmp_eth_frame(addr("10.42.0.1"), addr("10.42.0.2"))
+}
+
+#[test]
+fn allow_set_membership_decides_calico_allow_set() {
+    if !support::have_root("allow_set_membership_decides_calico_allow_set") {
+        return;
+    }
+    let snapshot = Snapshot {
+        vxlan: allow(&["198.18.1.0/24", "198.18.9.9/32", "fd00:1::/64"]),
+        ipip: allow(&["198.18.2.0/24"]),
+        problems: vec![],
+    };
+    let dst = addr("198.18.0.1");
+    for hook in [Hook::Xdp, Hook::TcIngress] {
+        let mut obs = observer();
+        mirror::apply_allow_sets(&mut obs, &snapshot).unwrap();
+        // Inside the /24, the /32 and the IPv6 /64: no drop.
+        for src in ["198.18.1.77", "198.18.9.9"] {
+            assert!(
+                run(&obs, hook, &vxlan_frame(addr(src), dst, 4096, &inner()), 3).is_empty(),
+                "{src}"
+            );
+        }
+        assert!(
+            run(
+                &obs,
+                hook,
+                &vxlan_frame(addr("fd00:1::5"), addr("fd00:1::1"), 4096, &inner()),
+                2
+            )
+            .is_empty()
+        );
+        // Outside: one count per packet, for that peer.
+        let rows = run(
+            &obs,
+            hook,
+            &vxlan_frame(addr("198.18.9.10"), dst, 4096, &inner()),
+            5,
+        );
+        assert_eq!(
+            rows,
+            vec![(
+                Proto::Vxlan,
+                "198.18.9.10".into(),
+                ClassifierDrop::CalicoAllowSet,
+                5
+            )]
+        );
+        let rows = run(
+            &obs,
+            hook,
+            &vxlan_frame(addr("fd00:2::5"), addr("fd00:1::1"), 4096, &inner()),
+            2,
+        );
+        assert!(
+            rows.contains(&(
+                Proto::Vxlan,
+                "fd00:2::5".into(),
+                ClassifierDrop::CalicoAllowSet,
+                2
+            )),
+            "{rows:?}"
+        );
+        // IPIP is checked against its own set: a VXLAN-allowed source is not enough.
+        let ipip_inner = icmp_packet(addr("10.42.0.1"), addr("10.42.0.2"));
+        let before = run(
+            &obs,
+            hook,
+            &ipip_frame(addr("198.18.2.3"), dst, &ipip_inner),
+            4,
+        );
+        assert!(!before.iter().any(|r| r.0 == Proto::Ipip), "{before:?}");
+        let rows = run(
+            &obs,
+            hook,
+            &ipip_frame(addr("198.18.1.77"), dst, &ipip_inner),
+            4,
+        );
+        assert!(
+            rows.contains(&(
+                Proto::Ipip,
+                "198.18.1.77".into(),
+                ClassifierDrop::CalicoAllowSet,
+                4
+            )),
+            "{rows:?}"
+        );
+        // Other encapsulations are never checked against allow-sets.
+        let geneve = geneve_frame(addr("203.0.113.9"), dst, 5, ETH_P_TEB, 0, &inner());
+        let rows = run(&obs, hook, &geneve, 1);
+        assert!(!rows.iter().any(|r| r.0 == Proto::Geneve), "{rows:?}");
+    }
+}
+
+#[test]
+fn removing_a_member_takes_effect_and_empty_set_flags_everyone() {
+    if !support::have_root("removing_a_member_takes_effect_and_empty_set_flags_everyone") {
+        return;
+    }
+    let mut obs = observer();
+    let frame = vxlan_frame(addr("198.18.1.7"), addr("198.18.0.1"), 4096, &inner());
+    // No allow-set at all: nothing is checked.
+    assert!(run(&obs, Hook::Xdp, &frame, 2).is_empty());
+    let with = |p: &[&str]| Snapshot {
+        vxlan: allow(p),
+        ..Snapshot::default()
+    };
+    mirror::apply_allow_sets(&mut obs, &with(&["198.18.1.7/32"])).unwrap();
+    assert!(run(&obs, Hook::Xdp, &frame, 2).is_empty());
+    // An existing but empty set allows nobody.
+    mirror::apply_allow_sets(&mut obs, &with(&[])).unwrap();
+    assert_eq!(run(&obs, Hook::Xdp, &frame, 3)[0].3, 3);
+    // Back in: no more counts.
+    mirror::apply_allow_sets(&mut obs, &with(&["198.18.0.0/16"])).unwrap();
+    assert_eq!(run(&obs, Hook::Xdp, &frame, 3)[0].3, 3);
+}
+
+#[test]
+fn vxlan_flags_vni_fragments_and_mtu() {
+    if !support::have_root("vxlan_flags_vni_fragments_and_mtu") {
+        return;
+    }
+    let mut obs = observer();
+    let src = addr("198.18.5.5");
+    let dst = addr("198.18.0.1");
+    // Without local vxlan devices the VNI is not checked.
+    assert!(run(&obs, Hook::Xdp, &vxlan_frame(src, dst, 777, &inner()), 1).is_empty());
+    mirror::apply_local_vnis(&mut obs, &[4096, 1]).unwrap();
+    assert!(run(&obs, Hook::Xdp, &vxlan_frame(src, dst, 4096, &inner()), 2).is_empty());
+    let rows = run(&obs, Hook::Xdp, &vxlan_frame(src, dst, 777, &inner()), 2);
+    assert_eq!(
+        rows,
+        vec![(
+            Proto::Vxlan,
+            "198.18.5.5".into(),
+            ClassifierDrop::VniUnknown,
+            2
+        )]
+    );
+
+    // VXLAN without the I flag.
+    let mut no_i = vxlan_frame(addr("198.18.5.6"), dst, 4096, &inner());
+    no_i[ETH_HLEN + IPV4_HLEN + UDP_HLEN] = 0;
+    let rows = run(&obs, Hook::Xdp, &no_i, 3);
+    assert!(
+        rows.contains(&(
+            Proto::Vxlan,
+            "198.18.5.6".into(),
+            ClassifierDrop::VxlanNoIFlag,
+            3
+        )),
+        "{rows:?}"
+    );
+
+    // Outer fragments: first fragment of VXLAN, later fragment of IPIP.
+    let udp = udp(
+        src,
+        dst,
+        ENTROPY_PORT,
+        VXLAN_PORT,
+        &cat(&[&vxlan_header(4096), &inner()]),
+    );
+    let first = eth(
+        ETH_P_IP,
+        &ipv4_with(
+            &Ipv4Options {
+                more_fragments: true,
+                ..Ipv4Options::default()
+            },
+            addr4("198.18.5.7"),
+            addr4("198.18.0.1"),
+            IPPROTO_UDP,
+            &udp,
+        ),
+    );
+    let rows = run(&obs, Hook::Xdp, &first, 2);
+    assert!(
+        rows.contains(&(
+            Proto::Vxlan,
+            "198.18.5.7".into(),
+            ClassifierDrop::OuterFragment,
+            2
+        )),
+        "{rows:?}"
+    );
+    let later = eth(
+        ETH_P_IP,
+        &ipv4_with(
+            &Ipv4Options {
+                fragment_offset: 100,
+                ..Ipv4Options::default()
+            },
+            addr4("198.18.5.8"),
+            addr4("198.18.0.1"),
+            IPPROTO_IPIP,
+            &[0u8; 40],
+        ),
+    );
+    let rows = run(&obs, Hook::Xdp, &later, 1);
+    assert!(
+        rows.contains(&(
+            Proto::Ipip,
+            "198.18.5.8".into(),
+            ClassifierDrop::OuterFragment,
+            1
+        )),
+        "{rows:?}"
+    );
+
+    // Above the MTU: the outer IP packet (frame minus Ethernet) is larger.
+    let frame = vxlan_frame(addr("198.18.5.9"), dst, 4096, &inner());
+    let ip_len = (frame.len() - ETH_HLEN) as u32;
+    obs.set_mtu(TEST_RUN_IFINDEX, ip_len).unwrap();
+    assert!(
+        !run(&obs, Hook::Xdp, &frame, 1)
+            .iter()
+            .any(|r| r.2 == ClassifierDrop::OverMtu)
+    );
+    obs.set_mtu(TEST_RUN_IFINDEX, ip_len - 1).unwrap();
+    let rows = run(&obs, Hook::Xdp, &frame, 2);
+    assert!(
+        rows.contains(&(
+            Proto::Vxlan,
+            "198.18.5.9".into(),
+            ClassifierDrop::OverMtu,
+            2
+        )),
+        "{rows:?}"
+    );
+}
+
+#[test]
+fn egress_and_plain_traffic_are_never_flagged() {
+    if !support::have_root("egress_and_plain_traffic_are_never_flagged") {
+        return;
+    }
+    let mut obs = observer();
+    mirror::apply_allow_sets(
+        &mut obs,
+        &Snapshot {
+            vxlan: allow(&[]),
+            ipip: allow(&[]),
+            problems: vec![],
+        },
+    )
+    .unwrap();
+    mirror::apply_local_vnis(&mut obs, &[1]).unwrap();
+    let frame = vxlan_frame(addr("198.18.5.5"), addr("198.18.0.1"), 4096, &inner());
+    assert!(run(&obs, Hook::TcEgress, &frame, 3).is_empty());
+    let plain = udp_frame(addr("198.18.5.5"), addr("198.18.0.1"), 1000, 2000, b"x");
+    assert!(run(&obs, Hook::Xdp, &plain, 3).is_empty());
+}
