@@ -12,6 +12,9 @@ use crate::{
     parse::Classified,
 };
 
+/// IPv6's minimum link MTU (RFC 8200).
+const MIN_LINK_MTU: usize = 1280;
+
 /// VXLAN flags bit I: the VNI field is valid (RFC 7348).
 const VXLAN_FLAG_I: u8 = 0x08;
 
@@ -68,7 +71,12 @@ pub fn classifier_checks(ifindex: u32, c: &Classified, wire_len: u64) {
     if c.outer_fragment {
         flag(ClassifierDrop::OuterFragment);
     }
-    if let Some(mtu) = IFACE_MTU.get_ptr(ifindex) {
+    // No underlay has an MTU below IPv6's minimum: smaller packets skip the
+    // map lookup, which would otherwise cost as much as the rest of the
+    // program.
+    if wire_len > (c.l2_len + MIN_LINK_MTU) as u64
+        && let Some(mtu) = IFACE_MTU.get_ptr(ifindex)
+    {
         // SAFETY: map value pointer from a successful lookup.
         let mtu = unsafe { *mtu } as u64;
         if wire_len > c.l2_len as u64 + mtu {

@@ -29,6 +29,13 @@ use observer::{
     testrun,
 };
 use observer_common::{Proto, Unclassified};
+use std::{collections::BTreeSet, net::Ipv4Addr};
+
+use ipnet::{IpNet, Ipv4Net};
+use observer::{
+    allowsets::{AllowSet, Snapshot},
+    mirror,
+};
 
 const REPEAT: u32 = 1_000_000;
 const ROUNDS: usize = 5;
@@ -175,6 +182,52 @@ fn run() -> anyhow::Result<()> {
         "bench lru_lookup_over_pass {:.1} ns/pkt",
         median(&mut floor) - medians[0]
     );
+    allow_set_cases(&vxlan)?;
+    Ok(())
+}
+
+/// The VXLAN case with the allow-set check on, for sets of 10, 1,000 and
+/// 10,000 prefixes (the frame's source is a member, the common case).
+fn allow_set_cases(vxlan: &[u8]) -> anyhow::Result<()> {
+    for size in [10usize, 1_000, 10_000] {
+        let mut observer = Observer::load(&Default::default())?;
+        let mut prefixes: BTreeSet<IpNet> = (0..size - 1)
+            .map(|i| {
+                let i = i as u32;
+                IpNet::V4(
+                    Ipv4Net::new(Ipv4Addr::from(0x0a00_0000 | (i << 8)), 24).expect("valid /24"),
+                )
+            })
+            .collect();
+        prefixes.insert(IpNet::V4(Ipv4Net::new(
+            Ipv4Addr::from(frames::UNDERLAY_SRC),
+            32,
+        )?));
+        let snapshot = Snapshot {
+            vxlan: AllowSet {
+                prefixes,
+                sources: vec!["bench".into()],
+                ipv4: true,
+                ipv6: false,
+            },
+            ..Snapshot::default()
+        };
+        mirror::apply_allow_sets(&mut observer, &snapshot)?;
+        let xdp = observer.program_fd(Hook::Xdp)?;
+        testrun::run(xdp, vxlan, None, 1)?;
+        let mut samples: Vec<f64> = (0..ROUNDS)
+            .map(|_| testrun::run(xdp, vxlan, None, REPEAT).map(|r| f64::from(r.duration_ns)))
+            .collect::<io::Result<_>>()?;
+        if !observer::drops::read(&observer)?.is_empty() {
+            anyhow::bail!(
+                "vxlan_allow_{size}: the member source was flagged; the bench measures the wrong path"
+            );
+        }
+        println!(
+            "bench vxlan_allow_{size} {:.1} ns/pkt",
+            median(&mut samples)
+        );
+    }
     Ok(())
 }
 
@@ -344,7 +397,7 @@ fn load_raw_xdp(prog_name: &[u8], insns: &[Insn]) -> io::Result<OwnedFd> {
 mod frames {
     const ETH_P_IP: u16 = 0x0800;
     const ETH_P_TEB: u16 = 0x6558;
-    const UNDERLAY_SRC: [u8; 4] = [198, 18, 0, 2];
+    pub const UNDERLAY_SRC: [u8; 4] = [198, 18, 0, 2];
     const UNDERLAY_DST: [u8; 4] = [198, 18, 0, 1];
 
     fn eth(ethertype: u16, payload: &[u8]) -> Vec<u8> {
