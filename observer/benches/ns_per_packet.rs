@@ -183,6 +183,105 @@ fn run() -> anyhow::Result<()> {
         median(&mut floor) - medians[0]
     );
     allow_set_cases(&vxlan)?;
+    // The kfree_skb cost is measured on real drops in namespaces, on a
+    // thread of its own because it enters a network namespace.
+    std::thread::spawn(kfree_skb_cost)
+        .join()
+        .map_err(|_| anyhow::anyhow!("kfree_skb bench panicked"))??;
+    Ok(())
+}
+
+/// Deletes the bench's namespaces, also on error.
+struct Namespaces(Vec<String>);
+
+impl Drop for Namespaces {
+    fn drop(&mut self) {
+        for ns in &self.0 {
+            let _ = std::process::Command::new("ip")
+                .args(["netns", "del", ns])
+                .status();
+        }
+    }
+}
+
+fn sh(args: &[&str]) -> anyhow::Result<()> {
+    let status = std::process::Command::new(args[0])
+        .args(&args[1..])
+        .status()?;
+    anyhow::ensure!(status.success(), "{} failed", args.join(" "));
+    Ok(())
+}
+
+fn enter_netns(name: &str) -> anyhow::Result<()> {
+    let file = std::fs::File::open(format!("/run/netns/{name}"))?;
+    // SAFETY: valid fd; only this thread moves.
+    anyhow::ensure!(
+        unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } == 0,
+        "setns {name}: {}",
+        io::Error::last_os_error()
+    );
+    Ok(())
+}
+
+/// Average cost of the kfree_skb program per kernel drop event, from the
+/// kernel's own BPF run-time statistics, while iptables drops UDP sent from
+/// a second namespace to the watched interface.
+fn kfree_skb_cost() -> anyhow::Result<()> {
+    const DROPS: u64 = 20_000;
+    let tag = format!("obsb{}", std::process::id());
+    let (a, b) = (format!("{tag}a"), format!("{tag}b"));
+    let _guard = Namespaces(vec![a.clone(), b.clone()]);
+    sh(&["ip", "netns", "add", &a])?;
+    sh(&["ip", "netns", "add", &b])?;
+    sh(&[
+        "ip", "-n", &a, "link", "add", "va", "type", "veth", "peer", "name", "vb", "netns", &b,
+    ])?;
+    sh(&["ip", "-n", &a, "addr", "add", "198.18.0.1/30", "dev", "va"])?;
+    sh(&["ip", "-n", &b, "addr", "add", "198.18.0.2/30", "dev", "vb"])?;
+    sh(&["ip", "-n", &a, "link", "set", "va", "up"])?;
+    sh(&["ip", "-n", &b, "link", "set", "vb", "up"])?;
+    sh(&[
+        "ip", "netns", "exec", &a, "iptables", "-A", "INPUT", "-p", "udp", "--dport", "9", "-j",
+        "DROP",
+    ])?;
+
+    enter_netns(&a)?;
+    let mut observer = Observer::load(&Default::default())?;
+    observer.attach("va", observer::loader::XdpMode::Auto)?;
+    let _stats = aya::sys::enable_stats(aya::sys::Stats::RunTime)?;
+    let before = observer.drop_hook_info()?;
+    let sender = std::thread::spawn(move || -> anyhow::Result<()> {
+        enter_netns(&b)?;
+        let socket = std::net::UdpSocket::bind("198.18.0.2:0")?;
+        for _ in 0..DROPS {
+            socket.send_to(b"drop me", "198.18.0.1:9")?;
+        }
+        Ok(())
+    });
+    sender
+        .join()
+        .map_err(|_| anyhow::anyhow!("sender panicked"))??;
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let after = observer.drop_hook_info()?;
+    let events = after.run_count() - before.run_count();
+    let ns = (after.run_time() - before.run_time()).as_nanos() as f64;
+    let counted: u64 = observer::drops::read(&observer)?
+        .iter()
+        .filter(|(id, _)| {
+            id.origin == observer::drops::Origin::Kernel
+                && observer.drop_reason_name(u32::from(id.reason)) == "NETFILTER_DROP"
+        })
+        .map(|(_, c)| c.packets)
+        .sum();
+    anyhow::ensure!(
+        counted == DROPS,
+        "kfree_skb counted {counted} NETFILTER_DROP drops on va, expected {DROPS}"
+    );
+    println!(
+        "bench kfree_skb_per_event {:.1} ns/event",
+        ns / events.max(1) as f64
+    );
+    println!("bench kfree_skb_events {events} events");
     Ok(())
 }
 

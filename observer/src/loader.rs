@@ -229,6 +229,21 @@ impl Observer {
         &self.drop_hook
     }
 
+    /// Kernel info (run time and count when BPF stats are on) of the
+    /// attached kfree_skb program.
+    pub fn drop_hook_info(&self) -> Result<aya::programs::ProgramInfo> {
+        let name = match self.drop_hook {
+            DropHook::Attached("raw_tracepoint") => "observer_kfree_raw",
+            DropHook::Attached(_) => "observer_kfree",
+            _ => bail!("the kfree_skb program is not attached"),
+        };
+        let program = self
+            .ebpf
+            .program(name)
+            .with_context(|| format!("{name} missing"))?;
+        Ok(program.info()?)
+    }
+
     /// The loaded object, for modules that keep its maps in sync.
     pub(crate) fn ebpf_mut(&mut self) -> &mut Ebpf {
         &mut self.ebpf
