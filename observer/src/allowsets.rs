@@ -6,11 +6,13 @@
 //! nor nftables has a maintained Rust crate that reads sets; parsers are
 //! unit-tested against real output.
 
-use std::{collections::BTreeSet, fmt, process::Command, str::FromStr};
+use std::{collections::BTreeSet, fmt, str::FromStr};
 
 use anyhow::{Result, anyhow, bail};
 use ipnet::{IpNet, Ipv4Subnets, Ipv6Subnets};
 use serde::Deserialize;
+
+use crate::tools;
 
 /// Which encapsulation an allow-set guards.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -162,7 +164,7 @@ impl Snapshot {
 /// `problems` and the rest still counts.
 pub fn read(config: &AllowSetConfig) -> Snapshot {
     let mut snapshot = Snapshot::default();
-    let nft_sets = match run_tool("nft", &["-j", "list", "sets"]) {
+    let nft_sets = match tools::output("nft", &["-j", "list", "sets"], "its allow-sets") {
         Ok(json) => match parse_nft_sets(&json) {
             Ok(sets) => sets,
             Err(e) => {
@@ -193,7 +195,7 @@ pub fn read(config: &AllowSetConfig) -> Snapshot {
             .collect();
         for name in names {
             if !ipset_missing {
-                match run_tool("ipset", &["save", name]) {
+                match tools::output("ipset", &["save", name], "its allow-sets") {
                     Ok(text) => {
                         let (family, prefixes) = parse_ipset_save(&text);
                         snapshot
@@ -238,24 +240,6 @@ pub fn looked_for(config: &AllowSetConfig, kind: SetKind) -> Vec<String> {
                 .map(|s| s.value.clone()),
         )
         .collect()
-}
-
-fn run_tool(tool: &str, args: &[&str]) -> Result<String, String> {
-    let output = Command::new(tool).args(args).output().map_err(|e| {
-        if e.kind() == std::io::ErrorKind::NotFound {
-            format!("{tool} is not installed (or not on PATH): its allow-sets cannot be read")
-        } else {
-            format!("running {tool}: {e}")
-        }
-    })?;
-    if !output.status.success() {
-        return Err(format!(
-            "{tool} {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&output.stderr).trim()
-        ));
-    }
-    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
 }
 
 /// Family and members of `ipset save` output: `create NAME hash:net

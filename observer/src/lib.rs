@@ -1,9 +1,15 @@
-//! observer: per-peer counters of encapsulated traffic at the wire.
+//! observer: per-peer counters of encapsulated traffic at the wire, and why
+//! tunnel packets die.
 //!
-//! Modules by concern: `loader` owns the eBPF object and its attachments,
-//! `flows` decodes kernel rows, `aggregate` keeps monotonic totals and
-//! rates, `output` renders them, `attach` is the command's run loop, and
-//! `testrun` runs programs on frames without a device.
+//! Modules by concern:
+//! - `loader` owns the eBPF object, its attachments and kernel facts (BTF);
+//! - `flows` and `drops` decode kernel rows; `aggregate` keeps monotonic
+//!   totals and rates; `output` renders them; `attach` is the run loop;
+//! - `allowsets`, `netfilter`, `localnet` read the node (sets, rule
+//!   counters, vxlan devices, MTU) through `tools`; `checks` refreshes those
+//!   facts and `mirror` writes them into the programs' maps;
+//! - `kernel_btf` reads drop reason names and sk_buff offsets;
+//! - `testrun` runs programs on frames without a device.
 
 pub mod aggregate;
 pub mod allowsets;
@@ -22,3 +28,4 @@ pub mod output;
 pub mod ports;
 pub mod preflight;
 pub mod testrun;
+pub mod tools;

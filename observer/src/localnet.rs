@@ -5,10 +5,11 @@
 use std::{
     ffi::CString,
     os::fd::{AsRawFd, FromRawFd},
-    process::Command,
 };
 
 use anyhow::{Context, Result, bail};
+
+use crate::tools;
 use serde::Deserialize;
 
 #[derive(Deserialize)]
@@ -32,17 +33,13 @@ struct VxlanData {
 /// `ip -d -j link show type vxlan` (iproute2 is on every node; the netlink
 /// data-plane reader replaces this later).
 pub fn vxlan_vnis() -> Result<Vec<u32>> {
-    let output = Command::new("ip")
-        .args(["-d", "-j", "link", "show", "type", "vxlan"])
-        .output()
-        .context("running `ip -d -j link show type vxlan` (is iproute2 installed?)")?;
-    if !output.status.success() {
-        bail!(
-            "`ip -d -j link show type vxlan` failed: {}",
-            String::from_utf8_lossy(&output.stderr).trim()
-        );
-    }
-    parse_vxlan_vnis(&String::from_utf8_lossy(&output.stdout))
+    let json = tools::output(
+        "ip",
+        &["-d", "-j", "link", "show", "type", "vxlan"],
+        "local vxlan devices",
+    )
+    .map_err(|e| anyhow::anyhow!(e))?;
+    parse_vxlan_vnis(&json)
 }
 
 /// VNIs in `ip -d -j link` output, sorted and deduplicated.

@@ -5,12 +5,10 @@
 //! Calico's data planes. Tool output is parsed for the same reason as in
 //! `allowsets`: no maintained crate reads it.
 
-use std::process::Command;
-
 use anyhow::Result;
 use serde::Deserialize;
 
-use crate::allowsets::SetKind;
+use crate::{allowsets::SetKind, tools};
 
 /// Calico's drop rules for sources outside the allow-sets.
 pub const CALICO_DROP_RULES: [(&str, SetKind); 3] = [
@@ -47,12 +45,12 @@ pub fn read_calico_drop_rules() -> (Vec<(SetKind, RuleCounter)>, Vec<String>) {
         ("iptables-save", "iptables"),
         ("ip6tables-save", "ip6tables"),
     ] {
-        match run(tool, &["-c"]) {
+        match tools::output(tool, &["-c"], "its rule counters") {
             Ok(text) => rules.extend(parse_iptables_save(&text, backend)),
             Err(e) => problems.push(e),
         }
     }
-    match run("nft", &["-j", "list", "ruleset"]) {
+    match tools::output("nft", &["-j", "list", "ruleset"], "its rule counters") {
         Ok(json) => match parse_nft_ruleset(&json) {
             Ok(found) => rules.extend(found),
             Err(e) => problems.push(format!("cannot parse `nft -j list ruleset`: {e}")),
@@ -69,24 +67,6 @@ pub fn read_calico_drop_rules() -> (Vec<(SetKind, RuleCounter)>, Vec<String>) {
         })
         .collect();
     (calico, problems)
-}
-
-fn run(tool: &str, args: &[&str]) -> Result<String, String> {
-    let output = Command::new(tool).args(args).output().map_err(|e| {
-        if e.kind() == std::io::ErrorKind::NotFound {
-            format!("{tool} is not installed (or not on PATH): its rule counters cannot be read")
-        } else {
-            format!("running {tool}: {e}")
-        }
-    })?;
-    if !output.status.success() {
-        return Err(format!(
-            "{tool} {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&output.stderr).trim()
-        ));
-    }
-    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
 }
 
 /// Commented rules of `iptables-save -c` output:
