@@ -2,6 +2,7 @@
 //! namespace fixtures. Each test file uses a subset.
 #![allow(dead_code)]
 
+pub mod calico;
 pub mod frames;
 pub mod netns;
 
