@@ -58,7 +58,7 @@ fn run(
             (
                 id.proto,
                 id.peer.map_or("-".into(), |p| p.to_string()),
-                ClassifierDrop::from_u16(id.reason).unwrap(),
+                ClassifierDrop::from_u16(id.reason as u16).unwrap(),
                 c.packets,
             )
         })

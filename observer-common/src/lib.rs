@@ -239,7 +239,7 @@ mod pod {
     // (FlowKey: 16+4+4+4 = 28 bytes; FlowValue: 8+8+16+16+1+7 = 56 bytes).
     unsafe impl aya::Pod for super::FlowKey {}
     unsafe impl aya::Pod for super::FlowValue {}
-    // SAFETY: as above (DropKey: 16+4+4+2+1+1+1+3 = 32; DropValue 16;
+    // SAFETY: as above (DropKey: 16+4+4+4+1+1+1+1 = 32; DropValue 16;
     // WatchedIface 8; SkbLayout 10*4).
     unsafe impl aya::Pod for super::DropKey {}
     unsafe impl aya::Pod for super::DropValue {}
@@ -353,8 +353,10 @@ pub struct DropKey {
     pub ifindex: u32,
     /// VNI when the encapsulation has one.
     pub vni: u32,
-    /// [`ClassifierDrop`] or the kernel's `enum skb_drop_reason` value.
-    pub reason: u16,
+    /// [`ClassifierDrop`] or the kernel's drop reason: `enum
+    /// skb_drop_reason`, with a subsystem (e.g. openvswitch) in the upper
+    /// 16 bits for subsystem reasons.
+    pub reason: u32,
     /// [`drop_origin`].
     pub origin: u8,
     /// [`Proto`] as u8.
@@ -362,7 +364,7 @@ pub struct DropKey {
     /// [`family`] of `peer`.
     pub peer_family: u8,
     /// Padding, always zero.
-    pub _pad: [u8; 3],
+    pub _pad: u8,
 }
 
 /// Per-CPU value of [`DROPS_MAP`].

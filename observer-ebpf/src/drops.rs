@@ -20,7 +20,7 @@ const VXLAN_FLAG_I: u8 = 0x08;
 
 /// Adds one packet to the drop counters of (ifindex, peer, origin, reason).
 #[inline(always)]
-pub fn record(ifindex: u32, c: &Classified, origin: u8, reason: u16, bytes: u64) {
+pub fn record(ifindex: u32, c: &Classified, origin: u8, reason: u32, bytes: u64) {
     let key = DropKey {
         peer: c.peer,
         ifindex,
@@ -29,7 +29,7 @@ pub fn record(ifindex: u32, c: &Classified, origin: u8, reason: u16, bytes: u64)
         origin,
         proto: c.proto as u8,
         peer_family: c.peer_family,
-        _pad: [0; 3],
+        _pad: 0,
     };
     if let Some(value) = DROPS.get_ptr_mut(key) {
         // SAFETY: per-CPU value of this CPU.
@@ -55,7 +55,7 @@ pub fn classifier_checks(ifindex: u32, c: &Classified, wire_len: u64) {
         return;
     }
     let flag = |reason: ClassifierDrop| {
-        record(ifindex, c, drop_origin::CLASSIFIER, reason as u16, wire_len)
+        record(ifindex, c, drop_origin::CLASSIFIER, reason as u32, wire_len)
     };
     if outside_allow_set(c) {
         flag(ClassifierDrop::CalicoAllowSet);

@@ -95,6 +95,6 @@ fn try_observe_drop(skb: usize, reason: u32) -> Option<()> {
     // skb->len counts from skb->data, which has moved past the headers
     // already parsed by the stack; add them back for wire bytes.
     let bytes = len as u64 + data.saturating_sub(start) as u64;
-    drops::record(ifindex, &c, drop_origin::KERNEL, reason as u16, bytes);
+    drops::record(ifindex, &c, drop_origin::KERNEL, reason, bytes);
     Some(())
 }

@@ -269,7 +269,7 @@ fn kfree_skb_cost() -> anyhow::Result<()> {
         .iter()
         .filter(|(id, _)| {
             id.origin == observer::drops::Origin::Kernel
-                && observer.drop_reason_name(u32::from(id.reason)) == "NETFILTER_DROP"
+                && observer.drop_reason_name(id.reason) == "NETFILTER_DROP"
         })
         .map(|(_, c)| c.packets)
         .sum();

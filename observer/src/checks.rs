@@ -37,6 +37,9 @@ pub struct AllowSetReport {
     pub problems: Vec<String>,
 }
 
+/// A netfilter rule: (backend, comment).
+type RuleId = (&'static str, String);
+
 /// Refresh state of the node-side checks.
 pub struct NodeChecks {
     config: AllowSetConfig,
@@ -44,8 +47,10 @@ pub struct NodeChecks {
     last_refresh: Option<Instant>,
     allow: Option<Snapshot>,
     vnis: Option<Vec<u32>>,
-    /// Rule counters at attach time, by (backend, comment).
-    baseline: Option<HashMap<(&'static str, String), u64>>,
+    /// Per rule (backend, comment): the last counter read and the packets
+    /// matched since attach. Summing differences keeps the count right when
+    /// Calico re-creates a rule (its counter restarts at zero).
+    rule_counts: Option<HashMap<RuleId, (u64, u64)>>,
     reported_problems: Vec<String>,
 }
 
@@ -58,7 +63,7 @@ impl NodeChecks {
             last_refresh: None,
             allow: None,
             vnis: None,
-            baseline: None,
+            rule_counts: None,
             reported_problems: Vec::new(),
         }
     }
@@ -158,36 +163,38 @@ impl NodeChecks {
     }
 
     /// Calico's drop-rule counters since attach beside the observer's
-    /// `calico_allow_set` counts. The first call takes the baseline.
+    /// `calico_allow_set` counts. The first call only takes the baseline.
     pub fn netfilter(&mut self, drops: &[DropRow]) -> Vec<NetfilterCheck> {
         let (rules, problems) = netfilter::read_calico_drop_rules();
         for problem in problems {
             self.warn_once(problem);
         }
-        let mut now: HashMap<(&'static str, String), (SetKind, u64)> = HashMap::new();
+        let mut now: HashMap<RuleId, (SetKind, u64)> = HashMap::new();
         for (kind, rule) in rules {
             now.entry((rule.backend, rule.comment))
                 .or_insert((kind, 0))
                 .1 += rule.packets;
         }
-        let baseline = self
-            .baseline
-            .get_or_insert_with(|| now.iter().map(|(k, (_, p))| (k.clone(), *p)).collect());
+        let first = self.rule_counts.is_none();
+        let counts = self.rule_counts.get_or_insert_with(HashMap::new);
+        for (key, (_, packets)) in &now {
+            fold_rule_counter(
+                counts.entry(key.clone()).or_insert((*packets, 0)),
+                *packets,
+                first,
+            );
+        }
         let mut checks: Vec<NetfilterCheck> = now
             .iter()
-            .map(|((backend, comment), (kind, packets))| {
-                let since = packets.saturating_sub(
-                    baseline
-                        .get(&(*backend, comment.clone()))
-                        .copied()
-                        .unwrap_or(0),
-                );
+            .map(|(key, (kind, _))| {
+                let (backend, comment) = key;
+                let since = counts.get(key).map_or(0, |(_, since)| *since);
                 let ipv6 = comment.contains("IPv6");
                 let observer_packets = drops
                     .iter()
                     .filter(|d| {
                         d.row.id.origin == Origin::Classifier
-                            && d.row.id.reason == ClassifierDrop::CalicoAllowSet as u16
+                            && d.row.id.reason == ClassifierDrop::CalicoAllowSet as u32
                             && match kind {
                                 SetKind::Vxlan => d.row.id.proto == Proto::Vxlan,
                                 SetKind::Ipip => {
@@ -210,5 +217,38 @@ impl NodeChecks {
             .collect();
         checks.sort_by(|a, b| (a.backend, &a.rule).cmp(&(b.backend, &b.rule)));
         checks
+    }
+}
+
+/// Adds a rule counter reading to (last reading, packets since attach). A
+/// smaller reading means the rule was re-created: all of it is new.
+fn fold_rule_counter(state: &mut (u64, u64), packets: u64, baseline_only: bool) {
+    let (last, since) = state;
+    if !baseline_only {
+        *since += if packets >= *last {
+            packets - *last
+        } else {
+            packets
+        };
+    }
+    *last = packets;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rule_counters_survive_rule_recreation() {
+        let mut state = (0, 0);
+        fold_rule_counter(&mut state, 1000, true);
+        assert_eq!(state, (1000, 0), "the baseline counts nothing");
+        fold_rule_counter(&mut state, 1037, false);
+        assert_eq!(state.1, 37);
+        // Felix re-created the rule: the counter restarted, 5 new matches.
+        fold_rule_counter(&mut state, 5, false);
+        assert_eq!(state.1, 42);
+        fold_rule_counter(&mut state, 5, false);
+        assert_eq!(state.1, 42);
     }
 }

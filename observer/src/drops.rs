@@ -43,8 +43,8 @@ pub struct DropId {
     pub vni: u32,
     /// Classifier or kernel.
     pub origin: Origin,
-    /// `ClassifierDrop` value or the kernel's `enum skb_drop_reason` value.
-    pub reason: u16,
+    /// `ClassifierDrop` value or the kernel's drop reason value.
+    pub reason: u32,
 }
 
 impl DropId {
@@ -66,11 +66,11 @@ impl DropId {
     /// Reason name: ours for the classifier, the kernel's for the kernel.
     pub fn reason_name(&self, observer: &Observer) -> String {
         match self.origin {
-            Origin::Classifier => ClassifierDrop::from_u16(self.reason).map_or_else(
+            Origin::Classifier => classifier_reason(self.reason).map_or_else(
                 || format!("classifier_{}", self.reason),
                 |r| r.name().to_string(),
             ),
-            Origin::Kernel => observer.drop_reason_name(u32::from(self.reason)),
+            Origin::Kernel => observer.drop_reason_name(self.reason),
         }
     }
 }
@@ -111,6 +111,10 @@ pub fn read(observer: &Observer) -> Result<Vec<(DropId, DropCounters)>> {
     Ok(rows)
 }
 
+fn classifier_reason(value: u32) -> Option<ClassifierDrop> {
+    u16::try_from(value).ok().and_then(ClassifierDrop::from_u16)
+}
+
 /// What a classifier reason means, for the one-line message.
 fn classifier_meaning(reason: ClassifierDrop, allow_sets: &str) -> String {
     match reason {
@@ -133,10 +137,10 @@ pub fn message(id: &DropId, packets: u64, reason: &str, allow_sets: &str) -> Str
     let from = id.peer.map_or(String::new(), |p| format!(" from {p}"));
     let plural = if packets == 1 { "packet" } else { "packets" };
     let verb = match id.origin {
-        Origin::Classifier if id.reason != ClassifierDrop::CalicoAllowSet as u16 => "flagged",
+        Origin::Classifier if id.reason != ClassifierDrop::CalicoAllowSet as u32 => "flagged",
         _ => "dropped",
     };
-    let why = match (id.origin, ClassifierDrop::from_u16(id.reason)) {
+    let why = match (id.origin, classifier_reason(id.reason)) {
         (Origin::Classifier, Some(r)) => classifier_meaning(r, allow_sets),
         _ => format!("kernel drop reason {reason}"),
     };
@@ -153,7 +157,7 @@ impl fmt::Display for Origin {
 mod tests {
     use super::*;
 
-    fn id(origin: Origin, reason: u16) -> DropId {
+    fn id(origin: Origin, reason: u32) -> DropId {
         DropId {
             ifindex: 2,
             proto: Proto::Vxlan,
@@ -167,7 +171,7 @@ mod tests {
     #[test]
     fn the_incident_in_one_line() {
         let msg = message(
-            &id(Origin::Classifier, ClassifierDrop::CalicoAllowSet as u16),
+            &id(Origin::Classifier, ClassifierDrop::CalicoAllowSet as u32),
             579,
             "calico_allow_set",
             "cali40all-vxlan-net",
@@ -190,7 +194,7 @@ mod tests {
     #[test]
     fn other_checks_are_flags_not_drops() {
         let msg = message(
-            &id(Origin::Classifier, ClassifierDrop::VniUnknown as u16),
+            &id(Origin::Classifier, ClassifierDrop::VniUnknown as u32),
             3,
             "vni_unknown",
             "",

@@ -29,23 +29,32 @@ impl KernelBtf {
     /// `SKB_DROP_REASON_` prefix (`NETFILTER_DROP`, `NO_SOCKET`, ...);
     /// `SKB_CONSUMED` keeps its name.
     pub fn drop_reasons(&self) -> Result<HashMap<u32, String>> {
+        self.enum_names("skb_drop_reason", DROP_REASON_PREFIX)
+            .context("this kernel's BTF has no enum skb_drop_reason (kernels before 5.17)")
+    }
+
+    /// `enum skb_drop_reason_subsys` (the upper 16 bits of subsystem drop
+    /// reasons, e.g. `OPENVSWITCH`); empty on kernels without subsystems.
+    pub fn drop_reason_subsystems(&self) -> HashMap<u32, String> {
+        self.enum_names("skb_drop_reason_subsys", "SKB_DROP_REASON_SUBSYS_")
+            .unwrap_or_default()
+    }
+
+    /// Members of the enum `name` as value -> name without `prefix`.
+    fn enum_names(&self, name: &str, prefix: &str) -> Result<HashMap<u32, String>> {
         let types = self
             .btf
-            .resolve_types_by_name("skb_drop_reason")
-            .map_err(|e| anyhow!("{e}"))
-            .context("this kernel's BTF has no enum skb_drop_reason (kernels before 5.17)")?;
-        let Some(Type::Enum(reasons)) = types.into_iter().find(|t| matches!(t, Type::Enum(_)))
+            .resolve_types_by_name(name)
+            .map_err(|e| anyhow!("{e}"))?;
+        let Some(Type::Enum(members)) = types.into_iter().find(|t| matches!(t, Type::Enum(_)))
         else {
-            bail!("skb_drop_reason in this kernel's BTF is not an enum");
+            bail!("{name} in this kernel's BTF is not an enum");
         };
         let mut names = HashMap::new();
-        for member in &reasons.members {
-            let name = self.btf.resolve_name(member).map_err(|e| anyhow!("{e}"))?;
-            let name = name
-                .strip_prefix(DROP_REASON_PREFIX)
-                .unwrap_or(&name)
-                .to_string();
-            names.insert(member.val(), name);
+        for member in &members.members {
+            let text = self.btf.resolve_name(member).map_err(|e| anyhow!("{e}"))?;
+            let text = text.strip_prefix(prefix).unwrap_or(&text).to_string();
+            names.insert(member.val(), text);
         }
         Ok(names)
     }
@@ -130,6 +139,12 @@ mod tests {
         assert!(names.values().any(|n| n == "NETFILTER_DROP"), "{names:?}");
         assert!(names.values().any(|n| n == "NO_SOCKET"));
         assert_eq!(names.get(&1).map(String::as_str), Some("SKB_CONSUMED"));
+        let subsystems = btf.drop_reason_subsystems();
+        assert_eq!(
+            subsystems.get(&0).map(String::as_str),
+            Some("CORE"),
+            "{subsystems:?}"
+        );
     }
 
     #[test]

@@ -160,6 +160,8 @@ pub struct Observer {
     attachments: Vec<Attachment>,
     /// `enum skb_drop_reason` of the running kernel, value -> name.
     drop_reasons: HashMap<u32, String>,
+    /// `enum skb_drop_reason_subsys`, for reasons of other subsystems.
+    drop_subsystems: HashMap<u32, String>,
     /// Why kernel drops cannot be counted, when the BTF facts are missing.
     btf_problem: Option<String>,
     drop_hook: DropHook,
@@ -174,10 +176,14 @@ impl Observer {
         }
         // sk_buff offsets and drop reason names from the running kernel; a
         // kernel without them still gets every counter but kernel drops.
-        let (layout, drop_reasons, btf_problem) =
+        let (layout, (drop_reasons, drop_subsystems), btf_problem) =
             match kernel_facts(Path::new(preflight::KERNEL_BTF)) {
-                Ok((layout, reasons)) => (layout, reasons, None),
-                Err(e) => (SkbLayout::default(), HashMap::new(), Some(format!("{e:#}"))),
+                Ok((layout, names)) => (layout, names, None),
+                Err(e) => (
+                    SkbLayout::default(),
+                    Default::default(),
+                    Some(format!("{e:#}")),
+                ),
             };
         let mut ebpf = EbpfLoader::new()
             .map_max_entries(FLOWS_MAP, config.max_flows)
@@ -211,13 +217,25 @@ impl Observer {
             ebpf,
             attachments: Vec::new(),
             drop_reasons,
+            drop_subsystems,
             btf_problem,
             drop_hook: DropHook::Pending,
         })
     }
 
     /// The kernel's name of drop reason `value` (`NETFILTER_DROP`, ...).
+    /// Reasons of other subsystems (upper 16 bits set) are named
+    /// `SUBSYSTEM:n`, e.g. `OPENVSWITCH:3`.
     pub fn drop_reason_name(&self, value: u32) -> String {
+        let subsystem = value >> 16;
+        if subsystem != 0 {
+            let name = self
+                .drop_subsystems
+                .get(&subsystem)
+                .cloned()
+                .unwrap_or_else(|| format!("subsystem_{subsystem}"));
+            return format!("{name}:{}", value & 0xffff);
+        }
         self.drop_reasons
             .get(&value)
             .cloned()
@@ -509,10 +527,16 @@ impl Observer {
     }
 }
 
+/// Drop reason names and subsystem names, value -> name.
+type ReasonNames = (HashMap<u32, String>, HashMap<u32, String>);
+
 /// The SkbLayout and drop reason names of the kernel whose BTF is at `path`.
-fn kernel_facts(path: &Path) -> Result<(SkbLayout, HashMap<u32, String>)> {
+fn kernel_facts(path: &Path) -> Result<(SkbLayout, ReasonNames)> {
     let btf = KernelBtf::open(path)?;
-    Ok((btf.skb_layout()?, btf.drop_reasons()?))
+    Ok((
+        btf.skb_layout()?,
+        (btf.drop_reasons()?, btf.drop_reason_subsystems()),
+    ))
 }
 
 /// Interface index of `iface` in the current network namespace.

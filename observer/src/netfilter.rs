@@ -50,10 +50,10 @@ pub fn read_calico_drop_rules() -> (Vec<(SetKind, RuleCounter)>, Vec<String>) {
             Err(e) => problems.push(e),
         }
     }
-    match tools::output("nft", &["-j", "list", "ruleset"], "its rule counters") {
+    match tools::output("nft", &["-j", "-t", "list", "ruleset"], "its rule counters") {
         Ok(json) => match parse_nft_ruleset(&json) {
             Ok(found) => rules.extend(found),
-            Err(e) => problems.push(format!("cannot parse `nft -j list ruleset`: {e}")),
+            Err(e) => problems.push(format!("cannot parse `nft -j -t list ruleset`: {e}")),
         },
         Err(e) => problems.push(e),
     }
@@ -124,7 +124,7 @@ struct NftDoc {
 }
 
 /// Native nftables rules with a comment and a counter, from
-/// `nft -j list ruleset`. (iptables-nft rules carry their comment in an
+/// `nft -j -t list ruleset` (terse: without set elements). (iptables-nft rules carry their comment in an
 /// `xt` match without text, so they are only read through iptables-save:
 /// nothing is counted twice.)
 pub fn parse_nft_ruleset(json: &str) -> Result<Vec<RuleCounter>> {
