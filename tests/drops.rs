@@ -25,9 +25,9 @@ use std::{collections::BTreeMap, net::IpAddr};
 use serde_json::Value;
 use support::{
     calico::{
-        self, DropKey, EnvObserver, HOSTS_SET, IPIP_DROP_RULE, VXLAN_ALLOW_RULE, VXLAN_DROP_RULE,
-        VXLAN_SET, allow_set, drop_key, drop_packets, drops, eventually, final_snapshot,
-        netfilter_lines, peer_drops, rx_packets, rx_peer, settle,
+        self, DropKey, HOSTS_SET, IPIP_DROP_RULE, VXLAN_ALLOW_RULE, VXLAN_DROP_RULE, VXLAN_SET,
+        allow_set, drop_key, drop_packets, drops, eventually, final_snapshot, netfilter_lines,
+        peer_drops, rx_packets, rx_peer, settle,
     },
     frames::{self, ENTROPY_PORT, ETH_HLEN, ETH_P_IP, VXLAN_LINUX_PORT, VXLAN_PORT},
     netns::{Netns, ObserverProcess, ObserverRun, VethEnd, send_frames, veth_pair},
@@ -925,12 +925,12 @@ fn missing_tools_and_absent_sets_only_warn() {
     let frame = vxlan_from(X, VNI, VXLAN_PORT);
 
     // ipset, nft and iptables-save live in /usr/sbin.
-    let observer = EnvObserver::spawn(lab.r.name(), &["vr"], &[("PATH", "/usr/bin:/bin")]);
+    let observer =
+        ObserverProcess::spawn_with_env(Some(lab.r.name()), &["vr"], &[("PATH", "/usr/bin:/bin")]);
     assert!(
         observer.wait_for_lines(|lines| lines.iter().any(|l| l["type"] == "stats")),
-        "observer not ready: {:?}\n{}",
-        observer.lines(),
-        observer.stderr()
+        "observer not ready: {:?}",
+        observer.lines()
     );
     lab.send(&[(&frame, N)]);
     assert!(

@@ -1,22 +1,17 @@
 //! Calico's node-side drop machinery inside a test namespace (owned by the
 //! drop tests): the ipset / nftables allow-sets and the iptables / nftables
 //! rules that drop tunnel traffic from sources outside them, their
-//! counters, the kernel's drop reason names, and an observer process with
-//! a chosen environment. Everything lives in namespaces that [`Netns`]
+//! counters and the kernel's drop reason names. Everything lives in namespaces that [`Netns`]
 //! deletes, so nothing outlives a test, also when it panics.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    io::{BufRead, BufReader},
-    process::{Child, Command, Stdio},
-    sync::{Arc, Condvar, Mutex},
-    thread::JoinHandle,
     time::{Duration, Instant},
 };
 
 use serde_json::Value;
 
-use super::netns::{Netns, ObserverProcess, ObserverRun, WAIT, run, signal, wait_timeout};
+use super::netns::{Netns, ObserverProcess, ObserverRun, WAIT, run};
 
 /// Calico's IPv4 VXLAN allow-set.
 pub const VXLAN_SET: &str = "cali40all-vxlan-net";
@@ -408,145 +403,6 @@ pub fn settle(observer: &ObserverProcess) {
 /// Distinct `reason`s of drop lines (for messages).
 pub fn reasons(lines: &[Value]) -> BTreeSet<String> {
     drops(lines).keys().map(|k| k.5.clone()).collect()
-}
-
-// ------------------------------------------------------------ observer with an environment
-
-/// Lines read from a pipe.
-#[derive(Default)]
-struct Lines {
-    lines: Mutex<(Vec<String>, bool)>,
-    changed: Condvar,
-}
-
-impl Lines {
-    fn reader(self: &Arc<Self>, pipe: impl std::io::Read + Send + 'static) -> JoinHandle<()> {
-        let me = Arc::clone(self);
-        std::thread::spawn(move || {
-            for line in BufReader::new(pipe).lines() {
-                let Ok(line) = line else { break };
-                me.lines.lock().unwrap().0.push(line);
-                me.changed.notify_all();
-            }
-            me.lines.lock().unwrap().1 = true;
-            me.changed.notify_all();
-        })
-    }
-
-    fn snapshot(&self) -> Vec<String> {
-        self.lines.lock().unwrap().0.clone()
-    }
-}
-
-/// `observer attach --output json --interval 200ms --netns NS ARGS...`
-/// with extra environment variables (e.g. a PATH without the tools),
-/// killed on drop. [`ObserverProcess`] inherits the test's environment,
-/// which tests running in parallel share, so it cannot be changed there.
-pub struct EnvObserver {
-    child: Child,
-    stdout: Arc<Lines>,
-    stderr: Arc<Lines>,
-    readers: Vec<JoinHandle<()>>,
-}
-
-impl EnvObserver {
-    /// Spawns the observer without waiting.
-    pub fn spawn(netns: &str, args: &[&str], env: &[(&str, &str)]) -> EnvObserver {
-        let mut command = Command::new(ObserverProcess::binary());
-        command
-            .args(["attach", "--output", "json", "--interval", "200ms"])
-            .args(["--netns", netns])
-            .args(args)
-            .env("OBSERVER_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        for (key, value) in env {
-            command.env(key, value);
-        }
-        let mut child = command.spawn().expect("spawning the observer");
-        let stdout = Arc::new(Lines::default());
-        let stderr = Arc::new(Lines::default());
-        let readers = vec![
-            stdout.reader(child.stdout.take().unwrap()),
-            stderr.reader(child.stderr.take().unwrap()),
-        ];
-        EnvObserver {
-            child,
-            stdout,
-            stderr,
-            readers,
-        }
-    }
-
-    /// Every stdout line so far, parsed.
-    pub fn lines(&self) -> Vec<Value> {
-        self.stdout
-            .snapshot()
-            .iter()
-            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad JSON {l:?}: {e}")))
-            .collect()
-    }
-
-    /// Waits until the printed lines satisfy `done`; false after [`WAIT`]
-    /// or when the process closed its output.
-    pub fn wait_for_lines(&self, done: impl Fn(&[Value]) -> bool) -> bool {
-        let deadline = Instant::now() + WAIT;
-        let mut guard = self.stdout.lines.lock().unwrap();
-        loop {
-            let parsed: Vec<Value> = guard
-                .0
-                .iter()
-                .filter_map(|l| serde_json::from_str(l).ok())
-                .collect();
-            if done(&parsed) {
-                return true;
-            }
-            let now = Instant::now();
-            if guard.1 || now >= deadline {
-                return false;
-            }
-            guard = self
-                .stdout
-                .changed
-                .wait_timeout(guard, deadline - now)
-                .unwrap()
-                .0;
-        }
-    }
-
-    /// Stderr so far.
-    pub fn stderr(&self) -> String {
-        self.stderr.snapshot().join("\n")
-    }
-
-    /// Sends SIGINT and collects everything the process printed.
-    pub fn stop(mut self) -> ObserverRun {
-        signal(self.child.id(), libc::SIGINT);
-        let status = wait_timeout(&mut self.child, WAIT).unwrap_or_else(|| {
-            panic!(
-                "observer did not exit within {WAIT:?}; stderr: {}",
-                self.stderr()
-            )
-        });
-        for reader in self.readers.drain(..) {
-            reader.join().unwrap();
-        }
-        ObserverRun {
-            lines: self.lines(),
-            status,
-            stderr: self.stderr(),
-        }
-    }
-}
-
-impl Drop for EnvObserver {
-    fn drop(&mut self) {
-        if matches!(self.child.try_wait(), Ok(None)) {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
 }
 
 /// Polls `done` every 20 ms for up to [`WAIT`]; returns whether it held.

@@ -465,7 +465,18 @@ impl ObserverProcess {
     /// Spawns `observer attach --output json --interval 200ms [--netns NS] ARGS...`
     /// without waiting.
     pub fn spawn(netns: Option<&str>, args: &[&str]) -> ObserverProcess {
+        Self::spawn_with_env(netns, args, &[])
+    }
+
+    /// [`ObserverProcess::spawn`] with extra environment variables (e.g. a
+    /// PATH without the node's tools).
+    pub fn spawn_with_env(
+        netns: Option<&str>,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> ObserverProcess {
         let mut command = Command::new(Self::binary());
+        command.envs(env.iter().copied());
         command.args(["attach", "--output", "json", "--interval", "200ms"]);
         if let Some(ns) = netns {
             command.args(["--netns", ns]);
