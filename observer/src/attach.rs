@@ -1,14 +1,18 @@
-//! `observer attach`: load, attach, then read, aggregate and print every
-//! interval until a signal or `--duration` ends the run.
+//! `observer attach`: load, attach, then every interval read, aggregate,
+//! print and export, until a signal or `--duration` ends the run. Follows
+//! interfaces that are deleted and re-created, and reloads settings on
+//! SIGHUP.
 
 use std::{
     collections::HashMap,
     io::{self, IsTerminal, Write},
+    path::PathBuf,
     time::{Instant, SystemTime},
 };
 
 use anyhow::{Context, Result, bail};
-use tokio::signal::unix::{SignalKind, signal};
+use serde::Serialize;
+use tokio::signal::unix::{Signal, SignalKind, signal};
 
 use crate::{
     aggregate::{Aggregator, DropAggregator},
@@ -16,11 +20,12 @@ use crate::{
     checks::NodeChecks,
     cli::AttachArgs,
     drops,
-    loader::{self, LoadConfig, Observer},
+    export::{self, ExportInput, Exporter, TEXTFILE_NAME},
+    loader::{self, InterfaceEvent, LoadConfig, Observer},
     netns,
     output::{self, AttachLine, DropRow, Format, Snapshot},
-    ports::PortConfig,
     preflight,
+    settings::Settings,
 };
 
 /// Userspace rows kept per kernel flow-map entry: rows outlive evicted
@@ -34,10 +39,11 @@ pub fn run(args: AttachArgs) -> Result<()> {
     if let Some(name) = &args.netns {
         netns::enter(name)?;
     }
+    let settings = Settings::load(&args)?;
     preflight::check_privileges()?;
     preflight::check_btf(std::path::Path::new(preflight::KERNEL_BTF))?;
     let mut seen = std::collections::HashSet::new();
-    for iface in &args.ifaces {
+    for iface in &settings.interfaces {
         if !seen.insert(iface) {
             bail!("interface {iface} is given twice");
         }
@@ -47,11 +53,10 @@ pub fn run(args: AttachArgs) -> Result<()> {
         })?;
     }
 
-    let config = LoadConfig {
-        max_flows: args.max_flows,
-        ports: port_config(&args),
-    };
-    let mut observer = Observer::load(&config)?;
+    let mut observer = Observer::load(&LoadConfig {
+        max_flows: settings.max_flows,
+        ports: settings.ports.clone(),
+    })?;
     let format = args.output.unwrap_or(if io::stdout().is_terminal() {
         Format::Table
     } else {
@@ -69,11 +74,12 @@ pub fn run(args: AttachArgs) -> Result<()> {
         Signals {
             interrupt: signal(SignalKind::interrupt()).context("installing the SIGINT handler")?,
             terminate: signal(SignalKind::terminate()).context("installing the SIGTERM handler")?,
+            hangup: signal(SignalKind::hangup()).context("installing the SIGHUP handler")?,
         }
     };
     let program_ids = observer.program_ids()?;
-    for iface in &args.ifaces {
-        observer.attach(iface, args.xdp_mode)?;
+    for iface in &settings.interfaces {
+        observer.attach(iface, settings.xdp_mode)?;
         let attachment = observer.attachments().last().expect("attached just now");
         tracing::info!(
             iface = %attachment.iface,
@@ -94,112 +100,162 @@ pub fn run(args: AttachArgs) -> Result<()> {
         }
     }
 
-    let result = runtime.block_on(stream(&mut observer, &args, format, signals));
+    let mut monitor = Monitor::new(&mut observer, &args, settings, format);
+    let result = runtime.block_on(monitor.run(signals));
+    monitor.remove_textfile();
     // Dropping the observer closes the links: everything is detached.
     drop(observer);
     result
 }
 
-fn port_config(args: &AttachArgs) -> PortConfig {
-    let defaults = PortConfig::default();
-    let pick = |given: &Vec<u16>, default: Vec<u16>| {
-        if given.is_empty() {
-            default
-        } else {
-            given.clone()
-        }
-    };
-    PortConfig {
-        vxlan: pick(&args.vxlan_ports, defaults.vxlan),
-        vxlan_gpe: pick(&args.vxlan_gpe_ports, defaults.vxlan_gpe),
-        geneve: pick(&args.geneve_ports, defaults.geneve),
-        wireguard: pick(&args.wireguard_ports, defaults.wireguard),
-    }
-}
-
-/// The signals that end a run.
+/// The signals the run reacts to.
 struct Signals {
-    interrupt: tokio::signal::unix::Signal,
-    terminate: tokio::signal::unix::Signal,
+    interrupt: Signal,
+    terminate: Signal,
+    hangup: Signal,
 }
 
-async fn stream(
-    observer: &mut Observer,
-    args: &AttachArgs,
+/// `{"type":"interface",...}`: an interface went away or came back.
+#[derive(Serialize)]
+struct InterfaceLine<'a> {
+    r#type: &'static str,
+    ts: String,
+    iface: &'a str,
+    event: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ifindex: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<&'a str>,
+}
+
+/// State of a running attach.
+struct Monitor<'a> {
+    observer: &'a mut Observer,
+    args: &'a AttachArgs,
+    settings: Settings,
     format: Format,
-    mut signals: Signals,
-) -> Result<()> {
-    let ifaces: HashMap<u32, String> = observer
-        .attachments()
-        .iter()
-        .map(|a| (a.ifindex, a.iface.clone()))
-        .collect();
-    let max_rows = (args.max_flows as usize).saturating_mul(ROWS_PER_FLOW);
-    let mut aggregator = Aggregator::new(max_rows);
-    let mut drop_aggregator = DropAggregator::new(max_rows);
-    let mut checks = NodeChecks::new(
-        AllowSetConfig {
-            sets: args.allow_sets.clone(),
-            cidrs: args.allow_cidrs.clone(),
-        },
-        args.allow_set_refresh,
-    );
-    let print_reports = |reports: Vec<crate::checks::AllowSetReport>| -> io::Result<()> {
-        if format != Format::Json {
+    aggregator: Aggregator,
+    drop_aggregator: DropAggregator,
+    checks: NodeChecks,
+    exporter: Exporter,
+    /// Interface names by index, old indexes included (rows keep them).
+    ifaces: HashMap<u32, String>,
+    /// Where the textfile was last written, to remove it on exit.
+    written: Option<PathBuf>,
+}
+
+impl<'a> Monitor<'a> {
+    fn new(
+        observer: &'a mut Observer,
+        args: &'a AttachArgs,
+        settings: Settings,
+        format: Format,
+    ) -> Self {
+        let max_rows = (settings.max_flows as usize).saturating_mul(ROWS_PER_FLOW);
+        let checks = NodeChecks::new(allow_set_config(&settings), settings.allow_set_refresh);
+        let ifaces = observer
+            .attachments()
+            .iter()
+            .map(|a| (a.ifindex, a.iface.clone()))
+            .collect();
+        Monitor {
+            observer,
+            args,
+            exporter: Exporter::new(settings.max_peers),
+            settings,
+            format,
+            aggregator: Aggregator::new(max_rows),
+            drop_aggregator: DropAggregator::new(max_rows),
+            checks,
+            ifaces,
+            written: None,
+        }
+    }
+
+    /// Prints JSON lines (nothing in table mode).
+    fn print_lines<T: Serialize>(&self, lines: &[T]) -> io::Result<()> {
+        if self.format != Format::Json || lines.is_empty() {
             return Ok(());
         }
         let mut out = io::stdout().lock();
-        for report in reports {
+        for line in lines {
             writeln!(
                 out,
                 "{}",
-                serde_json::to_string(&report).map_err(io::Error::other)?
+                serde_json::to_string(line).map_err(io::Error::other)?
             )?;
         }
         out.flush()
-    };
-    if let Err(e) = print_reports(checks.refresh(observer)?) {
-        return if e.kind() == io::ErrorKind::BrokenPipe {
-            Ok(())
-        } else {
-            Err(e.into())
-        };
     }
-    // Baseline of the netfilter counters: the comparison is since attach.
-    checks.netfilter(&[]);
-    let start = tokio::time::Instant::now();
-    let deadline = args.duration.map(|d| start + d);
-    let mut ticker = tokio::time::interval_at(start + args.interval, args.interval);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut last = Instant::now();
-    let clear = io::stdout().is_terminal();
-    loop {
-        let is_final = tokio::select! {
-            _ = ticker.tick() => false,
-            _ = signals.interrupt.recv() => true,
-            _ = signals.terminate.recv() => true,
-            _ = async {
-                match deadline {
-                    Some(d) => tokio::time::sleep_until(d).await,
-                    None => std::future::pending().await,
+
+    async fn run(&mut self, mut signals: Signals) -> Result<()> {
+        let reports = self.checks.refresh(self.observer)?;
+        if stop_on_closed_stdout(self.print_lines(&reports))? {
+            return Ok(());
+        }
+        // Baseline of the netfilter counters: the comparison is since attach.
+        self.checks.netfilter(&[]);
+        let start = tokio::time::Instant::now();
+        let deadline = self.args.duration.map(|d| start + d);
+        let mut interval = self.settings.interval;
+        let mut ticker = tokio::time::interval_at(start + interval, interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut last = Instant::now();
+        loop {
+            let is_final = tokio::select! {
+                _ = ticker.tick() => false,
+                _ = signals.interrupt.recv() => true,
+                _ = signals.terminate.recv() => true,
+                _ = signals.hangup.recv() => {
+                    self.reload();
+                    if self.settings.interval != interval {
+                        interval = self.settings.interval;
+                        ticker = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
+                        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                    }
+                    continue;
                 }
-            } => true,
-        };
-        let reports = checks.refresh(observer)?;
-        aggregator.update(&observer.read_flows()?);
-        drop_aggregator.update(&drops::read(observer)?);
-        let seconds = last.elapsed().as_secs_f64();
-        let rows = aggregator.finish_interval(seconds);
-        let drop_rows: Vec<DropRow> = drop_aggregator
+                _ = async {
+                    match deadline {
+                        Some(d) => tokio::time::sleep_until(d).await,
+                        None => std::future::pending().await,
+                    }
+                } => true,
+            };
+            if stop_on_closed_stdout(self.tick(is_final, last.elapsed().as_secs_f64()))? {
+                return Ok(());
+            }
+            last = Instant::now();
+            if is_final {
+                return Ok(());
+            }
+        }
+    }
+
+    /// One interval: follow interfaces, refresh node facts, read, print, export.
+    fn tick(&mut self, is_final: bool, seconds: f64) -> io::Result<()> {
+        let events = self.observer.follow_interfaces();
+        self.report_interface_events(&events)?;
+        let reports = self
+            .checks
+            .refresh(self.observer)
+            .map_err(io::Error::other)?;
+        self.aggregator
+            .update(&self.observer.read_flows().map_err(io::Error::other)?);
+        self.drop_aggregator
+            .update(&drops::read(self.observer).map_err(io::Error::other)?);
+        let rows = self.aggregator.finish_interval(seconds);
+        let drop_rows: Vec<DropRow> = self
+            .drop_aggregator
             .finish_interval(seconds)
             .into_iter()
             .map(|row| {
-                let reason = row.id.reason_name(observer);
+                let reason = row.id.reason_name(self.observer);
                 let message = drops::message(
                     &row.id,
                     row.packets,
                     &reason,
-                    &checks.allow_set_names(row.id.proto),
+                    &self.checks.allow_set_names(row.id.proto),
                 );
                 DropRow {
                     row,
@@ -208,39 +264,174 @@ async fn stream(
                 }
             })
             .collect();
-        let netfilter = checks.netfilter(&drop_rows);
-        last = Instant::now();
+        let netfilter = self.checks.netfilter(&drop_rows);
+        let stats = self.observer.read_stats().map_err(io::Error::other)?;
+        let at = SystemTime::now();
+        self.export(&rows, &drop_rows, stats, at);
         let snapshot = Snapshot {
             rows: &rows,
-            stats: observer.read_stats()?,
-            rows_forgotten: aggregator.forgotten_rows(),
-            ifaces: &ifaces,
-            attachments: observer.attachments(),
-            at: SystemTime::now(),
+            stats,
+            rows_forgotten: self.aggregator.forgotten_rows(),
+            ifaces: &self.ifaces,
+            attachments: self.observer.attachments(),
+            at,
             is_final,
             drops: &drop_rows,
             netfilter: &netfilter,
         };
-        if let Err(e) = print_reports(reports) {
-            return if e.kind() == io::ErrorKind::BrokenPipe {
-                Ok(())
-            } else {
-                Err(e.into())
-            };
-        }
+        self.print_lines(&reports)?;
         let mut out = io::stdout().lock();
-        let written = match format {
+        match self.format {
             Format::Json => output::write_json(&mut out, &snapshot),
-            Format::Table => output::write_table(&mut out, &snapshot, clear && !is_final),
+            Format::Table => {
+                output::write_table(&mut out, &snapshot, io::stdout().is_terminal() && !is_final)
+            }
+        }
+    }
+
+    fn report_interface_events(&mut self, events: &[InterfaceEvent]) -> io::Result<()> {
+        let mut lines = Vec::new();
+        for event in events {
+            let ts = humantime::format_rfc3339_millis(SystemTime::now()).to_string();
+            let line = match event {
+                InterfaceEvent::Gone { iface, ifindex } => {
+                    tracing::warn!(
+                        iface,
+                        ifindex,
+                        "interface gone; re-attaching when it comes back"
+                    );
+                    InterfaceLine {
+                        r#type: "interface",
+                        ts,
+                        iface,
+                        event: "gone",
+                        ifindex: Some(*ifindex),
+                        error: None,
+                    }
+                }
+                InterfaceEvent::Reattached { iface, ifindex } => {
+                    tracing::info!(iface, ifindex, "interface back; attached again");
+                    self.ifaces.insert(*ifindex, iface.clone());
+                    InterfaceLine {
+                        r#type: "interface",
+                        ts,
+                        iface,
+                        event: "reattached",
+                        ifindex: Some(*ifindex),
+                        error: None,
+                    }
+                }
+                InterfaceEvent::Failed { iface, error } => {
+                    tracing::error!(iface, error, "re-attaching failed; retrying next interval");
+                    InterfaceLine {
+                        r#type: "interface",
+                        ts,
+                        iface,
+                        event: "reattach_failed",
+                        ifindex: None,
+                        error: Some(error),
+                    }
+                }
+            };
+            lines.push(line);
+        }
+        self.print_lines(&lines)
+    }
+
+    /// Writes the textfile; a failure is counted and logged, never fatal.
+    fn export(
+        &mut self,
+        rows: &[crate::aggregate::Row],
+        drops: &[DropRow],
+        stats: loader::KernelStats,
+        at: SystemTime,
+    ) {
+        let Some(dir) = self.settings.textfile_dir.clone() else {
+            return;
         };
-        match written {
-            // Reader gone (`| head`): stop quietly, detaching everything.
-            Err(e) if e.kind() == io::ErrorKind::BrokenPipe => return Ok(()),
-            Err(e) => return Err(e).context("writing output"),
-            Ok(()) => {}
+        let input = ExportInput {
+            rows,
+            drops,
+            ifaces: &self.ifaces,
+            stats,
+            programs_attached: self.observer.programs_attached(),
+            at,
+        };
+        let families = self.exporter.families(&input);
+        let result = export::encode(&families)
+            .and_then(|text| export::write_atomic(&dir, TEXTFILE_NAME, &text));
+        match result {
+            Ok(path) => self.written = Some(path),
+            Err(e) => {
+                self.exporter.errors += 1;
+                tracing::error!(
+                    dir = %dir.display(),
+                    error = %e,
+                    errors = self.exporter.errors,
+                    "cannot write the textfile; counting continues and the next interval retries"
+                );
+            }
         }
-        if is_final {
-            return Ok(());
+    }
+
+    /// SIGHUP: re-reads the config file; applies what can change while
+    /// attached and names what needs a restart.
+    fn reload(&mut self) {
+        let new = match Settings::load(self.args) {
+            Ok(new) => new,
+            Err(e) => {
+                tracing::error!(error = %format!("{e:#}"), "reload failed; keeping the current settings");
+                return;
+            }
+        };
+        let fixed = self.settings.fixed_changes(&new);
+        if !fixed.is_empty() {
+            tracing::warn!(settings = %fixed.join(", "), "changed in the config file but need a restart; ignored");
         }
+        if new.textfile_dir != self.settings.textfile_dir {
+            self.remove_textfile();
+        }
+        self.exporter.set_max_peers(new.max_peers);
+        self.checks = NodeChecks::new(allow_set_config(&new), new.allow_set_refresh);
+        self.settings = Settings {
+            interfaces: self.settings.interfaces.clone(),
+            xdp_mode: self.settings.xdp_mode,
+            max_flows: self.settings.max_flows,
+            ports: self.settings.ports.clone(),
+            ..new
+        };
+        tracing::info!(
+            interval = ?self.settings.interval,
+            max_peers = self.settings.max_peers,
+            textfile_dir = ?self.settings.textfile_dir,
+            "settings reloaded"
+        );
+    }
+
+    /// On a clean exit the textfile is removed: stale counters must not
+    /// look current (the "observer not running" alert covers the gap).
+    fn remove_textfile(&mut self) {
+        if let Some(path) = self.written.take()
+            && let Err(e) = std::fs::remove_file(&path)
+        {
+            tracing::warn!(path = %path.display(), error = %e, "cannot remove the textfile");
+        }
+    }
+}
+
+fn allow_set_config(settings: &Settings) -> AllowSetConfig {
+    AllowSetConfig {
+        sets: settings.allow_sets.clone(),
+        cidrs: settings.allow_cidrs.clone(),
+    }
+}
+
+/// `Ok(true)` when stdout's reader went away (`| head`): stop quietly,
+/// detaching everything.
+fn stop_on_closed_stdout(result: io::Result<()>) -> Result<bool> {
+    match result {
+        Ok(()) => Ok(false),
+        Err(e) if e.kind() == io::ErrorKind::BrokenPipe => Ok(true),
+        Err(e) => Err(e).context("writing output"),
     }
 }

@@ -37,17 +37,37 @@ pub enum Command {
 /// Options of `observer attach`.
 #[derive(Debug, Args)]
 pub struct AttachArgs {
-    /// Interfaces to observe (the underlay: eth0, bond0, ...).
-    #[arg(required = true, value_name = "IFACE")]
+    /// Interfaces to observe (the underlay: eth0, bond0, ...); may come
+    /// from the config file instead.
+    #[arg(required_unless_present = "config", value_name = "IFACE")]
     pub ifaces: Vec<String>,
+
+    /// TOML settings file (keys as the long options, with underscores:
+    /// interfaces, interval, textfile_dir, max_peers, allow_sets, ...).
+    /// Options given on the command line win over the file. SIGHUP
+    /// re-reads it; see the README for what a reload can change.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<std::path::PathBuf>,
+
+    /// Also write the counters every interval to DIR/observer.prom for
+    /// node_exporter's textfile collector (atomically). The file is
+    /// removed on a clean exit.
+    #[arg(long, value_name = "DIR")]
+    pub textfile_dir: Option<std::path::PathBuf>,
+
+    /// Peers that get their own `peer` label value in the textfile (the
+    /// top ones by packets and drops); the rest are summed as peer="other".
+    /// [default: 200]
+    #[arg(long, value_name = "N")]
+    pub max_peers: Option<usize>,
 
     /// Attach inside this named network namespace (see `ip netns list`).
     #[arg(long, value_name = "NAME")]
     pub netns: Option<String>,
 
-    /// How often to read the counters and print.
-    #[arg(long, default_value = "1s", value_parser = parse_duration, value_name = "DURATION")]
-    pub interval: Duration,
+    /// How often to read the counters, print and export [default: 1s].
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+    pub interval: Option<Duration>,
 
     /// Stop after this long (e.g. 30s, 5m), printing the final counters.
     #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
@@ -60,8 +80,9 @@ pub struct AttachArgs {
 
     /// How to count received packets: auto tries native XDP, then generic
     /// XDP, then tc ingress (when another XDP program owns the interface).
-    #[arg(long, value_enum, default_value_t = XdpMode::Auto, value_name = "MODE")]
-    pub xdp_mode: XdpMode,
+    /// [default: auto]
+    #[arg(long, value_enum, value_name = "MODE")]
+    pub xdp_mode: Option<XdpMode>,
 
     /// UDP destination port(s) carrying VXLAN [default: 4789, 8472].
     #[arg(long = "vxlan-port", value_name = "PORT")]
@@ -82,8 +103,9 @@ pub struct AttachArgs {
 
     /// Capacity of the kernel flow map (rows shared by all CPUs). When
     /// full, the least recently used row is evicted and counted.
-    #[arg(long, default_value_t = observer_common::DEFAULT_MAX_FLOWS, value_name = "N")]
-    pub max_flows: u32,
+    /// [default: 16384]
+    #[arg(long, value_name = "N")]
+    pub max_flows: Option<u32>,
 
     /// Extra allow-set (ipset or nftables set name) of sources allowed to
     /// send VXLAN (`vxlan=NAME`, the default) or IPIP (`ipip=NAME`), beside
@@ -99,9 +121,9 @@ pub struct AttachArgs {
     pub allow_cidrs: Vec<Tagged<ipnet::IpNet>>,
 
     /// How often allow-sets and local vxlan devices are re-read; changes
-    /// take effect in the programs at the next refresh.
-    #[arg(long, default_value = "5s", value_parser = parse_duration, value_name = "DURATION")]
-    pub allow_set_refresh: Duration,
+    /// take effect in the programs at the next refresh. [default: 5s]
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+    pub allow_set_refresh: Option<Duration>,
 }
 
 /// Parses `500ms`, `2s`, `1m`, `1h30m`; a bare number means seconds.
@@ -157,7 +179,7 @@ mod tests {
         let Command::Attach(args) = cli.command;
         assert_eq!(args.ifaces, ["eth0", "eth1"]);
         assert_eq!(args.vxlan_ports, [4789, 9000]);
-        assert_eq!(args.xdp_mode, XdpMode::Off);
+        assert_eq!(args.xdp_mode, Some(XdpMode::Off));
         assert_eq!(args.output, Some(Format::Json));
     }
 

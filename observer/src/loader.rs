@@ -16,7 +16,8 @@ use aya::{
     programs::{
         BtfTracePoint, LinkOrder, ProgramError, RawTracePoint, SchedClassifier, TcAttachType, Xdp,
         XdpMode as AyaXdpMode,
-        tc::{self, NlOptions, TcAttachOptions},
+        tc::{self, NlOptions, SchedClassifierLinkId, TcAttachOptions},
+        xdp::XdpLinkId,
     },
 };
 use observer_common::{
@@ -143,6 +144,48 @@ pub struct KernelStats {
     pub flow_insert_failures: u64,
 }
 
+/// The link of the program counting received packets.
+enum RxLink {
+    Xdp(XdpLinkId),
+    Tc(SchedClassifierLinkId),
+}
+
+/// The links of one attachment, to release them when the interface is
+/// re-created.
+struct Links {
+    rx: Option<RxLink>,
+    tx: Option<SchedClassifierLinkId>,
+    mode: XdpMode,
+    /// The interface exists and the links are live.
+    present: bool,
+}
+
+/// A change [`Observer::follow_interfaces`] noticed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum InterfaceEvent {
+    /// The interface was deleted (its links went with it).
+    Gone {
+        /// Name.
+        iface: String,
+        /// The index it had.
+        ifindex: u32,
+    },
+    /// An interface of that name exists again and the programs are attached.
+    Reattached {
+        /// Name.
+        iface: String,
+        /// Its new index.
+        ifindex: u32,
+    },
+    /// It exists again but attaching failed (retried at the next check).
+    Failed {
+        /// Name.
+        iface: String,
+        /// Why.
+        error: String,
+    },
+}
+
 /// Which hook counts kernel drops.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DropHook {
@@ -158,6 +201,8 @@ pub enum DropHook {
 pub struct Observer {
     ebpf: Ebpf,
     attachments: Vec<Attachment>,
+    /// Links of each attachment, same order.
+    links: Vec<Links>,
     /// `enum skb_drop_reason` of the running kernel, value -> name.
     drop_reasons: HashMap<u32, String>,
     /// `enum skb_drop_reason_subsys`, for reasons of other subsystems.
@@ -216,6 +261,7 @@ impl Observer {
         Ok(Observer {
             ebpf,
             attachments: Vec::new(),
+            links: Vec::new(),
             drop_reasons,
             drop_subsystems,
             btf_problem,
@@ -381,21 +427,126 @@ impl Observer {
         &self.attachments
     }
 
+    /// Programs attached now: two per interface present (rx and tx), plus
+    /// the kfree_skb program.
+    pub fn programs_attached(&self) -> usize {
+        let interfaces = self.links.iter().filter(|l| l.present).count();
+        2 * interfaces + usize::from(matches!(self.drop_hook, DropHook::Attached(_)))
+    }
+
     /// Attaches the ingress (XDP or tc) and egress (tc) programs to `iface`.
     pub fn attach(&mut self, iface: &str, mode: XdpMode) -> Result<&Attachment> {
+        let (attachment, links) = self.attach_links(iface, mode)?;
+        self.attachments.push(attachment);
+        self.links.push(links);
+        Ok(self.attachments.last().expect("just pushed"))
+    }
+
+    fn attach_links(&mut self, iface: &str, mode: XdpMode) -> Result<(Attachment, Links)> {
         let ifindex = ifindex(iface)?;
-        let (rx, xdp_fallback_reason) = self.attach_rx(iface, ifindex, mode)?;
-        let tx = self.attach_tc(iface, TcAttachType::Egress, Hook::TcEgress)?;
+        let (rx, xdp_fallback_reason, rx_link) = self.attach_rx(iface, ifindex, mode)?;
+        let (tx, tx_link) = self.attach_tc(iface, TcAttachType::Egress, Hook::TcEgress)?;
         self.watch(iface, ifindex)?;
         self.attach_drop_hook();
-        self.attachments.push(Attachment {
+        let attachment = Attachment {
             iface: iface.to_string(),
             ifindex,
             rx,
             tx,
             xdp_fallback_reason,
-        });
-        Ok(self.attachments.last().expect("just pushed"))
+        };
+        let links = Links {
+            rx: Some(rx_link),
+            tx: Some(tx_link),
+            mode,
+            present: true,
+        };
+        Ok((attachment, links))
+    }
+
+    /// Follows interfaces that were deleted or re-created since the last
+    /// call: a deleted interface takes its bpf links with it; when one of
+    /// that name exists again (a new ifindex), the programs are attached to
+    /// it. Returns what changed. Rows of the old ifindex keep their totals.
+    pub fn follow_interfaces(&mut self) -> Vec<InterfaceEvent> {
+        let mut events = Vec::new();
+        for i in 0..self.attachments.len() {
+            let name = self.attachments[i].iface.clone();
+            let now = ifindex(&name).ok();
+            let old = self.attachments[i].ifindex;
+            match now {
+                Some(index) if index == old && self.links[i].present => {}
+                None if self.links[i].present => {
+                    self.links[i].present = false;
+                    self.unwatch(old);
+                    events.push(InterfaceEvent::Gone {
+                        iface: name,
+                        ifindex: old,
+                    });
+                }
+                None => {}
+                Some(index) => {
+                    self.detach_links(i);
+                    let mode = self.links[i].mode;
+                    match self.attach_links(&name, mode) {
+                        Ok((attachment, links)) => {
+                            self.unwatch(old);
+                            self.attachments[i] = attachment;
+                            self.links[i] = links;
+                            events.push(InterfaceEvent::Reattached {
+                                iface: name,
+                                ifindex: index,
+                            });
+                        }
+                        Err(e) => {
+                            self.links[i].present = false;
+                            events.push(InterfaceEvent::Failed {
+                                iface: name,
+                                error: format!("{e:#}"),
+                            });
+                        }
+                    }
+                }
+            }
+        }
+        events
+    }
+
+    /// Releases the (already defunct) links of attachment `i`.
+    fn detach_links(&mut self, i: usize) {
+        let links = &mut self.links[i];
+        let (rx, tx) = (links.rx.take(), links.tx.take());
+        if let Some(rx) = rx {
+            let _ = match rx {
+                RxLink::Xdp(id) => self
+                    .program(Hook::Xdp)
+                    .and_then(|p| Ok(<&mut Xdp>::try_from(p)?.detach(id)?)),
+                RxLink::Tc(id) => self
+                    .program(Hook::TcIngress)
+                    .and_then(|p| Ok(<&mut SchedClassifier>::try_from(p)?.detach(id)?)),
+            };
+        }
+        if let Some(tx) = tx {
+            let _ = self
+                .program(Hook::TcEgress)
+                .and_then(|p| Ok(<&mut SchedClassifier>::try_from(p)?.detach(tx)?));
+        }
+    }
+
+    fn unwatch(&mut self, ifindex: u32) {
+        let Ok(netns) = localnet::netns_inode() else {
+            return;
+        };
+        if let Some(map) = self.ebpf.map_mut(WATCHED_MAP)
+            && let Ok(mut watched) = BpfHashMap::<_, WatchedIface, u8>::try_from(map)
+        {
+            let _ = watched.remove(&WatchedIface { netns, ifindex });
+        }
+        if let Some(map) = self.ebpf.map_mut(IFACE_MTU_MAP)
+            && let Ok(mut mtus) = BpfHashMap::<_, u32, u32>::try_from(map)
+        {
+            let _ = mtus.remove(&ifindex);
+        }
     }
 
     fn attach_rx(
@@ -403,7 +554,7 @@ impl Observer {
         iface: &str,
         ifindex: u32,
         mode: XdpMode,
-    ) -> Result<(AttachedWith, Option<String>)> {
+    ) -> Result<(AttachedWith, Option<String>, RxLink)> {
         let tries: &[(AyaXdpMode, AttachedWith)] = match mode {
             XdpMode::Auto => &[
                 (AyaXdpMode::Driver, AttachedWith::XdpNative),
@@ -417,14 +568,14 @@ impl Observer {
         for (aya_mode, attached) in tries {
             let xdp: &mut Xdp = self.program(Hook::Xdp)?.try_into()?;
             match xdp.attach_to_if_index(ifindex, *aya_mode) {
-                Ok(_) => return Ok((*attached, None)),
+                Ok(id) => return Ok((*attached, None, RxLink::Xdp(id))),
                 Err(e) => last_error = Some(format!("{attached}: {}", error_chain(&e))),
             }
         }
         match (mode, last_error) {
             (XdpMode::Off, _) => {
-                let rx = self.attach_tc(iface, TcAttachType::Ingress, Hook::TcIngress)?;
-                Ok((rx, Some("--xdp-mode off".to_string())))
+                let (rx, id) = self.attach_tc(iface, TcAttachType::Ingress, Hook::TcIngress)?;
+                Ok((rx, Some("--xdp-mode off".to_string()), RxLink::Tc(id)))
             }
             (XdpMode::Auto, Some(reason)) => {
                 tracing::warn!(
@@ -432,8 +583,8 @@ impl Observer {
                     %reason,
                     "XDP attach failed (another XDP program on the interface?); counting rx with tc ingress instead"
                 );
-                let rx = self.attach_tc(iface, TcAttachType::Ingress, Hook::TcIngress)?;
-                Ok((rx, Some(reason)))
+                let (rx, id) = self.attach_tc(iface, TcAttachType::Ingress, Hook::TcIngress)?;
+                Ok((rx, Some(reason), RxLink::Tc(id)))
             }
             (_, reason) => bail!(
                 "cannot attach XDP to {iface}: {}. The driver may lack this XDP mode, or another XDP program owns the interface; try --xdp-mode auto or --xdp-mode off",
@@ -447,7 +598,7 @@ impl Observer {
         iface: &str,
         attach_type: TcAttachType,
         hook: Hook,
-    ) -> Result<AttachedWith> {
+    ) -> Result<(AttachedWith, SchedClassifierLinkId)> {
         let classifier: &mut SchedClassifier = self.program(hook)?.try_into()?;
         let tcx = classifier.attach_with_options(
             iface,
@@ -455,7 +606,7 @@ impl Observer {
             TcAttachOptions::TcxOrder(LinkOrder::default()),
         );
         let tcx_error = match tcx {
-            Ok(_) => return Ok(AttachedWith::Tcx),
+            Ok(id) => return Ok((AttachedWith::Tcx, id)),
             Err(e) => error_chain(&e),
         };
         // Kernels before 6.6 have no tcx: fall back to a clsact filter.
@@ -467,7 +618,7 @@ impl Observer {
                 );
             }
         }
-        classifier
+        let id = classifier
             .attach_with_options(iface, attach_type, TcAttachOptions::Netlink(NlOptions::default()))
             .map_err(|e| {
                 anyhow!(
@@ -479,7 +630,7 @@ impl Observer {
             iface,
             "tcx unavailable; attached with clsact, which a killed observer leaves behind"
         );
-        Ok(AttachedWith::Clsact)
+        Ok((AttachedWith::Clsact, id))
     }
 
     fn program(&mut self, hook: Hook) -> Result<&mut aya::programs::Program> {

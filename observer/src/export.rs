@@ -1,0 +1,768 @@
+//! node_exporter textfile export: turns the rows into Prometheus metric
+//! families (classic text format, via the `prometheus` crate's encoder),
+//! caps the `peer` label values, and writes the file atomically.
+//!
+//! Counters never go backwards while the process lives: a peer that moves
+//! between its own series and the capped `peer="other"` series carries its
+//! counts along as offsets, so each series only ever grows and the sum over
+//! series always equals the total.
+
+use std::{
+    collections::{BTreeMap, HashMap, HashSet},
+    fs,
+    io::{self, Write},
+    net::IpAddr,
+    os::unix::fs::PermissionsExt,
+    path::{Path, PathBuf},
+    time::SystemTime,
+};
+
+use prometheus::{
+    Encoder, TextEncoder,
+    proto::{Counter, Gauge, LabelPair, Metric, MetricFamily, MetricType},
+};
+
+use crate::{aggregate::Row, loader::KernelStats, output::DropRow};
+
+/// Name of the file written in the textfile directory.
+pub const TEXTFILE_NAME: &str = "observer.prom";
+/// `peer` label value of the peers beyond `--max-peers`.
+pub const OTHER_PEERS: &str = "other";
+
+/// Label key of an encapsulation series: (iface, direction, proto, peer).
+type EncapKey = (String, &'static str, &'static str, Option<IpAddr>);
+/// Label key of a drop series: (iface, proto, peer, reason).
+type DropKey = (String, &'static str, Option<IpAddr>, String);
+
+/// Where a row's counts currently go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Bucket {
+    Own,
+    Other,
+}
+
+/// Split of one row's counts between its own series and `peer="other"`.
+#[derive(Debug, Clone)]
+struct Split {
+    bucket: Bucket,
+    /// The row's counts when it entered its current bucket.
+    base: Vec<u64>,
+    /// Counts finished in each bucket in earlier periods.
+    own: Vec<u64>,
+    other: Vec<u64>,
+    /// The row's counts at the previous export: a move between buckets
+    /// takes effect from there, so the interval in which a peer rose to
+    /// the top already counts as its own.
+    last: Vec<u64>,
+}
+
+impl Split {
+    fn new(bucket: Bucket, width: usize) -> Split {
+        Split {
+            bucket,
+            base: vec![0; width],
+            own: vec![0; width],
+            other: vec![0; width],
+            last: vec![0; width],
+        }
+    }
+
+    /// Moves to `bucket` (closing the current period at the previous
+    /// export's counts), then records `now` as the latest counts.
+    fn assign(&mut self, bucket: Bucket, now: &[u64]) {
+        if bucket != self.bucket {
+            let done = match self.bucket {
+                Bucket::Own => &mut self.own,
+                Bucket::Other => &mut self.other,
+            };
+            for ((done, last), base) in done.iter_mut().zip(&self.last).zip(&self.base) {
+                *done += last.saturating_sub(*base);
+            }
+            self.base = self.last.clone();
+            self.bucket = bucket;
+        }
+        self.last = now.to_vec();
+    }
+
+    /// (own series value, contribution to the other series) at `now`.
+    fn values(&self, now: &[u64]) -> (Vec<u64>, Vec<u64>) {
+        let current: Vec<u64> = now
+            .iter()
+            .zip(&self.base)
+            .map(|(n, b)| n.saturating_sub(*b))
+            .collect();
+        let add = |done: &[u64], on: bool| -> Vec<u64> {
+            done.iter()
+                .zip(&current)
+                .map(|(d, c)| d + if on { *c } else { 0 })
+                .collect()
+        };
+        (
+            add(&self.own, self.bucket == Bucket::Own),
+            add(&self.other, self.bucket == Bucket::Other),
+        )
+    }
+}
+
+/// Everything one export needs.
+pub struct ExportInput<'a> {
+    /// Encapsulation rows (totals since attach).
+    pub rows: &'a [Row],
+    /// Drop rows.
+    pub drops: &'a [DropRow],
+    /// Interface names by index.
+    pub ifaces: &'a HashMap<u32, String>,
+    /// Kernel self counters.
+    pub stats: KernelStats,
+    /// Programs attached now (all interfaces, all hooks).
+    pub programs_attached: usize,
+    /// When the counters were read.
+    pub at: SystemTime,
+}
+
+/// Metric state across exports: peer label caps and error counts.
+pub struct Exporter {
+    max_peers: usize,
+    encap: HashMap<EncapKey, Split>,
+    drop_splits: HashMap<DropKey, Split>,
+    /// "other" counts of series whose rows are gone (forgotten by the
+    /// bounded aggregator), so "other" never shrinks; keyed without the peer.
+    retired_encap: BTreeMap<(String, &'static str, &'static str), Vec<u64>>,
+    retired_drops: BTreeMap<(String, &'static str, String), Vec<u64>>,
+    /// Export failures so far (reported in the next successful file).
+    pub errors: u64,
+}
+
+impl Exporter {
+    /// An exporter giving at most `max_peers` peers their own label value.
+    pub fn new(max_peers: usize) -> Exporter {
+        Exporter {
+            max_peers,
+            encap: HashMap::new(),
+            drop_splits: HashMap::new(),
+            retired_encap: BTreeMap::new(),
+            retired_drops: BTreeMap::new(),
+            errors: 0,
+        }
+    }
+
+    /// Changes the cap (config reload); takes effect at the next export.
+    pub fn set_max_peers(&mut self, max_peers: usize) {
+        self.max_peers = max_peers;
+    }
+
+    /// The peers that keep their own label: the top `max_peers` by packets
+    /// plus dropped packets.
+    fn labeled_peers(&self, input: &ExportInput<'_>) -> HashSet<IpAddr> {
+        let mut score: HashMap<IpAddr, u64> = HashMap::new();
+        for row in input.rows {
+            if let Some(peer) = row.id.peer {
+                *score.entry(peer).or_default() += row.packets;
+            }
+        }
+        for d in input.drops {
+            if let Some(peer) = d.row.id.peer {
+                *score.entry(peer).or_default() += d.row.packets;
+            }
+        }
+        let mut ranked: Vec<(u64, IpAddr)> = score.into_iter().map(|(p, s)| (s, p)).collect();
+        ranked.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+        ranked
+            .into_iter()
+            .take(self.max_peers)
+            .map(|(_, p)| p)
+            .collect()
+    }
+
+    /// Builds the metric families for `input`.
+    pub fn families(&mut self, input: &ExportInput<'_>) -> Vec<MetricFamily> {
+        let labeled = self.labeled_peers(input);
+        let iface = |ifindex: u32| {
+            input
+                .ifaces
+                .get(&ifindex)
+                .cloned()
+                .unwrap_or_else(|| format!("if{ifindex}"))
+        };
+        let bucket_of = |peer: Option<IpAddr>| match peer {
+            Some(p) if !labeled.contains(&p) => Bucket::Other,
+            _ => Bucket::Own,
+        };
+
+        // Rows of different ifindexes with one name (an interface deleted
+        // and re-created) add up: the name is the series.
+        let mut encap_now: BTreeMap<EncapKey, Vec<u64>> = BTreeMap::new();
+        for row in input
+            .rows
+            .iter()
+            .filter(|r| r.id.reason == observer_common::Unclassified::None)
+        {
+            let key = (
+                iface(row.id.ifindex),
+                direction_name(row.id.direction),
+                row.id.proto.name(),
+                row.id.peer,
+            );
+            let e = encap_now.entry(key).or_insert_with(|| vec![0, 0]);
+            e[0] += row.packets;
+            e[1] += row.bytes;
+        }
+        let mut drops_now: BTreeMap<DropKey, Vec<u64>> = BTreeMap::new();
+        for d in input.drops {
+            let key = (
+                iface(d.row.id.ifindex),
+                d.row.id.proto.name(),
+                d.row.id.peer,
+                d.reason.clone(),
+            );
+            drops_now.entry(key).or_insert_with(|| vec![0])[0] += d.row.packets;
+        }
+
+        self.retire_gone(&encap_now, &drops_now);
+
+        // Split each series between its own label and "other".
+        let mut packets = Series::default();
+        let mut bytes = Series::default();
+        let other_labels = |iface: &str, direction: &str, proto: &str| {
+            vec![
+                ("iface", iface.to_string()),
+                ("direction", direction.to_string()),
+                ("proto", proto.to_string()),
+                ("peer", OTHER_PEERS.to_string()),
+            ]
+        };
+        for ((iface, direction, proto), retired) in &self.retired_encap {
+            packets.add(other_labels(iface, direction, proto), retired[0]);
+            bytes.add(other_labels(iface, direction, proto), retired[1]);
+        }
+        for (key, now) in &encap_now {
+            let split = self
+                .encap
+                .entry(key.clone())
+                .or_insert_with(|| Split::new(bucket_of(key.3), 2));
+            split.assign(bucket_of(key.3), now);
+            let (own, other) = split.values(now);
+            let (iface, direction, proto, peer) = key;
+            let labels = |peer: String| {
+                vec![
+                    ("iface", iface.clone()),
+                    ("direction", direction.to_string()),
+                    ("proto", proto.to_string()),
+                    ("peer", peer),
+                ]
+            };
+            if split.bucket == Bucket::Own {
+                let own_peer = peer.map_or(String::new(), |p| p.to_string());
+                packets.add(labels(own_peer.clone()), own[0]);
+                bytes.add(labels(own_peer), own[1]);
+            }
+            packets.add(labels(OTHER_PEERS.to_string()), other[0]);
+            bytes.add(labels(OTHER_PEERS.to_string()), other[1]);
+        }
+        let mut drops = Series::default();
+        for ((iface, proto, reason), retired) in &self.retired_drops {
+            drops.add(
+                vec![
+                    ("iface", iface.clone()),
+                    ("proto", proto.to_string()),
+                    ("peer", OTHER_PEERS.to_string()),
+                    ("reason", reason.clone()),
+                ],
+                retired[0],
+            );
+        }
+        for (key, now) in &drops_now {
+            let split = self
+                .drop_splits
+                .entry(key.clone())
+                .or_insert_with(|| Split::new(bucket_of(key.2), 1));
+            split.assign(bucket_of(key.2), now);
+            let (own, other) = split.values(now);
+            let (iface, proto, peer, reason) = key;
+            let labels = |peer: String| {
+                vec![
+                    ("iface", iface.clone()),
+                    ("proto", proto.to_string()),
+                    ("peer", peer),
+                    ("reason", reason.clone()),
+                ]
+            };
+            if split.bucket == Bucket::Own {
+                drops.add(
+                    labels(peer.map_or(String::new(), |p| p.to_string())),
+                    own[0],
+                );
+            }
+            drops.add(labels(OTHER_PEERS.to_string()), other[0]);
+        }
+
+        let seconds = input
+            .at
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
+        vec![
+            family(
+                "observer_build_info",
+                "Version of the observer that wrote this file (value is always 1).",
+                MetricType::GAUGE,
+                vec![(vec![("version", env!("CARGO_PKG_VERSION").to_string())], 1.0)],
+            ),
+            packets.family(
+                "observer_encap_packets_total",
+                "Encapsulated packets as on the wire since the observer attached, by interface, direction, encapsulation and remote peer (outer address; \"other\": peers beyond --max-peers; empty: non-tunnel IP).",
+            ),
+            bytes.family(
+                "observer_encap_bytes_total",
+                "Bytes of those packets as on the wire, Ethernet header included.",
+            ),
+            drops.family(
+                "observer_drops_total",
+                "Received packets dropped by the kernel (reason = kernel drop reason name) or flagged by the observer (calico_allow_set, vni_unknown, vxlan_no_i_flag, outer_fragment, over_mtu), by interface, encapsulation and peer.",
+            ),
+            family(
+                "observer_programs_attached",
+                "eBPF programs the observer has attached (XDP or tc ingress, and tc egress, per interface).",
+                MetricType::GAUGE,
+                vec![(vec![], input.programs_attached as f64)],
+            ),
+            family(
+                "observer_map_entries",
+                "Entries in the observer's kernel flow map.",
+                MetricType::GAUGE,
+                vec![(vec![("map", "flows".to_string())], input.stats.flow_entries as f64)],
+            ),
+            family(
+                "observer_map_evictions_total",
+                "Entries the kernel flow map evicted because it was full (raise --max-flows).",
+                MetricType::COUNTER,
+                vec![(vec![("map", "flows".to_string())], input.stats.flow_evictions as f64)],
+            ),
+            family(
+                "observer_lost_events_total",
+                "Packets that could not be counted because their flow entry could not be inserted.",
+                MetricType::COUNTER,
+                vec![(vec![], input.stats.flow_insert_failures as f64)],
+            ),
+            family(
+                "observer_last_update_timestamp_seconds",
+                "Unix time at which the counters in this file were read.",
+                MetricType::GAUGE,
+                vec![(vec![], seconds)],
+            ),
+            family(
+                "observer_export_errors_total",
+                "Failed attempts to write this file (previous ones; see the observer's log).",
+                MetricType::COUNTER,
+                vec![(vec![], self.errors as f64)],
+            ),
+        ]
+    }
+}
+
+impl Exporter {
+    /// Forgets the splits of series no longer present, moving what they
+    /// had added to "other" into the retired totals.
+    fn retire_gone(
+        &mut self,
+        encap_now: &BTreeMap<EncapKey, Vec<u64>>,
+        drops_now: &BTreeMap<DropKey, Vec<u64>>,
+    ) {
+        let gone: Vec<EncapKey> = self
+            .encap
+            .keys()
+            .filter(|k| !encap_now.contains_key(*k))
+            .cloned()
+            .collect();
+        for key in gone {
+            if let Some(split) = self.encap.remove(&key) {
+                let (_, other) = split.values(&split.last);
+                let retired = self
+                    .retired_encap
+                    .entry((key.0, key.1, key.2))
+                    .or_insert_with(|| vec![0, 0]);
+                retired.iter_mut().zip(other).for_each(|(r, o)| *r += o);
+            }
+        }
+        let gone: Vec<DropKey> = self
+            .drop_splits
+            .keys()
+            .filter(|k| !drops_now.contains_key(*k))
+            .cloned()
+            .collect();
+        for key in gone {
+            if let Some(split) = self.drop_splits.remove(&key) {
+                let (_, other) = split.values(&split.last);
+                let retired = self
+                    .retired_drops
+                    .entry((key.0, key.1, key.3))
+                    .or_insert_with(|| vec![0]);
+                retired.iter_mut().zip(other).for_each(|(r, o)| *r += o);
+            }
+        }
+    }
+}
+
+fn direction_name(direction: observer_common::Direction) -> &'static str {
+    match direction {
+        observer_common::Direction::Rx => "rx",
+        observer_common::Direction::Tx => "tx",
+    }
+}
+
+/// Samples of one counter family, summed per label set.
+#[derive(Default)]
+struct Series(BTreeMap<Vec<(&'static str, String)>, u64>);
+
+impl Series {
+    fn add(&mut self, labels: Vec<(&'static str, String)>, value: u64) {
+        *self.0.entry(labels).or_default() += value;
+    }
+
+    fn family(self, name: &str, help: &str) -> MetricFamily {
+        // A "other" series that never received anything is noise.
+        let samples = self
+            .0
+            .into_iter()
+            .filter(|(labels, value)| {
+                *value > 0 || !labels.iter().any(|(k, v)| *k == "peer" && v == OTHER_PEERS)
+            })
+            .map(|(labels, value)| (labels, value as f64))
+            .collect();
+        family(name, help, MetricType::COUNTER, samples)
+    }
+}
+
+fn family(
+    name: &str,
+    help: &str,
+    kind: MetricType,
+    samples: Vec<(Vec<(&'static str, String)>, f64)>,
+) -> MetricFamily {
+    let mut family = MetricFamily::default();
+    family.set_name(name.to_string());
+    family.set_help(help.to_string());
+    family.set_field_type(kind);
+    let metrics = samples
+        .into_iter()
+        .map(|(labels, value)| {
+            let mut metric = Metric::default();
+            metric.set_label(
+                labels
+                    .into_iter()
+                    .map(|(k, v)| {
+                        let mut pair = LabelPair::default();
+                        pair.set_name(k.to_string());
+                        pair.set_value(v);
+                        pair
+                    })
+                    .collect(),
+            );
+            match kind {
+                MetricType::COUNTER => {
+                    let mut counter = Counter::default();
+                    counter.set_value(value);
+                    metric.set_counter(counter);
+                }
+                _ => {
+                    let mut gauge = Gauge::default();
+                    gauge.set_value(value);
+                    metric.set_gauge(gauge);
+                }
+            }
+            metric
+        })
+        .collect();
+    family.set_metric(metrics);
+    family
+}
+
+/// Classic Prometheus text of `families` (what node_exporter's textfile
+/// collector reads).
+/// Families without samples (no drops yet) are left out: the format has
+/// no empty families.
+pub fn encode(families: &[MetricFamily]) -> io::Result<String> {
+    let families: Vec<MetricFamily> = families
+        .iter()
+        .filter(|f| !f.get_metric().is_empty())
+        .cloned()
+        .collect();
+    let mut buf = Vec::new();
+    TextEncoder::new()
+        .encode(&families, &mut buf)
+        .map_err(io::Error::other)?;
+    String::from_utf8(buf).map_err(io::Error::other)
+}
+
+/// Writes `text` as `dir/name` atomically: a temporary file in the same
+/// directory (name not ending in `.prom`, so node_exporter never reads it
+/// half-written), fsync, mode 0644, rename.
+pub fn write_atomic(dir: &Path, name: &str, text: &str) -> io::Result<PathBuf> {
+    let final_path = dir.join(name);
+    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
+    let result = (|| {
+        let mut file = fs::File::create(&tmp)?;
+        file.write_all(text.as_bytes())?;
+        file.set_permissions(fs::Permissions::from_mode(0o644))?;
+        file.sync_all()?;
+        fs::rename(&tmp, &final_path)
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    result.map(|()| final_path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        drops::{DropId, Origin},
+        flows::FlowId,
+    };
+    use observer_common::{Direction, Proto, Unclassified};
+
+    fn row(peer: &str, packets: u64) -> Row {
+        Row {
+            id: FlowId {
+                ifindex: 2,
+                direction: Direction::Rx,
+                proto: Proto::Vxlan,
+                reason: Unclassified::None,
+                peer: Some(peer.parse().unwrap()),
+                vni: 4096,
+            },
+            packets,
+            bytes: packets * 100,
+            pps: 0.0,
+            bps: 0.0,
+            inner: None,
+            changed: true,
+        }
+    }
+
+    fn drop_row(peer: &str, packets: u64) -> DropRow {
+        DropRow {
+            row: Row {
+                id: DropId {
+                    ifindex: 2,
+                    proto: Proto::Vxlan,
+                    peer: Some(peer.parse().unwrap()),
+                    vni: 4096,
+                    origin: Origin::Classifier,
+                    reason: 1,
+                },
+                packets,
+                bytes: packets * 100,
+                pps: 0.0,
+                bps: 0.0,
+                inner: None,
+                changed: true,
+            },
+            reason: "calico_allow_set".into(),
+            message: String::new(),
+        }
+    }
+
+    fn export(exporter: &mut Exporter, rows: &[Row], drops: &[DropRow]) -> String {
+        let ifaces = HashMap::from([(2, "eth0".to_string())]);
+        let input = ExportInput {
+            rows,
+            drops,
+            ifaces: &ifaces,
+            stats: KernelStats::default(),
+            programs_attached: 2,
+            at: SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_700_000_000),
+        };
+        encode(&exporter.families(&input)).unwrap()
+    }
+
+    fn value(text: &str, series: &str) -> Option<f64> {
+        text.lines()
+            .find(|l| l.starts_with(series) && l[series.len()..].starts_with(' '))
+            .map(|l| l.rsplit(' ').next().unwrap().parse().unwrap())
+    }
+
+    #[test]
+    fn classic_format_with_help_type_and_base_units() {
+        let mut exporter = Exporter::new(10);
+        let text = export(
+            &mut exporter,
+            &[row("10.10.60.127", 123)],
+            &[drop_row("10.10.10.244", 579)],
+        );
+        assert!(text.ends_with('\n'));
+        for family in [
+            "observer_encap_packets_total",
+            "observer_encap_bytes_total",
+            "observer_drops_total",
+            "observer_build_info",
+            "observer_programs_attached",
+            "observer_map_entries",
+            "observer_map_evictions_total",
+            "observer_lost_events_total",
+            "observer_last_update_timestamp_seconds",
+            "observer_export_errors_total",
+        ] {
+            assert!(
+                text.contains(&format!("# HELP {family} ")),
+                "{family}\n{text}"
+            );
+            assert!(
+                text.contains(&format!("# TYPE {family} ")),
+                "{family}\n{text}"
+            );
+        }
+        assert!(text.contains("# TYPE observer_encap_packets_total counter"));
+        assert_eq!(
+            value(
+                &text,
+                r#"observer_encap_packets_total{iface="eth0",direction="rx",proto="vxlan",peer="10.10.60.127"}"#
+            ),
+            Some(123.0)
+        );
+        assert_eq!(
+            value(
+                &text,
+                r#"observer_drops_total{iface="eth0",proto="vxlan",peer="10.10.10.244",reason="calico_allow_set"}"#
+            ),
+            Some(579.0)
+        );
+        assert_eq!(
+            value(&text, "observer_last_update_timestamp_seconds"),
+            Some(1.7e9)
+        );
+        // No timestamps on samples: every sample line has exactly one space
+        // outside the labels.
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            let value = match line.rfind('}') {
+                Some(end) => &line[end + 1..],
+                None => line.split_once(' ').unwrap().1,
+            };
+            assert_eq!(value.trim_start().split(' ').count(), 1, "{line}");
+        }
+    }
+
+    #[test]
+    fn peers_beyond_the_cap_are_summed_as_other() {
+        let mut exporter = Exporter::new(2);
+        let rows = [
+            row("10.0.0.1", 100),
+            row("10.0.0.2", 50),
+            row("10.0.0.3", 7),
+            row("10.0.0.4", 3),
+        ];
+        let text = export(&mut exporter, &rows, &[]);
+        let peers: HashSet<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("observer_encap_packets_total"))
+            .map(|l| {
+                l.split("peer=\"")
+                    .nth(1)
+                    .unwrap()
+                    .split('"')
+                    .next()
+                    .unwrap()
+            })
+            .collect();
+        assert_eq!(peers, HashSet::from(["10.0.0.1", "10.0.0.2", OTHER_PEERS]));
+        assert_eq!(
+            value(
+                &text,
+                r#"observer_encap_packets_total{iface="eth0",direction="rx",proto="vxlan",peer="other"}"#
+            ),
+            Some(10.0)
+        );
+    }
+
+    #[test]
+    fn counters_never_go_backwards_when_peers_change_rank() {
+        let mut exporter = Exporter::new(1);
+        let other = r#"observer_encap_packets_total{iface="eth0",direction="rx",proto="vxlan",peer="other"}"#;
+        let a = r#"observer_encap_packets_total{iface="eth0",direction="rx",proto="vxlan",peer="10.0.0.1"}"#;
+        let b = r#"observer_encap_packets_total{iface="eth0",direction="rx",proto="vxlan",peer="10.0.0.2"}"#;
+        // a leads, b is folded into other.
+        let t1 = export(
+            &mut exporter,
+            &[row("10.0.0.1", 100), row("10.0.0.2", 10)],
+            &[],
+        );
+        assert_eq!(
+            (value(&t1, a), value(&t1, other)),
+            (Some(100.0), Some(10.0))
+        );
+        // b overtakes: b gets its own series from now on, other keeps its 10.
+        let t2 = export(
+            &mut exporter,
+            &[row("10.0.0.1", 101), row("10.0.0.2", 500)],
+            &[],
+        );
+        assert_eq!(value(&t2, b), Some(490.0));
+        assert_eq!(
+            value(&t2, other),
+            Some(11.0),
+            "a's new packet goes to other, b's old 10 stay"
+        );
+        assert_eq!(value(&t2, a), None, "a's series is no longer written");
+        // a comes back on top: its series resumes where it stopped.
+        let t3 = export(
+            &mut exporter,
+            &[row("10.0.0.1", 2000), row("10.0.0.2", 501)],
+            &[],
+        );
+        assert_eq!(value(&t3, a), Some(100.0 + 1899.0));
+        assert_eq!(value(&t3, other), Some(12.0));
+        // Every total is accounted for exactly once.
+        assert_eq!(
+            value(&t3, a).unwrap() + value(&t3, other).unwrap() + 490.0,
+            2501.0
+        );
+    }
+
+    #[test]
+    fn forgotten_rows_keep_other_monotonic() {
+        let mut exporter = Exporter::new(1);
+        let other = r#"observer_encap_packets_total{iface="eth0",direction="rx",proto="vxlan",peer="other"}"#;
+        let t1 = export(
+            &mut exporter,
+            &[
+                row("10.0.0.1", 100),
+                row("10.0.0.2", 10),
+                row("10.0.0.3", 5),
+            ],
+            &[],
+        );
+        assert_eq!(value(&t1, other), Some(15.0));
+        // The aggregator forgot 10.0.0.3: other keeps its 5.
+        let t2 = export(
+            &mut exporter,
+            &[row("10.0.0.1", 100), row("10.0.0.2", 12)],
+            &[],
+        );
+        assert_eq!(value(&t2, other), Some(17.0));
+        assert_eq!(
+            exporter.encap.len(),
+            2,
+            "the forgotten row's state is dropped"
+        );
+    }
+
+    #[test]
+    fn atomic_write_leaves_only_the_prom_file() {
+        let dir = std::env::temp_dir().join(format!("observer-export-test-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let path = write_atomic(&dir, TEXTFILE_NAME, "a 1\n").unwrap();
+        assert_eq!(fs::read_to_string(&path).unwrap(), "a 1\n");
+        assert_eq!(
+            fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+            0o644
+        );
+        let names: Vec<_> = fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, vec![std::ffi::OsString::from(TEXTFILE_NAME)]);
+        let missing = dir.join("missing");
+        assert!(write_atomic(&missing, TEXTFILE_NAME, "x").is_err());
+        fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,288 @@
+//! Settings of `observer attach`: the command line over an optional TOML
+//! file over defaults, and what a reload (SIGHUP) may change.
+
+use std::{
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use anyhow::{Context, Result, bail};
+use ipnet::IpNet;
+use serde::Deserialize;
+
+use crate::{
+    allowsets::Tagged,
+    cli::{AttachArgs, parse_duration},
+    loader::XdpMode,
+    ports::PortConfig,
+};
+
+/// Default `--interval`.
+pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(1);
+/// Default `--allow-set-refresh`.
+pub const DEFAULT_ALLOW_SET_REFRESH: Duration = Duration::from_secs(5);
+/// Default `--max-peers`.
+pub const DEFAULT_MAX_PEERS: usize = 200;
+
+/// The config file. Every key is optional; names are the long options with
+/// underscores. Unknown keys are an error (a typo must not be ignored).
+#[derive(Debug, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    interfaces: Option<Vec<String>>,
+    interval: Option<String>,
+    textfile_dir: Option<PathBuf>,
+    max_peers: Option<usize>,
+    xdp_mode: Option<String>,
+    max_flows: Option<u32>,
+    vxlan_ports: Option<Vec<u16>>,
+    vxlan_gpe_ports: Option<Vec<u16>>,
+    geneve_ports: Option<Vec<u16>>,
+    wireguard_ports: Option<Vec<u16>>,
+    allow_sets: Option<Vec<String>>,
+    allow_cidrs: Option<Vec<String>>,
+    allow_set_refresh: Option<String>,
+}
+
+impl FileConfig {
+    /// Reads and parses `path`.
+    pub fn load(path: &Path) -> Result<FileConfig> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("reading config file {}", path.display()))?;
+        toml::from_str(&text).with_context(|| format!("config file {}", path.display()))
+    }
+}
+
+/// Resolved settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Settings {
+    /// Interfaces to observe.
+    pub interfaces: Vec<String>,
+    /// Read/print/export period.
+    pub interval: Duration,
+    /// node_exporter textfile directory.
+    pub textfile_dir: Option<PathBuf>,
+    /// Peer label cap of the textfile.
+    pub max_peers: usize,
+    /// How received packets are counted (fixed at start).
+    pub xdp_mode: XdpMode,
+    /// Flow map capacity (fixed at start).
+    pub max_flows: u32,
+    /// UDP ports (fixed at start).
+    pub ports: PortConfig,
+    /// Extra allow-sets.
+    pub allow_sets: Vec<Tagged<String>>,
+    /// Fixed allowed prefixes.
+    pub allow_cidrs: Vec<Tagged<IpNet>>,
+    /// Allow-set and vxlan device refresh period.
+    pub allow_set_refresh: Duration,
+}
+
+fn pick<T: Clone>(cli: &[T], file: Option<Vec<T>>, default: Vec<T>) -> Vec<T> {
+    if !cli.is_empty() {
+        cli.to_vec()
+    } else {
+        file.unwrap_or(default)
+    }
+}
+
+fn parse_all<T: std::str::FromStr<Err = String>>(
+    key: &str,
+    values: Option<Vec<String>>,
+) -> Result<Option<Vec<T>>> {
+    values
+        .map(|list| {
+            list.iter()
+                .map(|v| v.parse::<T>())
+                .collect::<Result<Vec<T>, String>>()
+                .map_err(|e| anyhow::anyhow!("{key}: {e}"))
+        })
+        .transpose()
+}
+
+fn duration(key: &str, value: Option<String>) -> Result<Option<Duration>> {
+    value
+        .map(|v| parse_duration(&v).map_err(|e| anyhow::anyhow!("{key} = {v:?}: {e}")))
+        .transpose()
+}
+
+impl Settings {
+    /// The command line over `file` over defaults.
+    pub fn resolve(args: &AttachArgs, file: FileConfig) -> Result<Settings> {
+        let defaults = PortConfig::default();
+        let xdp_mode = match (args.xdp_mode, file.xdp_mode) {
+            (Some(mode), _) => mode,
+            (None, Some(text)) => {
+                <XdpMode as clap::ValueEnum>::from_str(&text, true).map_err(|_| {
+                    anyhow::anyhow!("xdp_mode = {text:?}: use auto, native, generic or off")
+                })?
+            }
+            (None, None) => XdpMode::Auto,
+        };
+        let settings = Settings {
+            interfaces: pick(&args.ifaces, file.interfaces, Vec::new()),
+            interval: args
+                .interval
+                .or(duration("interval", file.interval)?)
+                .unwrap_or(DEFAULT_INTERVAL),
+            textfile_dir: args.textfile_dir.clone().or(file.textfile_dir),
+            max_peers: args
+                .max_peers
+                .or(file.max_peers)
+                .unwrap_or(DEFAULT_MAX_PEERS),
+            xdp_mode,
+            max_flows: args
+                .max_flows
+                .or(file.max_flows)
+                .unwrap_or(observer_common::DEFAULT_MAX_FLOWS),
+            ports: PortConfig {
+                vxlan: pick(&args.vxlan_ports, file.vxlan_ports, defaults.vxlan),
+                vxlan_gpe: pick(
+                    &args.vxlan_gpe_ports,
+                    file.vxlan_gpe_ports,
+                    defaults.vxlan_gpe,
+                ),
+                geneve: pick(&args.geneve_ports, file.geneve_ports, defaults.geneve),
+                wireguard: pick(
+                    &args.wireguard_ports,
+                    file.wireguard_ports,
+                    defaults.wireguard,
+                ),
+            },
+            allow_sets: pick(
+                &args.allow_sets,
+                parse_all("allow_sets", file.allow_sets)?,
+                Vec::new(),
+            ),
+            allow_cidrs: pick(
+                &args.allow_cidrs,
+                parse_all("allow_cidrs", file.allow_cidrs)?,
+                Vec::new(),
+            ),
+            allow_set_refresh: args
+                .allow_set_refresh
+                .or(duration("allow_set_refresh", file.allow_set_refresh)?)
+                .unwrap_or(DEFAULT_ALLOW_SET_REFRESH),
+        };
+        if settings.interfaces.is_empty() {
+            bail!(
+                "no interface to observe: name them on the command line or as `interfaces = [...]` in the config file"
+            );
+        }
+        Ok(settings)
+    }
+
+    /// Reads `args.config` (if any) and resolves.
+    pub fn load(args: &AttachArgs) -> Result<Settings> {
+        let file = match &args.config {
+            Some(path) => FileConfig::load(path)?,
+            None => FileConfig::default(),
+        };
+        Settings::resolve(args, file)
+    }
+
+    /// Settings a reload cannot change (they shape the loaded programs or
+    /// the attachments), named when they differ.
+    pub fn fixed_changes(&self, new: &Settings) -> Vec<&'static str> {
+        let mut changed = Vec::new();
+        if self.xdp_mode != new.xdp_mode {
+            changed.push("xdp_mode");
+        }
+        if self.max_flows != new.max_flows {
+            changed.push("max_flows");
+        }
+        if self.ports != new.ports {
+            changed.push("ports");
+        }
+        if new.interfaces.iter().any(|i| !self.interfaces.contains(i))
+            || self.interfaces.iter().any(|i| !new.interfaces.contains(i))
+        {
+            changed.push("interfaces");
+        }
+        changed
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cli::{Cli, Command};
+    use clap::Parser;
+
+    fn args(argv: &[&str]) -> AttachArgs {
+        let mut full = vec!["observer", "attach"];
+        full.extend_from_slice(argv);
+        match Cli::try_parse_from(full).unwrap().command {
+            Command::Attach(a) => a,
+        }
+    }
+
+    fn file(text: &str) -> FileConfig {
+        toml::from_str(text).unwrap()
+    }
+
+    #[test]
+    fn defaults() {
+        let s = Settings::resolve(&args(&["eth0"]), FileConfig::default()).unwrap();
+        assert_eq!(s.interval, DEFAULT_INTERVAL);
+        assert_eq!(s.max_peers, DEFAULT_MAX_PEERS);
+        assert_eq!(s.xdp_mode, XdpMode::Auto);
+        assert_eq!(s.ports, PortConfig::default());
+        assert_eq!(s.textfile_dir, None);
+    }
+
+    #[test]
+    fn file_fills_what_the_command_line_leaves_out() {
+        let f = file(
+            r#"
+            interfaces = ["eth1"]
+            interval = "15s"
+            textfile_dir = "/var/lib/node_exporter/textfile_collector"
+            max_peers = 50
+            xdp_mode = "generic"
+            allow_sets = ["ipip=hosts"]
+            allow_cidrs = ["10.0.0.0/8"]
+            vxlan_ports = [4789]
+            "#,
+        );
+        let s = Settings::resolve(&args(&["--config", "x", "--interval", "2s"]), f).unwrap();
+        assert_eq!(s.interfaces, ["eth1"]);
+        assert_eq!(s.interval, Duration::from_secs(2), "command line wins");
+        assert_eq!(s.max_peers, 50);
+        assert_eq!(s.xdp_mode, XdpMode::Generic);
+        assert_eq!(s.allow_sets[0].value, "hosts");
+        assert_eq!(s.ports.vxlan, [4789]);
+        assert_eq!(s.ports.geneve, PortConfig::default().geneve);
+    }
+
+    #[test]
+    fn mistakes_are_named() {
+        assert!(toml::from_str::<FileConfig>("intervall = \"1s\"").is_err());
+        let err = Settings::resolve(&args(&["eth0"]), file("interval = \"soon\"")).unwrap_err();
+        assert!(err.to_string().contains("interval"), "{err}");
+        let err = Settings::resolve(&args(&["eth0"]), file("xdp_mode = \"fast\"")).unwrap_err();
+        assert!(
+            err.to_string().contains("auto, native, generic or off"),
+            "{err}"
+        );
+        let err = Settings::resolve(&args(&["--config", "x"]), FileConfig::default()).unwrap_err();
+        assert!(err.to_string().contains("no interface"), "{err}");
+        let err = FileConfig::load(Path::new("/nonexistent/observer.toml")).unwrap_err();
+        assert!(
+            format!("{err:#}").contains("/nonexistent/observer.toml"),
+            "{err:#}"
+        );
+    }
+
+    #[test]
+    fn fixed_settings_are_reported_on_reload() {
+        let a = Settings::resolve(&args(&["eth0"]), FileConfig::default()).unwrap();
+        let mut b = a.clone();
+        b.max_peers = 5;
+        b.interval = Duration::from_secs(9);
+        assert!(a.fixed_changes(&b).is_empty());
+        b.max_flows = 1;
+        b.interfaces.push("eth1".into());
+        assert_eq!(a.fixed_changes(&b), ["max_flows", "interfaces"]);
+    }
+}
