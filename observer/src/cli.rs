@@ -20,16 +20,20 @@ pub struct Cli {
 /// Subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Attach to interfaces and stream per-peer counters until stopped.
+    /// Attach to interfaces and stream per-peer counters and drops until stopped.
     ///
     /// Received packets are counted by XDP (before GRO, so as on the wire),
     /// sent packets by tc egress (a GSO packet counts as its segments).
-    /// Nothing is changed: every packet passes. Programs are attached with
-    /// bpf links, so they disappear with the process, even after kill -9.
-    /// SIGINT/SIGTERM print the final counters and exit 0.
+    /// Received tunnel packets from sources outside Calico's allow-sets, and
+    /// packets the kernel drops (with the kernel's reason), are counted per
+    /// peer. Nothing is changed: every packet passes. Programs are attached
+    /// with bpf links, so they disappear with the process, even after kill -9.
+    /// SIGINT/SIGTERM print the final counters and exit 0; SIGHUP re-reads
+    /// --config.
     ///
     /// Example: observer attach eth0 --interval 2s
     ///          observer attach --netns node-a veth0 --output json --duration 30s
+    ///          observer attach --config /etc/observer/config.toml
     #[command(verbatim_doc_comment)]
     Attach(AttachArgs),
 }
