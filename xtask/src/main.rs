@@ -6,7 +6,7 @@ mod lab;
 mod setup;
 mod util;
 
-use std::time::Instant;
+use std::{process::Command, time::Instant};
 
 use anyhow::{Result, bail};
 use clap::{Parser, Subcommand};
@@ -30,16 +30,20 @@ struct Cli {
 enum Task {
     /// Install what building and testing need, when missing: Debian packages
     /// (LLVM 22 dev files, iproute2, iptables, ipset, nftables, tcpdump, ping,
-    /// bpftool), the nightly's rust-src, and bpf-linker 0.13.0. Checks that
-    /// the nightly's LLVM is 22, like bpf-linker's. Needs root.
+    /// bpftool; prometheus for promtool and prometheus-node-exporter, with
+    /// their services kept from running), kubernetes-validate from PyPI, the
+    /// nightly's rust-src, and bpf-linker 0.13.0. Checks that the nightly's
+    /// LLVM is 22, like bpf-linker's. Needs root.
     Setup,
     /// Build the release binary: target/release/observer (eBPF object embedded).
     Build,
     /// Everything CI checks: rustfmt, clippy (-D warnings, all targets, eBPF
-    /// crate included) and `cargo test --workspace`. The integration tests
-    /// load eBPF programs and create network namespaces, so they need root;
-    /// with CI=true in the environment they fail instead of skipping
-    /// without it. Prints the time of each step; exits non-zero if any failed.
+    /// crate included), the deploy/ files (promtool check and test of the
+    /// alert rules, the PrometheusRule and the privileged DaemonSet in sync,
+    /// kubernetes-validate --strict of the manifests) and `cargo test
+    /// --workspace`. The integration tests load eBPF programs and create
+    /// network namespaces, so they need root; with CI=true in the environment
+    /// they fail instead of skipping without it. Prints the time of each step; exits non-zero if any failed.
     Test {
         /// Stop at the first failing step instead of running the others.
         #[arg(long)]
@@ -98,7 +102,7 @@ fn test(fail_fast: bool) -> Result<()> {
         Err(_) => println!("xtask: CI is not set (tests needing root skip without it)"),
     }
     type Step = (&'static str, fn() -> Result<()>);
-    let steps: [Step; 4] = [
+    let steps: [Step; 8] = [
         ("setup", setup::setup),
         ("fmt", || {
             util::run(util::cargo().args(["fmt", "--all", "--", "--check"]))
@@ -113,6 +117,24 @@ fn test(fail_fast: bool) -> Result<()> {
                 "warnings",
             ]))
         }),
+        ("rules", || {
+            util::run(deploy_command("promtool").args([
+                "check",
+                "rules",
+                "deploy/prometheus-rules.yaml",
+            ]))
+        }),
+        ("rules-test", || {
+            util::run(deploy_command("promtool").args([
+                "test",
+                "rules",
+                "deploy/tests/rules_test.yaml",
+            ]))
+        }),
+        ("deploy-sync", || {
+            util::run(deploy_command("python3").arg("deploy/tests/check_deploy.py"))
+        }),
+        ("manifests", validate_manifests),
         ("test", || {
             util::run(util::cargo().args(["test", "--workspace"]))
         }),
@@ -137,9 +159,9 @@ fn test(fail_fast: bool) -> Result<()> {
     println!("\nxtask test summary:");
     for (name, result, took) in &results {
         let state = if result.is_ok() { "ok" } else { "FAILED" };
-        println!("  {name:<7} {state:<7} {:>9}", secs(*took));
+        println!("  {name:<12} {state:<7} {:>9}", secs(*took));
     }
-    println!("  {:<7} {:<7} {:>9}", "total", "", secs(total.elapsed()));
+    println!("  {:<12} {:<7} {:>9}", "total", "", secs(total.elapsed()));
     let failed: Vec<&str> = results
         .iter()
         .filter(|(_, r, _)| r.is_err())
@@ -147,6 +169,55 @@ fn test(fail_fast: bool) -> Result<()> {
         .collect();
     if !failed.is_empty() {
         bail!("failed step(s): {}", failed.join(", "));
+    }
+    Ok(())
+}
+
+/// Kubernetes versions whose schemas the manifests in deploy/ must satisfy
+/// (bundled with kubernetes-validate, so no network is needed): 1.30, an
+/// older release clusters still run, and 1.37, the newest that
+/// kubernetes-validate 1.37.0 knows.
+const KUBE_VERSIONS: &[&str] = &["1.30.0", "1.37.0"];
+
+/// Files in deploy/ that are not core Kubernetes objects, so not for
+/// kubernetes-validate: the plain Prometheus rule file, and the
+/// PrometheusRule (a CRD kind it has no schema for; the `deploy-sync` step
+/// checks it is the rule file wrapped, and runs promtool on its groups).
+const NOT_CORE_MANIFESTS: &[&str] = &["prometheus-rules.yaml", "prometheusrule.yaml"];
+
+/// `program` in the workspace root, so deploy/ paths are relative.
+fn deploy_command(program: &str) -> Command {
+    let mut cmd = Command::new(program);
+    cmd.current_dir(util::workspace_root());
+    cmd
+}
+
+/// `kubernetes-validate --strict` (unknown fields are errors) of every
+/// manifest in deploy/, against each of KUBE_VERSIONS.
+fn validate_manifests() -> Result<()> {
+    let dir = util::workspace_root().join("deploy");
+    let mut manifests = Vec::new();
+    for entry in std::fs::read_dir(&dir)? {
+        let name = entry?.file_name().to_string_lossy().into_owned();
+        if name.ends_with(".yaml") && !NOT_CORE_MANIFESTS.contains(&name.as_str()) {
+            manifests.push(format!("deploy/{name}"));
+        }
+    }
+    manifests.sort();
+    if manifests.is_empty() {
+        bail!("no manifests in {}", dir.display());
+    }
+    for version in KUBE_VERSIONS {
+        util::run(
+            deploy_command("python3")
+                .args(["-m", "kubernetes_validate", "--strict", "--quiet", "-k"])
+                .arg(version)
+                .args(&manifests),
+        )?;
+        println!(
+            "{} manifests valid for Kubernetes {version}",
+            manifests.len()
+        );
     }
     Ok(())
 }

@@ -3,7 +3,13 @@
 //! is missing: every item is checked first and installed only if absent.
 //! See ../shared/TOOLCHAIN.md for why these versions.
 
-use std::{process::Command, time::Instant};
+use std::{
+    fs,
+    os::unix::fs::PermissionsExt,
+    path::{Path, PathBuf},
+    process::Command,
+    time::Instant,
+};
 
 use anyhow::{Context, Result, bail};
 
@@ -24,6 +30,28 @@ const DEB_PACKAGES: &[&str] = &[
     "iproute2",
     "bpftool",
 ];
+
+/// Debian packages that ship a service which must not run here, with its
+/// systemd unit: `prometheus` for promtool (the deploy/ rule checks and
+/// tests), `prometheus-node-exporter` for its textfile collector. They are
+/// installed without recommends, with service starts denied, and their
+/// units disabled, so nothing listens on :9090 or :9100 afterwards.
+const SERVICE_PACKAGES: &[(&str, &str)] = &[
+    ("prometheus", "prometheus.service"),
+    (
+        "prometheus-node-exporter",
+        "prometheus-node-exporter.service",
+    ),
+];
+
+/// kubernetes-validate from PyPI validates deploy/'s manifests against the
+/// Kubernetes OpenAPI schemas it bundles (no network at validation time).
+const KUBERNETES_VALIDATE: &str = "kubernetes-validate";
+const KUBERNETES_VALIDATE_VERSION: &str = "1.37.0";
+
+/// Debian's hook that init-script and systemd helpers ask before starting a
+/// service during package installation (exit 101: "do not start").
+const POLICY_RC_D: &str = "/usr/sbin/policy-rc.d";
 
 /// The bpf-linker release pinned by the project (built against LLVM 22).
 const BPF_LINKER_VERSION: &str = "0.13.0";
@@ -46,6 +74,7 @@ pub fn setup() -> Result<()> {
         );
     }
     debian_packages()?;
+    python_packages()?;
     rust_src()?;
     nightly_llvm()?;
     bpf_linker()?;
@@ -72,24 +101,211 @@ fn debian_packages() -> Result<()> {
             missing.push(*package);
         }
     }
-    if missing.is_empty() {
+    let mut missing_services = Vec::new();
+    for &(package, unit) in SERVICE_PACKAGES {
+        if deb_installed(package)? {
+            item(package, "present");
+        } else {
+            missing_services.push((package, unit));
+        }
+    }
+    if missing.is_empty() && missing_services.is_empty() {
         return Ok(());
     }
-    println!("setup: installing Debian packages: {}", missing.join(" "));
     util::run(Command::new("apt-get").arg("update"))?;
-    util::run(
-        Command::new("apt-get")
-            .args(["install", "-y"])
-            .args(&missing)
-            .env("DEBIAN_FRONTEND", "noninteractive"),
-    )?;
-    for package in missing {
+    if !missing.is_empty() {
+        println!("setup: installing Debian packages: {}", missing.join(" "));
+        util::run(
+            Command::new("apt-get")
+                .args(["install", "-y"])
+                .args(&missing)
+                .env("DEBIAN_FRONTEND", "noninteractive"),
+        )?;
+    }
+    if !missing_services.is_empty() {
+        install_without_services(&missing_services)?;
+    }
+    for package in missing
+        .iter()
+        .copied()
+        .chain(missing_services.iter().map(|(package, _)| *package))
+    {
         if !deb_installed(package)? {
             bail!("apt-get reported success but {package} is still not installed");
         }
         item(package, "installed");
     }
     Ok(())
+}
+
+/// Installs packages that come with a daemon (prometheus, node_exporter)
+/// without letting it run: no recommends, service starts denied through
+/// policy-rc.d during the installation (this is what keeps the postinst's
+/// invoke-rc.d / deb-systemd-invoke from starting them), and the units
+/// disabled afterwards, since the postinst enables them for the next boot.
+fn install_without_services(packages: &[(&str, &str)]) -> Result<()> {
+    let names: Vec<&str> = packages.iter().map(|(package, _)| *package).collect();
+    println!(
+        "setup: installing Debian packages without starting their services: {}",
+        names.join(" ")
+    );
+    {
+        let _deny = DenyServiceStarts::install()?;
+        util::run(
+            Command::new("apt-get")
+                .args(["install", "-y", "--no-install-recommends"])
+                .args(&names)
+                .env("DEBIAN_FRONTEND", "noninteractive"),
+        )?;
+    }
+    // Their postinst enabled the units for the next boot: disable them (and
+    // stop them, should anything have started them, when systemd runs).
+    let units: Vec<&str> = packages.iter().map(|(_, unit)| *unit).collect();
+    if Path::new("/run/systemd/system").exists() {
+        util::run(
+            Command::new("systemctl")
+                .args(["disable", "--now"])
+                .args(&units),
+        )?;
+        item(&units.join(", "), "disabled and stopped");
+    } else if Command::new("systemctl").arg("--version").output().is_ok() {
+        // No systemd running (a container): edit the links offline.
+        util::run(
+            Command::new("systemctl")
+                .args(["--no-reload", "disable"])
+                .args(&units),
+        )?;
+        item(&units.join(", "), "disabled (systemd not running)");
+    }
+    Ok(())
+}
+
+/// A policy-rc.d that denies every service start, in place while it lives;
+/// the one it replaced (Docker images ship one) is put back when dropped.
+struct DenyServiceStarts {
+    saved: Option<PathBuf>,
+}
+
+impl DenyServiceStarts {
+    fn install() -> Result<DenyServiceStarts> {
+        let path = Path::new(POLICY_RC_D);
+        let backup = PathBuf::from(format!("{POLICY_RC_D}.xtask-saved"));
+        let saved = if backup.exists() {
+            // Left by an interrupted run: the file in place is ours.
+            Some(backup)
+        } else if path.symlink_metadata().is_ok() {
+            fs::rename(path, &backup)
+                .with_context(|| format!("cannot move {POLICY_RC_D} aside"))?;
+            Some(backup)
+        } else {
+            None
+        };
+        let guard = DenyServiceStarts { saved };
+        fs::write(
+            path,
+            "#!/bin/sh\n# cargo xtask setup: no service starts while it installs packages.\nexit 101\n",
+        )
+        .with_context(|| format!("cannot write {POLICY_RC_D}"))?;
+        fs::set_permissions(path, fs::Permissions::from_mode(0o755))
+            .with_context(|| format!("cannot make {POLICY_RC_D} executable"))?;
+        Ok(guard)
+    }
+}
+
+impl Drop for DenyServiceStarts {
+    fn drop(&mut self) {
+        let restored = match &self.saved {
+            Some(backup) => fs::rename(backup, POLICY_RC_D),
+            None => fs::remove_file(POLICY_RC_D),
+        };
+        if let Err(e) = restored {
+            eprintln!("setup: warning: cannot restore {POLICY_RC_D}: {e}");
+        }
+    }
+}
+
+/// PyPI packages, installed with the `python3` on PATH (the one that runs
+/// them in `cargo xtask test`).
+fn python_packages() -> Result<()> {
+    let name = format!("{KUBERNETES_VALIDATE} (PyPI)");
+    let current = pip_version(KUBERNETES_VALIDATE);
+    if current.as_deref() == Some(KUBERNETES_VALIDATE_VERSION) {
+        item(&name, &format!("present ({KUBERNETES_VALIDATE_VERSION})"));
+        return Ok(());
+    }
+    if !python_has_pip() {
+        println!("setup: `python3 -m pip` does not run; installing Debian's python3-pip");
+        util::run(Command::new("apt-get").arg("update"))?;
+        util::run(
+            Command::new("apt-get")
+                .args(["install", "-y", "python3-pip"])
+                .env("DEBIAN_FRONTEND", "noninteractive"),
+        )?;
+    }
+    println!(
+        "setup: {KUBERNETES_VALIDATE} is {}; installing {KUBERNETES_VALIDATE_VERSION}",
+        current.as_deref().unwrap_or("missing")
+    );
+    let mut pip = Command::new("python3");
+    pip.args([
+        "-m",
+        "pip",
+        "install",
+        "--root-user-action=ignore",
+        "--disable-pip-version-check",
+    ]);
+    if python_externally_managed() {
+        // Debian's own python3 (PEP 668): this is a throwaway build machine.
+        pip.arg("--break-system-packages");
+    }
+    util::run(pip.arg(format!(
+        "{KUBERNETES_VALIDATE}=={KUBERNETES_VALIDATE_VERSION}"
+    )))?;
+    let now = pip_version(KUBERNETES_VALIDATE);
+    if now.as_deref() != Some(KUBERNETES_VALIDATE_VERSION) {
+        bail!(
+            "pip installed {KUBERNETES_VALIDATE} {KUBERNETES_VALIDATE_VERSION}, but `python3 -m pip show \
+             {KUBERNETES_VALIDATE}` reports {}",
+            now.as_deref().unwrap_or("nothing")
+        );
+    }
+    item(&name, &format!("installed ({KUBERNETES_VALIDATE_VERSION})"));
+    Ok(())
+}
+
+/// The version `python3 -m pip show` reports for `package`, if installed.
+fn pip_version(package: &str) -> Option<String> {
+    let out = Command::new("python3")
+        .args(["-m", "pip", "show", package])
+        .env("PIP_DISABLE_PIP_VERSION_CHECK", "1")
+        .output()
+        .ok()
+        .filter(|out| out.status.success())?;
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|line| line.strip_prefix("Version:"))
+        .map(|version| version.trim().to_string())
+}
+
+fn python_has_pip() -> bool {
+    Command::new("python3")
+        .args(["-m", "pip", "--version"])
+        .output()
+        .is_ok_and(|out| out.status.success())
+}
+
+/// True when `python3` is an interpreter whose packages its distribution
+/// manages (PEP 668), where pip refuses to install without
+/// --break-system-packages.
+fn python_externally_managed() -> bool {
+    Command::new("python3")
+        .args([
+            "-c",
+            "import os, sys, sysconfig; \
+             sys.exit(0 if os.path.exists(os.path.join(sysconfig.get_path('stdlib'), 'EXTERNALLY-MANAGED')) else 1)",
+        ])
+        .status()
+        .is_ok_and(|status| status.success())
 }
 
 fn rust_src() -> Result<()> {
