@@ -123,12 +123,8 @@ pub struct ExportInput<'a> {
 /// Metric state across exports: peer label caps and error counts.
 pub struct Exporter {
     max_peers: usize,
-    encap: HashMap<EncapKey, Split>,
-    drop_splits: HashMap<DropKey, Split>,
-    /// "other" counts of series whose rows are gone (forgotten by the
-    /// bounded aggregator), so "other" never shrinks; keyed without the peer.
-    retired_encap: BTreeMap<(String, &'static str, &'static str), Vec<u64>>,
-    retired_drops: BTreeMap<(String, &'static str, String), Vec<u64>>,
+    encap: SplitFamily<EncapKey>,
+    drop_splits: SplitFamily<DropKey>,
     /// Export failures so far (reported in the next successful file).
     pub errors: u64,
 }
@@ -138,10 +134,8 @@ impl Exporter {
     pub fn new(max_peers: usize) -> Exporter {
         Exporter {
             max_peers,
-            encap: HashMap::new(),
-            drop_splits: HashMap::new(),
-            retired_encap: BTreeMap::new(),
-            retired_drops: BTreeMap::new(),
+            encap: SplitFamily::new(),
+            drop_splits: SplitFamily::new(),
             errors: 0,
         }
     }
@@ -218,83 +212,43 @@ impl Exporter {
             drops_now.entry(key).or_insert_with(|| vec![0])[0] += d.row.packets;
         }
 
-        self.retire_gone(&encap_now, &drops_now);
-
         // Split each series between its own label and "other".
-        let mut packets = Series::default();
-        let mut bytes = Series::default();
-        let other_labels = |iface: &str, direction: &str, proto: &str| {
-            vec![
-                ("iface", iface.to_string()),
-                ("direction", direction.to_string()),
-                ("proto", proto.to_string()),
-                ("peer", OTHER_PEERS.to_string()),
-            ]
-        };
-        for ((iface, direction, proto), retired) in &self.retired_encap {
-            packets.add(other_labels(iface, direction, proto), retired[0]);
-            bytes.add(other_labels(iface, direction, proto), retired[1]);
-        }
-        for (key, now) in &encap_now {
-            let split = self
-                .encap
-                .entry(key.clone())
-                .or_insert_with(|| Split::new(bucket_of(key.3), 2));
-            split.assign(bucket_of(key.3), now);
-            let (own, other) = split.values(now);
-            let (iface, direction, proto, peer) = key;
-            let labels = |peer: String| {
-                vec![
-                    ("iface", iface.clone()),
-                    ("direction", direction.to_string()),
-                    ("proto", proto.to_string()),
-                    ("peer", peer),
-                ]
-            };
-            if split.bucket == Bucket::Own {
-                let own_peer = peer.map_or(String::new(), |p| p.to_string());
-                packets.add(labels(own_peer.clone()), own[0]);
-                bytes.add(labels(own_peer), own[1]);
-            }
-            packets.add(labels(OTHER_PEERS.to_string()), other[0]);
-            bytes.add(labels(OTHER_PEERS.to_string()), other[1]);
-        }
-        let mut drops = Series::default();
-        for ((iface, proto, reason), retired) in &self.retired_drops {
-            drops.add(
-                vec![
-                    ("iface", iface.clone()),
-                    ("proto", proto.to_string()),
-                    ("peer", OTHER_PEERS.to_string()),
-                    ("reason", reason.clone()),
-                ],
-                retired[0],
-            );
-        }
-        for (key, now) in &drops_now {
-            let split = self
-                .drop_splits
-                .entry(key.clone())
-                .or_insert_with(|| Split::new(bucket_of(key.2), 1));
-            split.assign(bucket_of(key.2), now);
-            let (own, other) = split.values(now);
-            let (iface, proto, peer, reason) = key;
-            let labels = |peer: String| {
-                vec![
-                    ("iface", iface.clone()),
-                    ("proto", proto.to_string()),
-                    ("peer", peer),
-                    ("reason", reason.clone()),
-                ]
-            };
-            if split.bucket == Bucket::Own {
-                drops.add(
-                    labels(peer.map_or(String::new(), |p| p.to_string())),
-                    own[0],
-                );
-            }
-            drops.add(labels(OTHER_PEERS.to_string()), other[0]);
-        }
+        let mut encap_series = [Series::default(), Series::default()];
+        self.encap.export(
+            &encap_now,
+            |(iface, direction, proto, peer), label| {
+                (
+                    *peer,
+                    vec![
+                        ("iface", iface.clone()),
+                        ("direction", direction.to_string()),
+                        ("proto", proto.to_string()),
+                        ("peer", label.unwrap_or_else(|| peer_label(*peer))),
+                    ],
+                )
+            },
+            &bucket_of,
+            &mut encap_series,
+        );
+        let [packets, bytes] = encap_series;
+        let mut drop_series = [Series::default()];
+        self.drop_splits.export(
+            &drops_now,
+            |(iface, proto, peer, reason), label| {
+                (
+                    *peer,
+                    vec![
+                        ("iface", iface.clone()),
+                        ("proto", proto.to_string()),
+                        ("peer", label.unwrap_or_else(|| peer_label(*peer))),
+                        ("reason", reason.clone()),
+                    ],
+                )
+            },
+            &bucket_of,
+            &mut drop_series,
+        );
+        let [drops] = drop_series;
 
         let seconds = input
             .at
@@ -359,44 +313,80 @@ impl Exporter {
     }
 }
 
-impl Exporter {
-    /// Forgets the splits of series no longer present, moving what they
-    /// had added to "other" into the retired totals.
-    fn retire_gone(
+/// Label set of one sample.
+type Labels = Vec<(&'static str, String)>;
+
+/// `peer` label value of a series with its own peer.
+fn peer_label(peer: Option<IpAddr>) -> String {
+    peer.map_or(String::new(), |p| p.to_string())
+}
+
+/// The splits of one metric family's series, keyed by `K`, plus the
+/// "other" counts of series whose rows are gone (forgotten by the bounded
+/// aggregator), so "other" never shrinks.
+struct SplitFamily<K> {
+    splits: HashMap<K, Split>,
+    retired: BTreeMap<Labels, Vec<u64>>,
+}
+
+impl<K: Clone + Eq + std::hash::Hash + Ord> SplitFamily<K> {
+    fn new() -> Self {
+        SplitFamily {
+            splits: HashMap::new(),
+            retired: BTreeMap::new(),
+        }
+    }
+
+    /// Adds the values of `now` (one column per entry of `out`) to the
+    /// series: each key's own series while its peer is labeled, and the
+    /// "other" series. `labels(key, Some("other"))` gives the key's peer and
+    /// the labels with that peer value; `None` uses the key's own peer.
+    fn export(
         &mut self,
-        encap_now: &BTreeMap<EncapKey, Vec<u64>>,
-        drops_now: &BTreeMap<DropKey, Vec<u64>>,
+        now: &BTreeMap<K, Vec<u64>>,
+        labels: impl Fn(&K, Option<String>) -> (Option<IpAddr>, Labels),
+        bucket_of: &impl Fn(Option<IpAddr>) -> Bucket,
+        out: &mut [Series],
     ) {
-        let gone: Vec<EncapKey> = self
-            .encap
+        let other = || Some(OTHER_PEERS.to_string());
+        let gone: Vec<K> = self
+            .splits
             .keys()
-            .filter(|k| !encap_now.contains_key(*k))
+            .filter(|k| !now.contains_key(*k))
             .cloned()
             .collect();
         for key in gone {
-            if let Some(split) = self.encap.remove(&key) {
-                let (_, other) = split.values(&split.last);
+            if let Some(split) = self.splits.remove(&key) {
+                let (_, contribution) = split.values(&split.last);
                 let retired = self
-                    .retired_encap
-                    .entry((key.0, key.1, key.2))
-                    .or_insert_with(|| vec![0, 0]);
-                retired.iter_mut().zip(other).for_each(|(r, o)| *r += o);
+                    .retired
+                    .entry(labels(&key, other()).1)
+                    .or_insert_with(|| vec![0; out.len()]);
+                retired
+                    .iter_mut()
+                    .zip(contribution)
+                    .for_each(|(r, c)| *r += c);
             }
         }
-        let gone: Vec<DropKey> = self
-            .drop_splits
-            .keys()
-            .filter(|k| !drops_now.contains_key(*k))
-            .cloned()
-            .collect();
-        for key in gone {
-            if let Some(split) = self.drop_splits.remove(&key) {
-                let (_, other) = split.values(&split.last);
-                let retired = self
-                    .retired_drops
-                    .entry((key.0, key.1, key.3))
-                    .or_insert_with(|| vec![0]);
-                retired.iter_mut().zip(other).for_each(|(r, o)| *r += o);
+        for (labels, retired) in &self.retired {
+            for (series, value) in out.iter_mut().zip(retired) {
+                series.add(labels.clone(), *value);
+            }
+        }
+        for (key, values) in now {
+            let (peer, own_labels) = labels(key, None);
+            let split = self
+                .splits
+                .entry(key.clone())
+                .or_insert_with(|| Split::new(bucket_of(peer), values.len()));
+            split.assign(bucket_of(peer), values);
+            let (own, to_other) = split.values(values);
+            let other_labels = labels(key, other()).1;
+            for (i, series) in out.iter_mut().enumerate() {
+                if split.bucket == Bucket::Own {
+                    series.add(own_labels.clone(), own[i]);
+                }
+                series.add(other_labels.clone(), to_other[i]);
             }
         }
     }
@@ -411,10 +401,10 @@ fn direction_name(direction: observer_common::Direction) -> &'static str {
 
 /// Samples of one counter family, summed per label set.
 #[derive(Default)]
-struct Series(BTreeMap<Vec<(&'static str, String)>, u64>);
+struct Series(BTreeMap<Labels, u64>);
 
 impl Series {
-    fn add(&mut self, labels: Vec<(&'static str, String)>, value: u64) {
+    fn add(&mut self, labels: Labels, value: u64) {
         *self.0.entry(labels).or_default() += value;
     }
 
@@ -436,7 +426,7 @@ fn family(
     name: &str,
     help: &str,
     kind: MetricType,
-    samples: Vec<(Vec<(&'static str, String)>, f64)>,
+    samples: Vec<(Labels, f64)>,
 ) -> MetricFamily {
     let mut family = MetricFamily::default();
     family.set_name(name.to_string());
@@ -740,7 +730,7 @@ mod tests {
         );
         assert_eq!(value(&t2, other), Some(17.0));
         assert_eq!(
-            exporter.encap.len(),
+            exporter.encap.splits.len(),
             2,
             "the forgotten row's state is dropped"
         );
