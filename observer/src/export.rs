@@ -422,12 +422,7 @@ impl Series {
     }
 }
 
-fn family(
-    name: &str,
-    help: &str,
-    kind: MetricType,
-    samples: Vec<(Labels, f64)>,
-) -> MetricFamily {
+fn family(name: &str, help: &str, kind: MetricType, samples: Vec<(Labels, f64)>) -> MetricFamily {
     let mut family = MetricFamily::default();
     family.set_name(name.to_string());
     family.set_help(help.to_string());

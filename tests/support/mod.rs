@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod calico;
+pub mod exporter;
 pub mod frames;
 pub mod netns;
 

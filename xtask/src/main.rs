@@ -4,6 +4,7 @@
 
 mod lab;
 mod setup;
+mod soak;
 mod util;
 
 use std::{process::Command, time::Instant};
@@ -61,6 +62,13 @@ enum Task {
     /// IPIP, Geneve, plain UDP and truncated frames, against a program that
     /// only returns XDP_PASS.
     Bench,
+    /// Not in CI: the release observer for N minutes (--minutes, default 10)
+    /// against VXLAN pings plus a stream of new outer sources that churns
+    /// its flow map, with the textfile export on. Prints the observer's RSS
+    /// and textfile size every 10 s and a final `soak minutes=N
+    /// rss_start_kib=.. rss_max_kib=.. rss_end_kib=.. file_bytes_max=..
+    /// evictions=..` line. Namespaces are removed at the end, also on Ctrl-C.
+    Soak(soak::SoakArgs),
 }
 
 fn main() {
@@ -86,6 +94,10 @@ fn run(task: Task) -> Result<()> {
         Task::Bench => {
             setup::setup()?;
             util::run(util::cargo().args(["bench", "-p", "observer", "--bench", "ns_per_packet"]))
+        }
+        Task::Soak(args) => {
+            setup::setup()?;
+            soak::soak(&args)
         }
     }
 }
