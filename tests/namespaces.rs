@@ -1077,3 +1077,29 @@ fn sigterm_right_after_the_attach_line_exits_0() {
         run.final_stats();
     }
 }
+
+#[test]
+fn link_down_and_up_keeps_counting() {
+    if !support::have_root("link_down_and_up_keeps_counting") {
+        return;
+    }
+    let pair = Pair::new("du2");
+    let vxlan = calico_vxlan(&pair);
+    let observer = ObserverProcess::start(Some(pair.a.name()), &["va"], &[]);
+    assert_eq!(pair.a.ping(vxlan.b_inner, 3), (3, 3));
+    // Down and up: the programs stay attached (bpf links follow the device,
+    // not its state). Down flushes va's neighbour entries, so ARP crosses
+    // the underlay afterwards; it is not VXLAN and does not change the rows.
+    pair.a.exec_ok(&["ip", "link", "set", "va", "down"]);
+    pair.a.exec_ok(&["ip", "link", "set", "va", "up"]);
+    assert_eq!(pair.a.ping(vxlan.b_inner, 4), (4, 4));
+    let run = observer.stop();
+    assert_eq!(run.status.code(), Some(0), "{}", run.stderr);
+    assert_eq!(run.counts("va", "tx", "vxlan", Some(B_IP), 4096).0, 7);
+    assert_eq!(run.counts("va", "rx", "vxlan", Some(B_IP), 4096).0, 7);
+    assert!(
+        !run.lines.iter().any(|l| l["type"] == "interface"),
+        "down/up is not a re-creation: {:#?}",
+        run.lines
+    );
+}
