@@ -8,7 +8,6 @@ use std::{
     collections::{BTreeMap, BTreeSet},
     io::{Read, Write},
     net::{Ipv4Addr, TcpListener, TcpStream},
-    os::fd::{AsRawFd, FromRawFd, OwnedFd},
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     sync::{
@@ -19,7 +18,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use super::netns::{Netns, WAIT, in_netns, run, temp_path, try_run, wait_timeout};
+use super::{
+    netns::{Netns, WAIT, in_netns, run, temp_path, try_run, wait_timeout},
+    storm::Storm,
+};
 
 /// Debian's node_exporter (package prometheus-node-exporter).
 pub const NODE_EXPORTER: &str = "/usr/bin/prometheus-node-exporter";
@@ -574,22 +576,6 @@ impl Drop for RssSampler {
 
 // ------------------------------------------------------------------ storm
 
-/// Offset of the IPv4 source address in an untagged Ethernet + IPv4 frame.
-const IPV4_SRC_OFFSET: usize = 14 + 12;
-/// Offset of the IPv4 header checksum.
-const IPV4_CSUM_OFFSET: usize = 14 + 10;
-
-fn ipv4_header_checksum(header: &[u8]) -> u16 {
-    let mut sum: u32 = header
-        .chunks(2)
-        .map(|c| u32::from(u16::from_be_bytes([c[0], c[1]])))
-        .sum();
-    while sum > 0xffff {
-        sum = (sum & 0xffff) + (sum >> 16);
-    }
-    !(sum as u16)
-}
-
 /// What [`send_storm`] did.
 #[derive(Debug, Clone, Copy)]
 pub struct StormReport {
@@ -614,91 +600,23 @@ pub fn send_storm(
     first_source: Ipv4Addr,
     count: u32,
 ) -> StormReport {
-    const BATCH: usize = 256;
-    assert_eq!(template[12..14], [0x08, 0x00], "not an IPv4 frame");
-    assert_eq!(template[14], 0x45, "IPv4 options are not supported here");
     let iface = iface.to_string();
     ns.run(move || {
-        let name = std::ffi::CString::new(iface.clone()).unwrap();
-        // SAFETY: valid NUL-terminated name.
-        let ifindex = unsafe { libc::if_nametoindex(name.as_ptr()) };
-        assert_ne!(ifindex, 0, "no interface {iface}");
-        // SAFETY: plain socket(2); protocol 0: sends only.
-        let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW, 0) };
-        assert!(fd >= 0, "AF_PACKET: {}", std::io::Error::last_os_error());
-        // SAFETY: fd was just returned by socket(2) and is owned here.
-        let socket = unsafe { OwnedFd::from_raw_fd(fd) };
-        // SAFETY: zeroed sockaddr_ll is valid; fields set below.
-        let mut addr: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
-        addr.sll_family = libc::AF_PACKET as u16;
-        addr.sll_ifindex = ifindex as i32;
-        addr.sll_protocol = 0x0800u16.to_be();
-        addr.sll_halen = 6;
-        addr.sll_addr[..6].copy_from_slice(&template[..6]);
-
-        let len = template.len();
-        let mut buffers: Vec<u8> = template.repeat(BATCH);
-        let first = u32::from(first_source);
+        let mut storm = Storm::open(&iface, template).expect("storm socket");
         let start = Instant::now();
-        let (mut next, mut retries) = (0u32, 0u64);
-        while next < count {
-            let n = BATCH.min((count - next) as usize);
-            for (i, frame) in buffers.chunks_mut(len).take(n).enumerate() {
-                let source = first.wrapping_add(next + i as u32);
-                frame[IPV4_SRC_OFFSET..IPV4_SRC_OFFSET + 4].copy_from_slice(&source.to_be_bytes());
-                frame[IPV4_CSUM_OFFSET..IPV4_CSUM_OFFSET + 2].copy_from_slice(&[0, 0]);
-                let sum = ipv4_header_checksum(&frame[14..34]);
-                frame[IPV4_CSUM_OFFSET..IPV4_CSUM_OFFSET + 2].copy_from_slice(&sum.to_be_bytes());
-            }
-            let mut iovecs: Vec<libc::iovec> = buffers
-                .chunks_mut(len)
-                .take(n)
-                .map(|f| libc::iovec {
-                    iov_base: f.as_mut_ptr().cast(),
-                    iov_len: len,
-                })
-                .collect();
-            // SAFETY: zeroed mmsghdr is valid; pointers set below stay
-            // valid (iovecs, addr) for the sendmmsg calls.
-            let mut messages: Vec<libc::mmsghdr> = iovecs
-                .iter_mut()
-                .map(|iov| {
-                    let mut m: libc::mmsghdr = unsafe { std::mem::zeroed() };
-                    m.msg_hdr.msg_name = (&mut addr as *mut libc::sockaddr_ll).cast();
-                    m.msg_hdr.msg_namelen = std::mem::size_of::<libc::sockaddr_ll>() as u32;
-                    m.msg_hdr.msg_iov = iov;
-                    m.msg_hdr.msg_iovlen = 1;
-                    m
-                })
-                .collect();
-            let mut done = 0usize;
-            while done < n {
-                // SAFETY: messages[done..n] are initialised as above.
-                let sent = unsafe {
-                    libc::sendmmsg(
-                        socket.as_raw_fd(),
-                        messages[done..].as_mut_ptr(),
-                        (n - done) as u32,
-                        0,
-                    )
-                };
-                if sent > 0 {
-                    done += sent as usize;
-                    continue;
-                }
-                let err = std::io::Error::last_os_error();
-                match err.raw_os_error() {
-                    Some(libc::ENOBUFS) | Some(libc::EAGAIN) => {
-                        retries += 1;
-                        std::thread::yield_now();
-                    }
-                    _ => panic!("sendmmsg on {iface}: {err}"),
-                }
-            }
-            next += n as u32;
-        }
+        let never = AtomicBool::new(false);
+        let (frames, retries) = storm
+            .send(
+                u32::from(first_source),
+                0,
+                u64::from(count),
+                u32::MAX,
+                &never,
+            )
+            .unwrap_or_else(|e| panic!("sendmmsg on {iface}: {e}"));
+        assert_eq!(frames, u64::from(count));
         StormReport {
-            frames: u64::from(count),
+            frames,
             retries,
             elapsed: start.elapsed(),
         }

@@ -24,7 +24,7 @@
 use std::{
     fs::File,
     io::{BufRead, BufReader},
-    os::fd::{AsRawFd, FromRawFd, OwnedFd},
+    os::fd::AsRawFd,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     sync::{
@@ -34,6 +34,10 @@ use std::{
     thread::{self, JoinHandle},
     time::{Duration, Instant},
 };
+
+// The flood sender is shared with the tests (std and libc only).
+#[path = "../../tests/support/storm.rs"]
+mod storm;
 
 use anyhow::{Context, Result, bail};
 
@@ -221,31 +225,7 @@ fn churn_template() -> Vec<u8> {
 /// Sends crafted frames on `iface` at `pps`, each from the next address of
 /// 10.64.0.0/10 (wrapping), until `stop`; counts them in `sent`.
 fn churn(iface: &str, pps: u64, stop: &AtomicBool, sent: &AtomicU64) -> Result<()> {
-    const BATCH: usize = 256;
-    let name = std::ffi::CString::new(iface)?;
-    // SAFETY: valid NUL-terminated name.
-    let ifindex = unsafe { libc::if_nametoindex(name.as_ptr()) };
-    if ifindex == 0 {
-        bail!("no interface {iface}");
-    }
-    // SAFETY: plain socket(2); protocol 0: sends only.
-    let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW, 0) };
-    if fd < 0 {
-        bail!("AF_PACKET socket: {}", std::io::Error::last_os_error());
-    }
-    // SAFETY: fd was just returned by socket(2) and is owned here.
-    let socket = unsafe { OwnedFd::from_raw_fd(fd) };
-    // SAFETY: zeroed sockaddr_ll is valid; fields set below.
-    let mut addr: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
-    addr.sll_family = libc::AF_PACKET as u16;
-    addr.sll_ifindex = ifindex as i32;
-    addr.sll_protocol = 0x0800u16.to_be();
-    addr.sll_halen = 6;
-    addr.sll_addr[..6].copy_from_slice(&NOBODY_MAC);
-
-    let template = churn_template();
-    let len = template.len();
-    let mut buffers = template.repeat(BATCH);
+    let mut storm = storm::Storm::open(iface, churn_template())?;
     let first = u32::from_be_bytes([10, 64, 0, 0]);
     let span = 1u32 << 22;
     let start = Instant::now();
@@ -256,57 +236,8 @@ fn churn(iface: &str, pps: u64, stop: &AtomicBool, sent: &AtomicU64) -> Result<(
             thread::sleep(Duration::from_millis(5));
             continue;
         }
-        let n = BATCH.min((due - next) as usize);
-        for (i, frame) in buffers.chunks_mut(len).take(n).enumerate() {
-            let source = first + ((next + i as u64) % u64::from(span)) as u32;
-            frame[26..30].copy_from_slice(&source.to_be_bytes());
-            frame[24..26].copy_from_slice(&[0, 0]);
-            let sum = checksum(&frame[14..34]);
-            frame[24..26].copy_from_slice(&sum.to_be_bytes());
-        }
-        let mut iovecs: Vec<libc::iovec> = buffers
-            .chunks_mut(len)
-            .take(n)
-            .map(|f| libc::iovec {
-                iov_base: f.as_mut_ptr().cast(),
-                iov_len: len,
-            })
-            .collect();
-        let mut messages: Vec<libc::mmsghdr> = iovecs
-            .iter_mut()
-            .map(|iov| {
-                // SAFETY: zeroed mmsghdr is valid; pointers set here stay
-                // valid during the sendmmsg calls below.
-                let mut m: libc::mmsghdr = unsafe { std::mem::zeroed() };
-                m.msg_hdr.msg_name = (&mut addr as *mut libc::sockaddr_ll).cast();
-                m.msg_hdr.msg_namelen = std::mem::size_of::<libc::sockaddr_ll>() as u32;
-                m.msg_hdr.msg_iov = iov;
-                m.msg_hdr.msg_iovlen = 1;
-                m
-            })
-            .collect();
-        let mut done = 0usize;
-        while done < n && !stop.load(Ordering::Relaxed) {
-            // SAFETY: messages[done..n] are initialised above.
-            let ret = unsafe {
-                libc::sendmmsg(
-                    socket.as_raw_fd(),
-                    messages[done..].as_mut_ptr(),
-                    (n - done) as u32,
-                    0,
-                )
-            };
-            if ret > 0 {
-                done += ret as usize;
-                continue;
-            }
-            let err = std::io::Error::last_os_error();
-            match err.raw_os_error() {
-                Some(libc::ENOBUFS) | Some(libc::EAGAIN) => thread::yield_now(),
-                _ => bail!("sendmmsg on {iface}: {err}"),
-            }
-        }
-        next += done as u64;
+        let (frames, _retries) = storm.send(first, next, due - next, span, stop)?;
+        next += frames;
         sent.store(next, Ordering::Relaxed);
     }
     Ok(())
