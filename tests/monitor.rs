@@ -716,10 +716,15 @@ fn million_sources_keep_memory_labels_and_accounting_bounded() {
         "evictions + entries + insert failures = distinct keys: {stats}"
     );
     assert!(evictions >= sent - FLOOD_MAX_FLOWS - failures, "{stats}");
-    assert!(
-        forgotten > 0,
-        "more rows than 4 x --max-flows were seen: {stats}"
-    );
+    // The userspace table is bounded too: once more distinct rows were
+    // read than it holds (4 x --max-flows; how many are read depends on
+    // how many intervals the flood spans), it forgets some.
+    if rows_read.len() as u64 > 4 * FLOOD_MAX_FLOWS {
+        assert!(
+            forgotten > 0,
+            "more rows than 4 x --max-flows were read: {stats}"
+        );
+    }
     // The peer label cap, in every version of the file.
     for (i, e) in versions.iter().enumerate() {
         for family in [PACKETS, BYTES, DROPS] {
