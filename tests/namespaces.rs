@@ -442,18 +442,6 @@ fn tcp_through_vxlan_counts_gso_segments() {
 // ---------------------------------------------------------------------------
 // Crafted tunnel frames.
 
-/// Internet checksum.
-fn checksum(data: &[u8]) -> u16 {
-    let mut sum: u32 = data
-        .chunks(2)
-        .map(|c| u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)])))
-        .sum();
-    while sum > 0xffff {
-        sum = (sum & 0xffff) + (sum >> 16);
-    }
-    !(sum as u16)
-}
-
 fn eth(dst: [u8; 6], src: [u8; 6], ethertype: u16, payload: &[u8]) -> Vec<u8> {
     let mut f = Vec::with_capacity(14 + payload.len());
     f.extend_from_slice(&dst);
@@ -472,7 +460,7 @@ fn ipv4(src: &str, dst: &str, proto: u8, payload: &[u8]) -> Vec<u8> {
     h.extend_from_slice(&[0, 1, 0x40, 0, 64, proto, 0, 0]);
     h.extend_from_slice(&src.octets());
     h.extend_from_slice(&dst.octets());
-    let sum = checksum(&h);
+    let sum = support::frames::internet_checksum(&[h.as_slice()]);
     h[10..12].copy_from_slice(&sum.to_be_bytes());
     h.extend_from_slice(payload);
     h
@@ -506,7 +494,7 @@ fn udp(sport: u16, dport: u16, payload: &[u8]) -> Vec<u8> {
 fn inner_ping(src: &str, dst: &str) -> Vec<u8> {
     let mut icmp = vec![8, 0, 0, 0, 0x12, 0x34, 0, 1];
     icmp.extend((0..32).map(|i| i as u8));
-    let sum = checksum(&icmp);
+    let sum = support::frames::internet_checksum(&[icmp.as_slice()]);
     icmp[2..4].copy_from_slice(&sum.to_be_bytes());
     ipv4(src, dst, 1, &icmp)
 }

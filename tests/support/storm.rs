@@ -25,8 +25,9 @@ pub struct Storm {
     buffers: Vec<u8>,
 }
 
-fn ipv4_header_checksum(header: &[u8]) -> u16 {
-    let mut sum: u32 = header
+/// The Internet checksum (RFC 1071) of `data`, complemented, ready to store.
+pub fn internet_checksum(data: &[u8]) -> u16 {
+    let mut sum: u32 = data
         .chunks(2)
         .map(|c| u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)])))
         .sum();
@@ -98,7 +99,7 @@ impl Storm {
                     first.wrapping_add(((offset + sent + i as u64) % u64::from(span)) as u32);
                 frame[IPV4_SOURCE].copy_from_slice(&source.to_be_bytes());
                 frame[IPV4_CHECKSUM].copy_from_slice(&[0, 0]);
-                let sum = ipv4_header_checksum(&frame[IPV4_HEADER]);
+                let sum = internet_checksum(&frame[IPV4_HEADER]);
                 frame[IPV4_CHECKSUM].copy_from_slice(&sum.to_be_bytes());
             }
             let mut iovecs: Vec<libc::iovec> = self

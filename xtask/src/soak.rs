@@ -173,24 +173,13 @@ where
     }))
 }
 
-fn checksum(data: &[u8]) -> u16 {
-    let mut sum: u32 = data
-        .chunks(2)
-        .map(|c| u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)])))
-        .sum();
-    while sum > 0xffff {
-        sum = (sum & 0xffff) + (sum >> 16);
-    }
-    !(sum as u16)
-}
-
 fn ipv4_header(src: [u8; 4], dst: [u8; 4], proto: u8, payload_len: usize) -> Vec<u8> {
     let mut h = vec![0x45, 0];
     h.extend_from_slice(&((20 + payload_len) as u16).to_be_bytes());
     h.extend_from_slice(&[0, 1, 0x40, 0, 64, proto, 0, 0]);
     h.extend_from_slice(&src);
     h.extend_from_slice(&dst);
-    let sum = checksum(&h);
+    let sum = storm::internet_checksum(&h);
     h[10..12].copy_from_slice(&sum.to_be_bytes());
     h
 }
@@ -201,7 +190,7 @@ fn ipv4_header(src: [u8; 4], dst: [u8; 4], proto: u8, payload_len: usize) -> Vec
 fn churn_template() -> Vec<u8> {
     let mut icmp = vec![8, 0, 0, 0, 0x12, 0x34, 0, 1];
     icmp.extend((0..32).map(|i| i as u8));
-    let sum = checksum(&icmp);
+    let sum = storm::internet_checksum(&icmp);
     icmp[2..4].copy_from_slice(&sum.to_be_bytes());
     let mut inner = vec![2, 0, 0, 0, 2, 2, 2, 0, 0, 0, 2, 1, 0x08, 0x00];
     inner.extend(ipv4_header([198, 19, 9, 1], [198, 19, 9, 2], 1, icmp.len()));
