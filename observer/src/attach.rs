@@ -240,8 +240,8 @@ impl<'a> Monitor<'a> {
             .checks
             .refresh(self.observer)
             .map_err(io::Error::other)?;
-        self.aggregator
-            .update(&self.observer.read_flows().map_err(io::Error::other)?);
+        let flows = self.observer.read_flows().map_err(io::Error::other)?;
+        self.aggregator.update(&flows);
         self.drop_aggregator
             .update(&drops::read(self.observer).map_err(io::Error::other)?);
         let rows = self.aggregator.finish_interval(seconds);
@@ -265,7 +265,10 @@ impl<'a> Monitor<'a> {
             })
             .collect();
         let netfilter = self.checks.netfilter(&drop_rows);
-        let stats = self.observer.read_stats().map_err(io::Error::other)?;
+        let stats = self
+            .observer
+            .stats_for(flows.len() as u64)
+            .map_err(io::Error::other)?;
         let at = SystemTime::now();
         self.export(&rows, &drop_rows, stats, at);
         let snapshot = Snapshot {

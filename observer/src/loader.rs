@@ -662,12 +662,20 @@ impl Observer {
         Ok(rows)
     }
 
-    /// Reads the kernel self counters.
+    /// Reads the kernel self counters (walks the flow map to count its
+    /// entries; a caller that just read the rows uses [`Observer::stats_for`]).
     pub fn read_stats(&self) -> Result<KernelStats> {
+        let flow_entries = self.flow_map()?.keys().filter(|k| k.is_ok()).count() as u64;
+        self.stats_for(flow_entries)
+    }
+
+    /// The kernel self counters, given the number of flow-map entries (the
+    /// length of a [`Observer::read_flows`] just made), so the map is walked
+    /// once per interval, not twice.
+    pub fn stats_for(&self, flow_entries: u64) -> Result<KernelStats> {
         let stats: PerCpuArray<&MapData, u64> =
             PerCpuArray::try_from(self.ebpf.map(STATS_MAP).context("STATS map missing")?)?;
         let read = |stat: Stat| -> Result<u64> { Ok(stats.get(&(stat as u32), 0)?.iter().sum()) };
-        let flow_entries = self.flow_map()?.keys().filter(|k| k.is_ok()).count() as u64;
         let flow_inserts = read(Stat::FlowInserts)?;
         Ok(KernelStats {
             flow_entries,
