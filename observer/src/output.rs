@@ -221,20 +221,32 @@ pub struct Snapshot<'a> {
 }
 
 /// Drops by reason of the rx row `row`.
-fn drops_of<'a>(row: &Row, drops: &'a [DropRow]) -> BTreeMap<&'a str, u64> {
-    let mut by_reason = BTreeMap::new();
+/// Drops by reason, keyed like the rx row they belong to.
+type DropIndex<'a> = HashMap<(u32, Proto, Option<IpAddr>, u32), BTreeMap<&'a str, u64>>;
+
+/// Indexes `drops` once per snapshot (rows times drops would be quadratic).
+fn index_drops(drops: &[DropRow]) -> DropIndex<'_> {
+    let mut index = DropIndex::new();
+    for d in drops {
+        let id = &d.row.id;
+        *index
+            .entry((id.ifindex, id.proto, id.peer, id.vni))
+            .or_default()
+            .entry(d.reason.as_str())
+            .or_default() += d.row.packets;
+    }
+    index
+}
+
+/// Drops by reason of `row` (rx rows only).
+fn drops_of<'a>(row: &Row, index: &DropIndex<'a>) -> BTreeMap<&'a str, u64> {
     if row.id.direction != Direction::Rx {
-        return by_reason;
+        return BTreeMap::new();
     }
-    for d in drops.iter().filter(|d| {
-        d.row.id.ifindex == row.id.ifindex
-            && d.row.id.proto == row.id.proto
-            && d.row.id.peer == row.id.peer
-            && d.row.id.vni == row.id.vni
-    }) {
-        *by_reason.entry(d.reason.as_str()).or_default() += d.row.packets;
-    }
-    by_reason
+    index
+        .get(&(row.id.ifindex, row.id.proto, row.id.peer, row.id.vni))
+        .cloned()
+        .unwrap_or_default()
 }
 
 /// Per (origin, reason): packets and distinct peers.
@@ -261,6 +273,7 @@ fn iface_name(ifaces: &HashMap<u32, String>, ifindex: u32) -> String {
 /// Writes one interval as JSON lines: rows that changed during the interval
 /// (every row when final), then a stats line.
 pub fn write_json(out: &mut impl Write, snap: &Snapshot<'_>) -> io::Result<()> {
+    let drop_index = index_drops(snap.drops);
     let ts = timestamp(snap.at);
     for row in snap.rows.iter().filter(|r| r.changed || snap.is_final) {
         let iface = iface_name(snap.ifaces, row.id.ifindex);
@@ -281,7 +294,7 @@ pub fn write_json(out: &mut impl Write, snap: &Snapshot<'_>) -> io::Result<()> {
                 bps: round2(row.bps),
                 inner_src: row.inner.map(|i| i.0),
                 inner_dst: row.inner.map(|i| i.1),
-                drops: drops_of(row, snap.drops),
+                drops: drops_of(row, &drop_index),
             })
         } else {
             serde_json::to_string(&UnclassifiedLine {
@@ -384,6 +397,7 @@ const TABLE_ROWS: usize = 40;
 
 /// Writes one interval as a table; `clear` redraws the screen (terminal).
 pub fn write_table(out: &mut impl Write, snap: &Snapshot<'_>, clear: bool) -> io::Result<()> {
+    let drop_index = index_drops(snap.drops);
     if clear {
         write!(out, "\x1b[2J\x1b[H")?;
     }
@@ -417,9 +431,14 @@ pub fn write_table(out: &mut impl Write, snap: &Snapshot<'_>, clear: bool) -> io
         } else {
             "-".to_string()
         };
-        let inner = row
+        let mut inner = row
             .inner
             .map_or(String::new(), |(s, d)| format!("{s} > {d}"));
+        let drops = drops_of(row, &drop_index);
+        if !drops.is_empty() {
+            let list: Vec<String> = drops.iter().map(|(r, n)| format!("{r}={n}")).collect();
+            inner.push_str(&format!("  DROPS {}", list.join(",")));
+        }
         writeln!(
             out,
             "{:<10} {:<3} {:<10} {:<39} {:>8} {:>9} {:>9} {:>12} {:>12}  {}",
@@ -654,6 +673,69 @@ mod tests {
         assert!(text.contains("10.42.182.1 > 10.42.168.210"), "{text}");
         assert!(text.contains("TOTALS"), "{text}");
         assert!(text.contains("rx  vxlan"), "{text}");
+    }
+
+    #[test]
+    fn peer_rows_carry_their_drops_in_json_and_table() {
+        let rows = [row(
+            Proto::Vxlan,
+            Some("10.10.10.244"),
+            Unclassified::None,
+            true,
+        )];
+        let drop = |reason: &str, origin| DropRow {
+            row: Row {
+                id: crate::drops::DropId {
+                    ifindex: 7,
+                    proto: Proto::Vxlan,
+                    peer: Some("10.10.10.244".parse().unwrap()),
+                    vni: 4096,
+                    origin,
+                    reason: 1,
+                },
+                packets: 579,
+                bytes: 0,
+                pps: 0.0,
+                bps: 0.0,
+                inner: None,
+                changed: true,
+            },
+            reason: reason.to_string(),
+            message: format!("579 VXLAN packets from 10.10.10.244 dropped: {reason}"),
+        };
+        let drops = [
+            drop("calico_allow_set", crate::drops::Origin::Classifier),
+            drop("NETFILTER_DROP", crate::drops::Origin::Kernel),
+        ];
+        let ifaces = HashMap::from([(7, "eth0".to_string())]);
+        let snap = Snapshot {
+            rows: &rows,
+            stats: KernelStats::default(),
+            rows_forgotten: 0,
+            ifaces: &ifaces,
+            attachments: &[],
+            at: SystemTime::UNIX_EPOCH,
+            is_final: false,
+            drops: &drops,
+            netfilter: &[],
+        };
+        let mut json = Vec::new();
+        write_json(&mut json, &snap).unwrap();
+        let peer: serde_json::Value =
+            serde_json::from_str(String::from_utf8(json).unwrap().lines().next().unwrap()).unwrap();
+        assert_eq!(peer["drops"]["calico_allow_set"], 579, "{peer}");
+        assert_eq!(peer["drops"]["NETFILTER_DROP"], 579, "{peer}");
+        let mut table = Vec::new();
+        write_table(&mut table, &snap, false).unwrap();
+        let text = String::from_utf8(table).unwrap();
+        assert!(
+            text.contains("DROPS NETFILTER_DROP=579,calico_allow_set=579"),
+            "{text}"
+        );
+        assert!(
+            text.contains("579 VXLAN packets from 10.10.10.244 dropped"),
+            "{text}"
+        );
     }
 
     #[test]
