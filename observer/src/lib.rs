@@ -13,6 +13,7 @@
 
 pub mod aggregate;
 pub mod allowsets;
+pub mod anomalies;
 pub mod attach;
 pub mod checks;
 pub mod cli;
