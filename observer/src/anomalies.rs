@@ -222,6 +222,91 @@ pub enum Event {
     },
 }
 
+/// Findings kept for one write-up; beyond it they are only counted.
+pub const MAX_FINDINGS: usize = 256;
+
+/// Every anomaly seen during a bounded run (`observer diagnose`), with its
+/// latest evidence, whether it still holds, and how long it lasted.
+#[derive(Debug, Default)]
+pub struct Findings {
+    entries: BTreeMap<ActiveKey, FindingRecord>,
+    /// Findings not kept because [`MAX_FINDINGS`] were already.
+    pub overflow: u64,
+}
+
+/// One entry of [`Findings`].
+#[derive(Debug, Clone, Serialize)]
+pub struct FindingRecord {
+    /// The anomaly with its latest evidence.
+    #[serde(flatten)]
+    pub anomaly: Anomaly,
+    /// Whether it still held at the end.
+    pub active: bool,
+    /// How long it lasted, when it ended during the run.
+    pub duration_s: Option<f64>,
+    /// What the kind means.
+    pub meaning: &'static str,
+}
+
+impl Findings {
+    /// Folds in one read's events.
+    pub fn record(&mut self, events: &[Event]) {
+        for event in events {
+            let (anomaly, active, duration) = match event {
+                Event::Raised(a) => (a, true, None),
+                Event::Cleared { anomaly, duration } => (anomaly, false, Some(*duration)),
+            };
+            let key = (anomaly.kind, anomaly.peer, proto_of(anomaly.proto));
+            if !self.entries.contains_key(&key) && self.entries.len() >= MAX_FINDINGS {
+                self.overflow += 1;
+                continue;
+            }
+            let entry = self.entries.entry(key).or_insert_with(|| FindingRecord {
+                anomaly: anomaly.clone(),
+                active,
+                duration_s: None,
+                meaning: anomaly.kind.meaning(),
+            });
+            entry.active = active;
+            entry.duration_s = duration.map(|d| (d.as_secs_f64() * 10.0).round() / 10.0);
+            if !active {
+                entry.anomaly.evidence = anomaly.evidence.clone();
+                entry.anomaly.summary = anomaly.summary.clone();
+            }
+        }
+    }
+
+    /// Refreshes the evidence of the anomalies active now.
+    pub fn still_active(&mut self, active: &[&Anomaly]) {
+        for a in active {
+            if let Some(entry) = self.entries.get_mut(&(a.kind, a.peer, proto_of(a.proto))) {
+                entry.anomaly.evidence = a.evidence.clone();
+                entry.anomaly.summary = a.summary.clone();
+                entry.anomaly.hint = a.hint.clone();
+            }
+        }
+    }
+
+    /// Findings in kind order (most decisive first), then peer.
+    pub fn list(&self) -> Vec<&FindingRecord> {
+        let mut list: Vec<&FindingRecord> = self.entries.values().collect();
+        list.sort_by_key(|f| (f.anomaly.kind, f.anomaly.peer));
+        list
+    }
+
+    /// Whether nothing was found.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty() && self.overflow == 0
+    }
+}
+
+fn proto_of(name: &str) -> Proto {
+    Proto::ALL
+        .into_iter()
+        .find(|p| p.name() == name)
+        .unwrap_or(Proto::Other)
+}
+
 /// Totals of one (peer, encapsulation) at one read; all since attach.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 struct Totals {

@@ -16,6 +16,7 @@ pub mod allowsets;
 pub mod anomalies;
 pub mod attach;
 pub mod checks;
+pub mod diagnose;
 pub mod cli;
 pub mod drops;
 pub mod export;
