@@ -16,6 +16,7 @@ pub mod allowsets;
 pub mod attach;
 pub mod checks;
 pub mod cli;
+pub mod dataplane;
 pub mod drops;
 pub mod export;
 pub mod flows;
