@@ -18,6 +18,7 @@ pub mod attach;
 pub mod checks;
 pub mod diagnose;
 pub mod cli;
+pub mod dataplane;
 pub mod drops;
 pub mod export;
 pub mod flows;
