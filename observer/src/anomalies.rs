@@ -21,6 +21,7 @@ use serde_json::{Value, json};
 use crate::{
     aggregate::Row,
     allowsets::{self, SetKind},
+    dataplane::ExpectedPeer,
     drops::Origin,
     output::DropRow,
 };
@@ -127,23 +128,12 @@ impl Default for Thresholds {
     }
 }
 
-/// A node this node routes pod blocks to, as the data plane says.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Node {
-    /// Pod blocks routed to it.
-    pub blocks: Vec<IpNet>,
-    /// Encapsulations the routes to it prescribe.
-    pub encaps: BTreeSet<Proto>,
-    /// Tunnel devices those routes use.
-    pub devices: Vec<String>,
-}
-
 /// What this node knows about its peers: the data plane's expected nodes,
 /// its own addresses and the allow-sets.
 #[derive(Debug, Clone, Default)]
 pub struct Known {
-    /// Expected peer nodes by underlay address.
-    pub nodes: BTreeMap<IpAddr, Node>,
+    /// Expected peer nodes by underlay address (from the data plane).
+    pub nodes: BTreeMap<IpAddr, ExpectedPeer>,
     /// This node's own addresses.
     pub local: BTreeSet<IpAddr>,
     /// Allowed sources (VXLAN, IPIP); `None` before they were read.
@@ -959,18 +949,20 @@ mod tests {
         let mut nodes = BTreeMap::new();
         nodes.insert(
             ip("10.10.60.127"),
-            Node {
+            ExpectedPeer {
                 blocks: vec!["10.42.168.192/26".parse().unwrap()],
                 encaps: BTreeSet::from([Proto::Vxlan]),
                 devices: vec!["vxlan.calico".into()],
+                route_mtu: None,
             },
         );
         nodes.insert(
             ip("10.10.60.209"),
-            Node {
+            ExpectedPeer {
                 blocks: vec!["10.42.10.0/26".parse().unwrap()],
                 encaps: BTreeSet::from([Proto::Ipip]),
                 devices: vec!["tunl0".into()],
+                route_mtu: None,
             },
         );
         let set = |prefixes: &[&str]| AllowSet {

@@ -20,6 +20,7 @@ use crate::{
     anomalies::{Engine, Event, Findings, Known},
     checks::NodeChecks,
     cli::AttachArgs,
+    dataplane::{ChangeWatcher, DataPlane},
     drops,
     export::{self, ExportInput, Exporter, TEXTFILE_NAME},
     loader::{self, InterfaceEvent, LoadConfig, Observer},
@@ -203,6 +204,71 @@ struct Monitor<'a> {
     last: Outcome,
     /// When counting started; the engine's clock.
     started: Instant,
+    /// The node's data plane, re-read when netlink reports a change.
+    dataplane: DataPlaneState,
+}
+
+/// The data-plane view and what keeps it current.
+struct DataPlaneState {
+    view: Option<DataPlane>,
+    /// `None` when notifications could not be subscribed: then the view is
+    /// re-read every interval.
+    watcher: Option<ChangeWatcher>,
+    last_error: Option<String>,
+}
+
+impl DataPlaneState {
+    fn new() -> DataPlaneState {
+        let watcher = ChangeWatcher::new()
+            .inspect_err(|e| {
+                tracing::warn!(error = %format!("{e:#}"), "no netlink change notifications; the data plane is re-read every interval")
+            })
+            .ok();
+        DataPlaneState {
+            view: None,
+            watcher,
+            last_error: None,
+        }
+    }
+
+    /// Re-reads the view when netlink reported a change (always the first
+    /// time); true when the view differs from the previous one.
+    fn refresh(&mut self) -> bool {
+        let changed = self.watcher.as_ref().is_none_or(|w| w.take_changed());
+        if !changed && self.view.is_some() {
+            return false;
+        }
+        match DataPlane::read() {
+            Ok(view) => {
+                self.last_error = None;
+                if self.view.as_ref() == Some(&view) {
+                    return false;
+                }
+                self.view = Some(view);
+                true
+            }
+            Err(e) => {
+                let error = format!("{e:#}");
+                if self.last_error.as_ref() != Some(&error) {
+                    tracing::error!(error, "cannot read the data plane (routes, FDB, devices); anomalies use the last view");
+                    self.last_error = Some(error);
+                }
+                false
+            }
+        }
+    }
+}
+
+/// `{"type":"dataplane",...}`: what the data plane prescribes, printed when
+/// it changes.
+#[derive(Serialize)]
+struct DataPlaneLine<'a> {
+    r#type: &'static str,
+    ts: String,
+    devices: &'a [crate::dataplane::TunnelDevice],
+    underlay: &'a [crate::dataplane::UnderlayInterface],
+    expected_peers: std::collections::BTreeMap<std::net::IpAddr, crate::dataplane::ExpectedPeer>,
+    unresolved_routes: Vec<&'a crate::dataplane::TunnelRoute>,
 }
 
 impl<'a> Monitor<'a> {
@@ -237,15 +303,47 @@ impl<'a> Monitor<'a> {
             findings: Findings::default(),
             last: Outcome::default(),
             started: Instant::now(),
+            dataplane: DataPlaneState::new(),
         }
     }
 
     /// What the node knows about its peers now.
     fn known(&self) -> Known {
+        let view = self.dataplane.view.as_ref();
         Known {
+            nodes: view.map(|v| v.expected_peers()).unwrap_or_default(),
+            local: view.map(|v| v.local_addresses()).unwrap_or_default(),
             allow: self.checks.allow_sets().cloned(),
-            ..Known::default()
         }
+    }
+
+    /// Re-reads the data plane when netlink says it changed, printing the
+    /// new view as a JSON line.
+    fn refresh_dataplane(&mut self) -> io::Result<()> {
+        if !self.dataplane.refresh() {
+            return Ok(());
+        }
+        let Some(view) = self.dataplane.view.as_ref() else {
+            return Ok(());
+        };
+        let line = DataPlaneLine {
+            r#type: "dataplane",
+            ts: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
+            devices: &view.devices,
+            underlay: &view.underlay,
+            expected_peers: view.expected_peers(),
+            unresolved_routes: view.unresolved_routes(),
+        };
+        tracing::info!(
+            devices = view.devices.len(),
+            expected_peers = line.expected_peers.len(),
+            unresolved_routes = line.unresolved_routes.len(),
+            "data plane read"
+        );
+        if self.prints_intervals() {
+            self.print_lines(&[line])?;
+        }
+        Ok(())
     }
 
     /// Whether interval output goes to stdout: always for attach; for
@@ -276,6 +374,9 @@ impl<'a> Monitor<'a> {
     async fn run(&mut self, mut signals: Signals) -> Result<()> {
         let reports = self.checks.refresh(self.observer)?;
         if stop_on_closed_stdout(self.print_lines(&reports))? {
+            return Ok(());
+        }
+        if stop_on_closed_stdout(self.refresh_dataplane())? {
             return Ok(());
         }
         // Baseline of the netfilter counters: the comparison is since attach.
@@ -329,6 +430,7 @@ impl<'a> Monitor<'a> {
             .checks
             .refresh(self.observer)
             .map_err(io::Error::other)?;
+        self.refresh_dataplane()?;
         let flows = self.observer.read_flows().map_err(io::Error::other)?;
         self.aggregator.update(&flows);
         self.drop_aggregator

@@ -64,7 +64,8 @@ pub fn run(args: DiagnoseArgs) -> Result<bool> {
 
 /// The interfaces that carry tunnel traffic here.
 fn tunnel_interfaces() -> Result<Vec<String>> {
-    let names: Vec<String> = Vec::new(); // TODO(dataplane merge)
+    let view = crate::dataplane::DataPlane::read()?;
+    let names: Vec<String> = view.underlay.iter().map(|u| u.name.clone()).collect();
     if names.is_empty() {
         bail!(
             "no interface carries tunnel traffic here (no vxlan, ipip, geneve or wireguard device with routes to other nodes): name the underlay interface, e.g. `observer diagnose eth0`"
