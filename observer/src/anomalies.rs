@@ -1040,7 +1040,12 @@ mod tests {
         // Sent only, for 4 s: not yet a whole window.
         let events = drive(&mut e, &known(), 4, |t| {
             (
-                vec![flow("10.10.60.127", Proto::Vxlan, Direction::Tx, t as u64 * 10)],
+                vec![flow(
+                    "10.10.60.127",
+                    Proto::Vxlan,
+                    Direction::Tx,
+                    t as u64 * 10,
+                )],
                 vec![],
             )
         });
@@ -1100,10 +1105,7 @@ mod tests {
         assert!(!raised.contains(&(Kind::OneWay, "10.10.60.127".into())));
         assert!(raised.contains(&(Kind::OneWay, "10.10.60.209".into())));
         assert_eq!(
-            e.active()
-                .iter()
-                .filter(|a| a.kind == Kind::OneWay)
-                .count(),
+            e.active().iter().filter(|a| a.kind == Kind::OneWay).count(),
             0,
             "quiet for a whole window: cleared"
         );
@@ -1195,7 +1197,13 @@ mod tests {
                     flow("10.10.60.209", Proto::Ipip, Direction::Rx, n),
                 ],
                 vec![
-                    drop("10.10.60.209", Proto::Ipip, ClassifierDrop::PathMtu, 2, 1400),
+                    drop(
+                        "10.10.60.209",
+                        Proto::Ipip,
+                        ClassifierDrop::PathMtu,
+                        2,
+                        1400,
+                    ),
                     drop(
                         "10.10.60.209",
                         Proto::Ipip,
@@ -1274,7 +1282,10 @@ mod tests {
                 )],
             )
         });
-        assert_eq!(raised(&events), vec![(Kind::DropSpike, "10.10.60.127".into())]);
+        assert_eq!(
+            raised(&events),
+            vec![(Kind::DropSpike, "10.10.60.127".into())]
+        );
         assert!(matches!(events.last(), Some(Event::Cleared { .. })));
     }
 

@@ -250,7 +250,10 @@ impl DataPlaneState {
             Err(e) => {
                 let error = format!("{e:#}");
                 if self.last_error.as_ref() != Some(&error) {
-                    tracing::error!(error, "cannot read the data plane (routes, FDB, devices); anomalies use the last view");
+                    tracing::error!(
+                        error,
+                        "cannot read the data plane (routes, FDB, devices); anomalies use the last view"
+                    );
                     self.last_error = Some(error);
                 }
                 false

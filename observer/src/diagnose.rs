@@ -157,7 +157,10 @@ pub fn write_up(outcome: &Outcome, netns: Option<&str>) -> String {
         outcome.interfaces.join(", "),
         outcome.seconds
     );
-    let _ = writeln!(t, "\nWhat was measured (tunnel packets at the wire, whole run):");
+    let _ = writeln!(
+        t,
+        "\nWhat was measured (tunnel packets at the wire, whole run):"
+    );
     let rows = measured(outcome);
     if rows.is_empty() {
         let _ = writeln!(t, "  no tunnel packets in either direction");
