@@ -370,6 +370,7 @@ pub struct Engine {
     /// packets then.
     previous: f64,
     forgotten_peers: u64,
+    raised: BTreeMap<Kind, u64>,
 }
 
 impl Engine {
@@ -383,6 +384,7 @@ impl Engine {
             start,
             previous: start,
             forgotten_peers: 0,
+            raised: BTreeMap::new(),
         }
     }
 
@@ -394,6 +396,11 @@ impl Engine {
     /// Anomalies active now, in kind then peer order.
     pub fn active(&self) -> Vec<&Anomaly> {
         self.active.values().map(|a| &a.anomaly).collect()
+    }
+
+    /// Anomalies raised so far, by kind.
+    pub fn raised(&self) -> &BTreeMap<Kind, u64> {
+        &self.raised
     }
 
     /// Peers forgotten because more than [`MAX_TRACKED_PEERS`] were seen.
@@ -508,6 +515,7 @@ impl Engine {
                         summary: finding.summary,
                         hint: finding.hint,
                     };
+                    *self.raised.entry(kind).or_default() += 1;
                     events.push(Event::Raised(anomaly.clone()));
                     self.active.insert(
                         key,

@@ -464,7 +464,6 @@ impl<'a> Monitor<'a> {
             .stats_for(flows.len() as u64)
             .map_err(io::Error::other)?;
         let at = SystemTime::now();
-        self.export(&rows, &drop_rows, stats, at);
         let known = self.known();
         let events = self.engine.observe(
             self.started.elapsed().as_secs_f64(),
@@ -479,6 +478,7 @@ impl<'a> Monitor<'a> {
         if self.mode == Mode::Diagnose {
             self.findings.record(&events);
         }
+        self.export(&rows, &drop_rows, stats, at);
         let active = self.engine.active();
         let snapshot = Snapshot {
             rows: &rows,
@@ -583,6 +583,8 @@ impl<'a> Monitor<'a> {
             stats,
             programs_attached: self.observer.programs_attached(),
             at,
+            anomalies: &self.engine.active(),
+            anomalies_raised: self.engine.raised(),
         };
         let families = self.exporter.families(&input);
         let result = export::encode(&families)

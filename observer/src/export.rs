@@ -22,7 +22,12 @@ use prometheus::{
     proto::{Counter, Gauge, LabelPair, Metric, MetricFamily, MetricType},
 };
 
-use crate::{aggregate::Row, loader::KernelStats, output::DropRow};
+use crate::{
+    aggregate::Row,
+    anomalies::{Anomaly, Kind},
+    loader::KernelStats,
+    output::DropRow,
+};
 
 /// Name of the file written in the textfile directory.
 pub const TEXTFILE_NAME: &str = "observer.prom";
@@ -118,6 +123,10 @@ pub struct ExportInput<'a> {
     pub programs_attached: usize,
     /// When the counters were read.
     pub at: SystemTime,
+    /// Anomalies active now.
+    pub anomalies: &'a [&'a Anomaly],
+    /// Anomalies raised since attach, by kind.
+    pub anomalies_raised: &'a BTreeMap<Kind, u64>,
 }
 
 /// Metric state across exports: peer label caps and error counts.
@@ -271,7 +280,31 @@ impl Exporter {
             ),
             drops.family(
                 "observer_drops_total",
-                "Received packets dropped by the kernel (reason = kernel drop reason name) or flagged by the observer (calico_allow_set, vni_unknown, vxlan_no_i_flag, outer_fragment, over_mtu), by interface, encapsulation and peer.",
+                "Received packets dropped by the kernel (reason = kernel drop reason name) or flagged by the observer (calico_allow_set, vni_unknown, vxlan_no_i_flag, outer_fragment, over_mtu, path_mtu), by interface, encapsulation and peer.",
+            ),
+            family(
+                "observer_anomalies_active",
+                "Anomalies holding now, by kind (one_way, snat_suspected, allow_set_drop, encap_mismatch, mtu, unknown_peer, drop_spike); the peers are in the observer's output.",
+                MetricType::GAUGE,
+                Kind::ALL
+                    .iter()
+                    .map(|k| {
+                        let n = input.anomalies.iter().filter(|a| a.kind == *k).count();
+                        (vec![("kind", k.name().to_string())], n as f64)
+                    })
+                    .collect(),
+            ),
+            family(
+                "observer_anomalies_raised_total",
+                "Anomalies raised since the observer attached, by kind.",
+                MetricType::COUNTER,
+                Kind::ALL
+                    .iter()
+                    .map(|k| {
+                        let n = input.anomalies_raised.get(k).copied().unwrap_or(0);
+                        (vec![("kind", k.name().to_string())], n as f64)
+                    })
+                    .collect(),
             ),
             family(
                 "observer_programs_attached",
@@ -557,6 +590,8 @@ mod tests {
             stats: KernelStats::default(),
             programs_attached: 2,
             at: SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_700_000_000),
+            anomalies: &[],
+            anomalies_raised: &BTreeMap::new(),
         };
         encode(&exporter.families(&input)).unwrap()
     }
@@ -565,6 +600,51 @@ mod tests {
         text.lines()
             .find(|l| l.starts_with(series) && l[series.len()..].starts_with(' '))
             .map(|l| l.rsplit(' ').next().unwrap().parse().unwrap())
+    }
+
+    #[test]
+    fn anomaly_families_count_active_and_raised_per_kind() {
+        let anomaly = Anomaly {
+            kind: Kind::OneWay,
+            peer: "10.10.60.127".parse().unwrap(),
+            proto: "vxlan",
+            since: SystemTime::UNIX_EPOCH,
+            evidence: BTreeMap::new(),
+            summary: String::new(),
+            hint: String::new(),
+        };
+        let raised = BTreeMap::from([(Kind::OneWay, 3), (Kind::Mtu, 1)]);
+        let ifaces = HashMap::new();
+        let input = ExportInput {
+            rows: &[],
+            drops: &[],
+            ifaces: &ifaces,
+            stats: KernelStats::default(),
+            programs_attached: 2,
+            at: SystemTime::UNIX_EPOCH,
+            anomalies: &[&anomaly, &anomaly],
+            anomalies_raised: &raised,
+        };
+        let text = encode(&Exporter::new(10).families(&input)).unwrap();
+        assert_eq!(
+            value(&text, r#"observer_anomalies_active{kind="one_way"}"#),
+            Some(2.0)
+        );
+        assert_eq!(
+            value(&text, r#"observer_anomalies_active{kind="mtu"}"#),
+            Some(0.0)
+        );
+        assert_eq!(
+            value(&text, r#"observer_anomalies_raised_total{kind="one_way"}"#),
+            Some(3.0)
+        );
+        assert_eq!(
+            value(
+                &text,
+                r#"observer_anomalies_raised_total{kind="drop_spike"}"#
+            ),
+            Some(0.0)
+        );
     }
 
     #[test]
