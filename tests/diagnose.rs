@@ -1,13 +1,6 @@
 //! `observer diagnose` end to end: exit status and findings on a healthy and
-//! a broken two-node VXLAN overlay built like Calico builds it (pod-block
-//! routes via the vxlan device, onlink, with neighbour and FDB entries),
-//! and its errors.
-//!
-//! ```text
-//!   ns A: va 198.18.0.1/24  <-veth->  ns B: vb 198.18.0.2/24
-//!   vxlan.calico VNI 4096 / 4789      vxlan.calico VNI 4096 / 4789
-//!   pod 198.19.1.1 (block .1.0/24)    pod 198.19.2.1 (block .2.0/24)
-//! ```
+//! a broken two-node VXLAN overlay (tests/support/overlay.rs), and its
+//! errors.
 
 mod support;
 
@@ -17,127 +10,10 @@ use std::{
 };
 
 use serde_json::Value;
-use support::netns::{Netns, ObserverProcess, VethEnd, veth_pair};
-
-const A_IP: &str = "198.18.0.1";
-const B_IP: &str = "198.18.0.2";
-
-/// One node of the overlay.
-struct Node {
-    underlay: &'static str,
-    vtep_mac: &'static str,
-    /// The vxlan device's own address: the pod block's first address.
-    vtep_ip: &'static str,
-    block: &'static str,
-    pod: &'static str,
-}
-
-const NODE_A: Node = Node {
-    underlay: A_IP,
-    vtep_mac: "02:00:00:00:01:0a",
-    vtep_ip: "198.19.1.0",
-    block: "198.19.1.0/24",
-    pod: "198.19.1.1",
+use support::{
+    netns::{Netns, ObserverProcess},
+    overlay::{A_IP, B_IP, NODE_A, NODE_B, Overlay, ping},
 };
-const NODE_B: Node = Node {
-    underlay: B_IP,
-    vtep_mac: "02:00:00:00:01:0b",
-    vtep_ip: "198.19.2.0",
-    block: "198.19.2.0/24",
-    pod: "198.19.2.1",
-};
-
-/// Two namespaces with the overlay; dropped (deleted) at the end of the test.
-struct Overlay {
-    a: Netns,
-    b: Netns,
-}
-
-impl Overlay {
-    fn new(tag: &str) -> Overlay {
-        let a = Netns::new(&format!("{tag}a"));
-        let b = Netns::new(&format!("{tag}b"));
-        let end = |iface: &str, mac: &str, addr: &str| VethEnd {
-            iface: iface.into(),
-            mac: mac.into(),
-            addr: addr.into(),
-        };
-        veth_pair(
-            &a,
-            &end("va", "02:00:00:00:00:0a", A_IP),
-            &b,
-            &end("vb", "02:00:00:00:00:0b", B_IP),
-            24,
-        );
-        for (ns, dev, me, peer) in [(&a, "va", &NODE_A, &NODE_B), (&b, "vb", &NODE_B, &NODE_A)] {
-            ns.ip(&[
-                "link",
-                "add",
-                "vxlan.calico",
-                "address",
-                me.vtep_mac,
-                "type",
-                "vxlan",
-                "id",
-                "4096",
-                "dstport",
-                "4789",
-                "local",
-                me.underlay,
-                "dev",
-                dev,
-                "nolearning",
-            ]);
-            ns.ip(&["link", "set", "vxlan.calico", "mtu", "1450", "up"]);
-            ns.ip(&[
-                "addr",
-                "add",
-                &format!("{}/32", me.vtep_ip),
-                "dev",
-                "vxlan.calico",
-            ]);
-            // The pod address lives on lo (this kernel has no dummy device).
-            ns.ip(&["addr", "add", &format!("{}/32", me.pod), "dev", "lo"]);
-            ns.ip(&[
-                "route",
-                "add",
-                peer.block,
-                "via",
-                peer.vtep_ip,
-                "dev",
-                "vxlan.calico",
-                "onlink",
-                "src",
-                me.pod,
-            ]);
-            ns.neigh(peer.vtep_ip, peer.vtep_mac, "vxlan.calico");
-            ns.bridge(&[
-                "fdb",
-                "append",
-                peer.vtep_mac,
-                "dev",
-                "vxlan.calico",
-                "dst",
-                peer.underlay,
-                "self",
-                "permanent",
-            ]);
-        }
-        Overlay { a, b }
-    }
-}
-
-/// `ping` from `from`'s pod to `to`'s pod, in the background.
-fn ping(ns: &Netns, from: &Node, to: &Node, count: u32) -> Child {
-    Command::new("ip")
-        .args(["netns", "exec", ns.name(), "ping", "-q", "-i", "0.2", "-c"])
-        .arg(count.to_string())
-        .args(["-I", from.pod, to.pod])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("ping")
-}
 
 /// Runs `observer diagnose --output json ARGS...` to the end, no traffic.
 fn diagnose(args: &[&str]) -> Output {

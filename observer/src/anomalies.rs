@@ -309,8 +309,11 @@ struct Totals {
     over_mtu: u64,
     outer_fragment: u64,
     path_mtu: u64,
-    /// Every drop, whatever the reason.
-    drops: u64,
+    /// Drops the kernel reported, whatever the reason.
+    kernel_drops: u64,
+    /// Drops the classifier predicts (every reason but outer_fragment,
+    /// which is no drop by itself).
+    classifier_drops: u64,
 }
 
 impl Totals {
@@ -323,8 +326,16 @@ impl Totals {
             over_mtu: self.over_mtu.saturating_sub(base.over_mtu),
             outer_fragment: self.outer_fragment.saturating_sub(base.outer_fragment),
             path_mtu: self.path_mtu.saturating_sub(base.path_mtu),
-            drops: self.drops.saturating_sub(base.drops),
+            kernel_drops: self.kernel_drops.saturating_sub(base.kernel_drops),
+            classifier_drops: self.classifier_drops.saturating_sub(base.classifier_drops),
         }
+    }
+
+    /// Packets dropped: the kernel and the classifier usually see the same
+    /// packets (a flagged source, then netfilter's DROP), so the larger of
+    /// the two rather than their sum.
+    fn drops(&self) -> u64 {
+        self.kernel_drops.max(self.classifier_drops)
     }
 }
 
@@ -616,11 +627,15 @@ fn collect(
         let key = (peer, id.proto);
         let packets = drop.row.packets;
         let t = totals.entry(key).or_default();
-        t.drops += packets;
         let classifier = match id.origin {
             Origin::Classifier => ClassifierDrop::from_u16(id.reason as u16),
             Origin::Kernel => None,
         };
+        match (id.origin, classifier) {
+            (Origin::Kernel, _) => t.kernel_drops += packets,
+            (_, Some(ClassifierDrop::OuterFragment)) => {}
+            _ => t.classifier_drops += packets,
+        }
         match classifier {
             Some(ClassifierDrop::CalicoAllowSet) => t.allow_set += packets,
             Some(ClassifierDrop::OverMtu) => t.over_mtu += packets,
@@ -869,8 +884,10 @@ fn rules(
         });
     }
 
-    // drop_spike: the drop rate over the window.
-    let rate = d.drops as f64 / seconds;
+    // drop_spike: the drop rate over the window (a shorter history, at
+    // start, had no drops before it).
+    let drops = d.drops();
+    let rate = drops as f64 / seconds.max(th.window.as_secs_f64());
     if rate > th.drop_spike_pps {
         let reasons: BTreeMap<&str, u64> = extra
             .reasons
@@ -880,14 +897,14 @@ fn rules(
         found.push(Finding {
             kind: Kind::DropSpike,
             evidence: BTreeMap::from([
-                ("drops", json!(d.drops)),
+                ("drops", json!(drops)),
                 ("drops_per_second", json!((rate * 10.0).round() / 10.0)),
                 ("threshold_per_second", json!(th.drop_spike_pps)),
                 ("reasons_since_attach", json!(reasons)),
             ]),
             summary: format!(
-                "{rate:.1} {p} drops/s for {peer} ({} in {secs} s; threshold {})",
-                d.drops, th.drop_spike_pps
+                "{rate:.1} {p} drops/s for {peer} ({drops} in {secs} s; threshold {})",
+                th.drop_spike_pps
             ),
             hint: format!(
                 "see the drop rows for {peer}: the reasons say whether policy (allow-set, netfilter), the VNI, or the MTU drops them"

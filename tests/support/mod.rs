@@ -6,6 +6,7 @@ pub mod calico;
 pub mod exporter;
 pub mod frames;
 pub mod netns;
+pub mod overlay;
 pub mod storm;
 
 /// True when the test may use the kernel (root). Without root the test is
