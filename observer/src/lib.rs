@@ -9,7 +9,9 @@
 //!   counters, vxlan devices, MTU) through `tools`; `checks` refreshes those
 //!   facts and `mirror` writes them into the programs' maps;
 //! - `kernel_btf` reads drop reason names and sk_buff offsets;
-//! - `testrun` runs programs on frames without a device.
+//! - `testrun` runs programs on frames without a device;
+//! - `lab` rebuilds the overlay incident in network namespaces and
+//!   diagnoses it with observers on every node.
 
 pub mod aggregate;
 pub mod allowsets;
@@ -20,6 +22,7 @@ pub mod drops;
 pub mod export;
 pub mod flows;
 pub mod kernel_btf;
+pub mod lab;
 pub mod loader;
 pub mod localnet;
 pub mod mirror;
