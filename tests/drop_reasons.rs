@@ -5,7 +5,7 @@
 
 mod support;
 
-use std::{collections::BTreeSet, os::fd::BorrowedFd};
+use std::{collections::BTreeSet, net::IpAddr, os::fd::BorrowedFd};
 
 use ipnet::IpNet;
 use observer::{
@@ -322,4 +322,98 @@ fn egress_and_plain_traffic_are_never_flagged() {
     assert!(run(&obs, Hook::TcEgress, &frame, 3).is_empty());
     let plain = udp_frame(addr("198.18.5.5"), addr("198.18.0.1"), 1000, 2000, b"x");
     assert!(run(&obs, Hook::Xdp, &plain, 3).is_empty());
+}
+
+/// A router's ICMP error quoting the first bytes of `quoted` (an IP packet
+/// this node sent): type 3 code 4 for IPv4, type 2 for IPv6, with `mtu`.
+fn too_big_frame(router: IpAddr, node: IpAddr, quoted: &[u8], mtu: u32) -> Vec<u8> {
+    // RFC 792 quotes the IP header and 8 bytes; RFC 4443 as much as fits.
+    let quoted = &quoted[..quoted.len().min(ip_hlen(node) + 8 + 16)];
+    match (router, node) {
+        (IpAddr::V4(r), IpAddr::V4(n)) => {
+            let mut icmp = cat(&[&[3, 4, 0, 0, 0, 0], &(mtu as u16).to_be_bytes(), quoted]);
+            let sum = internet_checksum(&[&icmp]);
+            icmp[2..4].copy_from_slice(&sum.to_be_bytes());
+            eth(ETH_P_IP, &ipv4(r, n, 1, &icmp))
+        }
+        (IpAddr::V6(r), IpAddr::V6(n)) => {
+            // The checksum is not verified by the classifier.
+            let icmp = cat(&[&[2, 0, 0, 0], &mtu.to_be_bytes(), quoted]);
+            eth(ETH_P_IPV6, &ipv6(r, n, 58, &icmp))
+        }
+        _ => panic!("mixed families"),
+    }
+}
+
+#[test]
+fn too_big_errors_about_tunnel_packets_count_as_path_mtu() {
+    if !support::have_root("too_big_errors_about_tunnel_packets_count_as_path_mtu") {
+        return;
+    }
+    let node = addr("198.18.0.1");
+    let router = addr("198.18.0.254");
+    let peer = addr("198.18.7.7");
+    let ipip = ip(
+        node,
+        peer,
+        4,
+        &icmp_packet(addr("10.42.0.1"), addr("10.42.0.2")),
+    );
+    let vxlan = vxlan_frame(node, peer, 4096, &inner())[ETH_HLEN..].to_vec();
+    let not_tunnel = ip(node, peer, 6, &[0u8; 20]);
+    let node6 = addr("fd00:7::1");
+    let peer6 = addr("fd00:7::7");
+    let vxlan6 = vxlan_frame(node6, peer6, 4096, &inner())[ETH_HLEN..].to_vec();
+    // XDP only (tc ingress does not look at ICMP errors; see xdp_ingress.rs).
+    let hook = Hook::Xdp;
+    {
+        let obs = observer();
+        // About other traffic, an echo request, an ICMP of another kind: nothing.
+        assert!(
+            run(
+                &obs,
+                hook,
+                &too_big_frame(router, node, &not_tunnel, 1400),
+                2
+            )
+            .is_empty()
+        );
+        assert!(run(&obs, hook, &icmp_eth_frame(router, node), 2).is_empty());
+        run(&obs, hook, &too_big_frame(router, node, &ipip, 1400), 3);
+        run(&obs, hook, &too_big_frame(router, node, &vxlan, 1400), 2);
+        // Truncated quote: the UDP ports are missing, so it is not counted.
+        let short = too_big_frame(router, node, &vxlan[..20], 1400);
+        let rows = run(&obs, hook, &short, 1);
+        let rows6 = run(
+            &obs,
+            hook,
+            &too_big_frame(addr("fd00:7::fe"), node6, &vxlan6, 1280),
+            4,
+        );
+        assert_eq!(
+            rows6,
+            vec![
+                (
+                    Proto::Vxlan,
+                    "198.18.7.7".into(),
+                    ClassifierDrop::PathMtu,
+                    2
+                ),
+                (Proto::Vxlan, "fd00:7::7".into(), ClassifierDrop::PathMtu, 4),
+                (Proto::Ipip, "198.18.7.7".into(), ClassifierDrop::PathMtu, 3),
+            ],
+            "{hook:?}"
+        );
+        assert_eq!(rows.len(), 2);
+        // The reported next-hop MTU is kept with the row.
+        let mtus: BTreeSet<(String, u32)> = drops::read(&obs)
+            .unwrap()
+            .into_iter()
+            .map(|(id, _)| (id.peer.unwrap().to_string(), id.vni))
+            .collect();
+        assert_eq!(
+            mtus,
+            BTreeSet::from([("198.18.7.7".into(), 1400), ("fd00:7::7".into(), 1280)])
+        );
+    }
 }

@@ -314,16 +314,22 @@ pub enum ClassifierDrop {
     OuterFragment = 4,
     /// The outer IP packet is larger than the interface MTU.
     OverMtu = 5,
+    /// A router answered a tunnel packet this node sent with ICMP
+    /// "fragmentation needed" / ICMPv6 "packet too big": the path MTU is
+    /// below the tunnel's. Counted against the tunnel peer the packet was
+    /// for, with the reported next-hop MTU in the key's `vni` field.
+    PathMtu = 6,
 }
 
 impl ClassifierDrop {
     /// Every reason.
-    pub const ALL: [ClassifierDrop; 5] = [
+    pub const ALL: [ClassifierDrop; 6] = [
         ClassifierDrop::CalicoAllowSet,
         ClassifierDrop::VxlanNoIFlag,
         ClassifierDrop::VniUnknown,
         ClassifierDrop::OuterFragment,
         ClassifierDrop::OverMtu,
+        ClassifierDrop::PathMtu,
     ];
 
     /// Decodes a stored reason.
@@ -339,6 +345,7 @@ impl ClassifierDrop {
             ClassifierDrop::VniUnknown => "vni_unknown",
             ClassifierDrop::OuterFragment => "outer_fragment",
             ClassifierDrop::OverMtu => "over_mtu",
+            ClassifierDrop::PathMtu => "path_mtu",
         }
     }
 }
@@ -347,11 +354,13 @@ impl ClassifierDrop {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct DropKey {
-    /// Outer source of the dropped packet (zero for `Other`).
+    /// Outer source of the dropped packet (zero for `Other`); for
+    /// [`ClassifierDrop::PathMtu`] the destination of the quoted packet.
     pub peer: [u32; 4],
     /// Interface the packet arrived on.
     pub ifindex: u32,
-    /// VNI when the encapsulation has one.
+    /// VNI when the encapsulation has one; for [`ClassifierDrop::PathMtu`]
+    /// the next-hop MTU the router reported (rows per MTU value stay few).
     pub vni: u32,
     /// [`ClassifierDrop`] or the kernel's drop reason: `enum
     /// skb_drop_reason`, with a subsystem (e.g. openvswitch) in the upper

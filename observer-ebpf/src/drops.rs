@@ -85,6 +85,21 @@ pub fn classifier_checks(ifindex: u32, c: &Classified, wire_len: u64) {
     }
 }
 
+/// Counts a router's "too big" ICMP error about a tunnel packet this node
+/// sent, against the tunnel peer it was sent to (see `parse::too_big`).
+#[inline(always)]
+pub fn path_mtu_checks<F: crate::parse::Frame>(f: &F, ifindex: u32, c: &Classified, wire_len: u64) {
+    if let Some(quoted) = crate::parse::too_big(f, c) {
+        record(
+            ifindex,
+            &quoted,
+            drop_origin::CLASSIFIER,
+            ClassifierDrop::PathMtu as u32,
+            wire_len,
+        );
+    }
+}
+
 /// True when the packet's encapsulation has an active allow-set that does
 /// not contain its source.
 #[inline(always)]

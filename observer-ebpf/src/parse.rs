@@ -20,6 +20,7 @@ const ETH_P_8021AD: u16 = 0x88a8;
 const ETH_P_TEB: u16 = 0x6558;
 
 const IPPROTO_HOPOPTS: u8 = 0;
+const IPPROTO_ICMP: u8 = 1;
 const IPPROTO_IPIP: u8 = 4;
 const IPPROTO_TCP: u8 = 6;
 const IPPROTO_UDP: u8 = 17;
@@ -28,12 +29,15 @@ const IPPROTO_ROUTING: u8 = 43;
 const IPPROTO_FRAGMENT: u8 = 44;
 const IPPROTO_GRE: u8 = 47;
 const IPPROTO_AH: u8 = 51;
+const IPPROTO_ICMPV6: u8 = 58;
 const IPPROTO_DSTOPTS: u8 = 60;
 
 const UDP_HLEN: usize = 8;
 const VXLAN_HLEN: usize = 8;
 const GENEVE_HLEN: usize = 8;
 const GRE_HLEN: usize = 4;
+/// ICMP and ICMPv6 error headers are 8 bytes before the quoted packet.
+const ICMP_HLEN: usize = 8;
 /// IPv6 extension headers followed before giving up (`unsupported`).
 const MAX_IPV6_EXT: usize = 4;
 
@@ -506,4 +510,58 @@ pub fn headers_len<F: Frame>(f: &F, c: &Classified) -> Option<usize> {
         IPPROTO_UDP => Some(c.l4_off + UDP_HLEN),
         _ => Some(c.l4_off),
     }
+}
+
+/// A router's "fragmentation needed" (ICMP 3/4) or "packet too big"
+/// (ICMPv6 2) error about a tunnel packet this node sent: returns the
+/// quoted packet classified as sent (peer = its destination, the tunnel
+/// peer), with the next-hop MTU the router reported in `vni`. `None` for
+/// any other packet.
+///
+/// Only the quoted outer headers are read (RFC 792 guarantees the IP header
+/// and 8 bytes after it): enough for the IP protocol or the UDP port that
+/// names the encapsulation.
+#[inline(always)]
+pub fn too_big<F: Frame>(f: &F, c: &Classified) -> Option<Classified> {
+    if c.proto != Proto::Other || c.reason != Unclassified::None || c.l4_off == 0 {
+        return None;
+    }
+    let icmp = f.read::<[u16; 4]>(c.l4_off)?;
+    let [kind, code] = icmp[0].to_ne_bytes();
+    let quoted_off = c.l4_off + ICMP_HLEN;
+    let mut q = Classified::unclassified(Unclassified::None);
+    let (quoted_l4_off, quoted_proto) = match c.l4_proto {
+        IPPROTO_ICMP if kind == 3 && code == 4 => {
+            q.vni = u16::from_be(icmp[3]) as u32;
+            let h = f.read::<Ipv4Hdr>(quoted_off)?;
+            if h.version_ihl >> 4 != 4 {
+                return None;
+            }
+            q.peer[0] = h.dst;
+            q.peer_family = family::V4;
+            (quoted_off + ((h.version_ihl & 0x0f) as usize) * 4, h.proto)
+        }
+        IPPROTO_ICMPV6 if kind == 2 => {
+            q.vni = ((u16::from_be(icmp[2]) as u32) << 16) | u16::from_be(icmp[3]) as u32;
+            let h = f.read::<Ipv6Hdr>(quoted_off)?;
+            q.peer = h.dst;
+            q.peer_family = family::V6;
+            (quoted_off + 40, h.next_header)
+        }
+        _ => return None,
+    };
+    q.proto = match quoted_proto {
+        IPPROTO_IPIP => Proto::Ipip,
+        IPPROTO_IPV6 => Proto::Ip6ip,
+        IPPROTO_GRE => Proto::Gre,
+        IPPROTO_UDP => {
+            let ports = f.read::<[u16; 2]>(quoted_l4_off)?;
+            Proto::from_u8(port_tag(u16::from_be(ports[1])) & PORT_PROTO_MASK)
+        }
+        _ => Proto::Other,
+    };
+    if q.proto == Proto::Other {
+        return None;
+    }
+    Some(q)
 }

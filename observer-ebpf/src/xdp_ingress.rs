@@ -58,4 +58,7 @@ fn try_observer_xdp(ctx: &XdpContext) {
     let ifindex = ctx.ingress_ifindex() as u32;
     count::record(ifindex, Direction::Rx, &c, 1, bytes);
     drops::classifier_checks(ifindex, &c, bytes);
+    // Only here, not in tc ingress: there the extra reads push the
+    // verifier past its 1M-instruction limit (two access paths per read).
+    drops::path_mtu_checks(&frame, ifindex, &c, bytes);
 }

@@ -17,8 +17,10 @@ use tokio::signal::unix::{Signal, SignalKind, signal};
 use crate::{
     aggregate::{Aggregator, DropAggregator},
     allowsets::AllowSetConfig,
+    anomalies::{Engine, Event, Findings, Known},
     checks::NodeChecks,
     cli::AttachArgs,
+    dataplane::{ChangeWatcher, DataPlane},
     drops,
     export::{self, ExportInput, Exporter, TEXTFILE_NAME},
     loader::{self, InterfaceEvent, LoadConfig, Observer},
@@ -27,6 +29,9 @@ use crate::{
     preflight,
     settings::Settings,
 };
+
+/// Default `--duration` of `observer diagnose`.
+pub const DIAGNOSE_DURATION: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Userspace rows kept per kernel flow-map entry: rows outlive evicted
 /// kernel keys so totals stay monotonic, within this bound.
@@ -39,7 +44,44 @@ pub fn run(args: AttachArgs) -> Result<()> {
     if let Some(name) = &args.netns {
         netns::enter(name)?;
     }
-    let settings = Settings::load(&args)?;
+    monitor(&args, Mode::Attach).map(|_| ())
+}
+
+/// Which command runs the monitor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// `observer attach`: prints every interval until stopped.
+    Attach,
+    /// `observer diagnose`: bounded; prints intervals only as JSON lines
+    /// or a live table on a terminal, and keeps what the write-up needs.
+    Diagnose,
+}
+
+/// What a finished run leaves for the diagnosis.
+#[derive(Debug, Default)]
+pub struct Outcome {
+    /// Every anomaly seen during the run.
+    pub findings: Findings,
+    /// The last read: rows, drop rows, netfilter cross-check.
+    pub rows: Vec<crate::aggregate::Row>,
+    /// Drop rows of the last read.
+    pub drops: Vec<DropRow>,
+    /// Netfilter cross-check of the last read.
+    pub netfilter: Vec<output::NetfilterCheck>,
+    /// What the node knew at the end.
+    pub known: Known,
+    /// Interfaces watched.
+    pub interfaces: Vec<String>,
+    /// How long it ran.
+    pub seconds: f64,
+    /// The output format used.
+    pub format: Option<Format>,
+}
+
+/// Loads, attaches and runs the read loop in the current network
+/// namespace until a signal, `--duration` or a closed stdout.
+pub fn monitor(args: &AttachArgs, mode: Mode) -> Result<Outcome> {
+    let settings = Settings::load(args)?;
     preflight::check_privileges()?;
     preflight::check_btf(std::path::Path::new(preflight::KERNEL_BTF))?;
     let mut seen = std::collections::HashSet::new();
@@ -58,6 +100,9 @@ pub fn run(args: AttachArgs) -> Result<()> {
         ports: settings.ports.clone(),
     })?;
     let format = args.output.unwrap_or(if io::stdout().is_terminal() {
+        Format::Table
+    } else if mode == Mode::Diagnose {
+        // A diagnosis piped to a file or a script is the write-up alone.
         Format::Table
     } else {
         Format::Json
@@ -95,17 +140,26 @@ pub fn run(args: AttachArgs) -> Result<()> {
                 SystemTime::now(),
             ))?;
             if writeln!(io::stdout(), "{line}").is_err() {
-                return Ok(());
+                return Ok(Outcome::default());
             }
         }
     }
 
-    let mut monitor = Monitor::new(&mut observer, &args, settings, format);
+    let mut monitor = Monitor::new(&mut observer, args, settings, format, mode);
     let result = runtime.block_on(monitor.run(signals));
     monitor.remove_textfile();
+    let outcome = Outcome {
+        findings: std::mem::take(&mut monitor.findings),
+        interfaces: monitor.settings.interfaces.clone(),
+        known: monitor.known(),
+        seconds: monitor.started.elapsed().as_secs_f64(),
+        format: Some(format),
+        ..std::mem::take(&mut monitor.last)
+    };
     // Dropping the observer closes the links: everything is detached.
+    drop(monitor);
     drop(observer);
-    result
+    result.map(|()| outcome)
 }
 
 /// The signals the run reacts to.
@@ -142,6 +196,82 @@ struct Monitor<'a> {
     ifaces: HashMap<u32, String>,
     /// Where the textfile was last written, to remove it on exit.
     written: Option<PathBuf>,
+    mode: Mode,
+    engine: Engine,
+    /// Every anomaly of the run (diagnose only).
+    findings: Findings,
+    /// The last read (diagnose only).
+    last: Outcome,
+    /// When counting started; the engine's clock.
+    started: Instant,
+    /// The node's data plane, re-read when netlink reports a change.
+    dataplane: DataPlaneState,
+}
+
+/// The data-plane view and what keeps it current.
+struct DataPlaneState {
+    view: Option<DataPlane>,
+    /// `None` when notifications could not be subscribed: then the view is
+    /// re-read every interval.
+    watcher: Option<ChangeWatcher>,
+    last_error: Option<String>,
+}
+
+impl DataPlaneState {
+    fn new() -> DataPlaneState {
+        let watcher = ChangeWatcher::new()
+            .inspect_err(|e| {
+                tracing::warn!(error = %format!("{e:#}"), "no netlink change notifications; the data plane is re-read every interval")
+            })
+            .ok();
+        DataPlaneState {
+            view: None,
+            watcher,
+            last_error: None,
+        }
+    }
+
+    /// Re-reads the view when netlink reported a change (always the first
+    /// time); true when the view differs from the previous one.
+    fn refresh(&mut self) -> bool {
+        let changed = self.watcher.as_ref().is_none_or(|w| w.take_changed());
+        if !changed && self.view.is_some() {
+            return false;
+        }
+        match DataPlane::read() {
+            Ok(view) => {
+                self.last_error = None;
+                if self.view.as_ref() == Some(&view) {
+                    return false;
+                }
+                self.view = Some(view);
+                true
+            }
+            Err(e) => {
+                let error = format!("{e:#}");
+                if self.last_error.as_ref() != Some(&error) {
+                    tracing::error!(
+                        error,
+                        "cannot read the data plane (routes, FDB, devices); anomalies use the last view"
+                    );
+                    self.last_error = Some(error);
+                }
+                false
+            }
+        }
+    }
+}
+
+/// `{"type":"dataplane",...}`: what the data plane prescribes, printed when
+/// it changes.
+#[derive(Serialize)]
+struct DataPlaneLine<'a> {
+    r#type: &'static str,
+    ts: String,
+    devices: &'a [crate::dataplane::TunnelDevice],
+    underlay: &'a [crate::dataplane::UnderlayInterface],
+    expected_peers: std::collections::BTreeMap<std::net::IpAddr, crate::dataplane::ExpectedPeer>,
+    unresolved_routes: Vec<&'a crate::dataplane::TunnelRoute>,
 }
 
 impl<'a> Monitor<'a> {
@@ -150,8 +280,10 @@ impl<'a> Monitor<'a> {
         args: &'a AttachArgs,
         settings: Settings,
         format: Format,
+        mode: Mode,
     ) -> Self {
         let max_rows = (settings.max_flows as usize).saturating_mul(ROWS_PER_FLOW);
+        let settings_thresholds = settings.thresholds;
         let checks = NodeChecks::new(allow_set_config(&settings), settings.allow_set_refresh);
         let ifaces = observer
             .attachments()
@@ -169,6 +301,60 @@ impl<'a> Monitor<'a> {
             checks,
             ifaces,
             written: None,
+            mode,
+            engine: Engine::new(settings_thresholds, 0.0),
+            findings: Findings::default(),
+            last: Outcome::default(),
+            started: Instant::now(),
+            dataplane: DataPlaneState::new(),
+        }
+    }
+
+    /// What the node knows about its peers now.
+    fn known(&self) -> Known {
+        let view = self.dataplane.view.as_ref();
+        Known {
+            nodes: view.map(|v| v.expected_peers()).unwrap_or_default(),
+            local: view.map(|v| v.local_addresses()).unwrap_or_default(),
+            allow: self.checks.allow_sets().cloned(),
+        }
+    }
+
+    /// Re-reads the data plane when netlink says it changed, printing the
+    /// new view as a JSON line.
+    fn refresh_dataplane(&mut self) -> io::Result<()> {
+        if !self.dataplane.refresh() {
+            return Ok(());
+        }
+        let Some(view) = self.dataplane.view.as_ref() else {
+            return Ok(());
+        };
+        let line = DataPlaneLine {
+            r#type: "dataplane",
+            ts: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
+            devices: &view.devices,
+            underlay: &view.underlay,
+            expected_peers: view.expected_peers(),
+            unresolved_routes: view.unresolved_routes(),
+        };
+        tracing::info!(
+            devices = view.devices.len(),
+            expected_peers = line.expected_peers.len(),
+            unresolved_routes = line.unresolved_routes.len(),
+            "data plane read"
+        );
+        if self.prints_intervals() {
+            self.print_lines(&[line])?;
+        }
+        Ok(())
+    }
+
+    /// Whether interval output goes to stdout: always for attach; for
+    /// diagnose as JSON lines or a live table on a terminal.
+    fn prints_intervals(&self) -> bool {
+        match self.mode {
+            Mode::Attach => true,
+            Mode::Diagnose => self.format == Format::Json || io::stdout().is_terminal(),
         }
     }
 
@@ -193,10 +379,17 @@ impl<'a> Monitor<'a> {
         if stop_on_closed_stdout(self.print_lines(&reports))? {
             return Ok(());
         }
+        if stop_on_closed_stdout(self.refresh_dataplane())? {
+            return Ok(());
+        }
         // Baseline of the netfilter counters: the comparison is since attach.
         self.checks.netfilter(&[]);
         let start = tokio::time::Instant::now();
-        let deadline = self.args.duration.map(|d| start + d);
+        let duration = match self.mode {
+            Mode::Attach => self.args.duration,
+            Mode::Diagnose => Some(self.args.duration.unwrap_or(DIAGNOSE_DURATION)),
+        };
+        let deadline = duration.map(|d| start + d);
         let mut interval = self.settings.interval;
         let mut ticker = tokio::time::interval_at(start + interval, interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -240,6 +433,7 @@ impl<'a> Monitor<'a> {
             .checks
             .refresh(self.observer)
             .map_err(io::Error::other)?;
+        self.refresh_dataplane()?;
         let flows = self.observer.read_flows().map_err(io::Error::other)?;
         self.aggregator.update(&flows);
         self.drop_aggregator
@@ -271,6 +465,21 @@ impl<'a> Monitor<'a> {
             .map_err(io::Error::other)?;
         let at = SystemTime::now();
         self.export(&rows, &drop_rows, stats, at);
+        let known = self.known();
+        let events = self.engine.observe(
+            self.started.elapsed().as_secs_f64(),
+            at,
+            &rows,
+            &drop_rows,
+            &known,
+        );
+        for event in &events {
+            log_event(event);
+        }
+        if self.mode == Mode::Diagnose {
+            self.findings.record(&events);
+        }
+        let active = self.engine.active();
         let snapshot = Snapshot {
             rows: &rows,
             stats,
@@ -281,15 +490,30 @@ impl<'a> Monitor<'a> {
             is_final,
             drops: &drop_rows,
             netfilter: &netfilter,
+            anomaly_events: &events,
+            anomalies: &active,
         };
-        self.print_lines(&reports)?;
-        let mut out = io::stdout().lock();
-        match self.format {
-            Format::Json => output::write_json(&mut out, &snapshot),
-            Format::Table => {
-                output::write_table(&mut out, &snapshot, io::stdout().is_terminal() && !is_final)
+        let result = if self.prints_intervals() {
+            self.print_lines(&reports)?;
+            let mut out = io::stdout().lock();
+            match self.format {
+                Format::Json => output::write_json(&mut out, &snapshot),
+                Format::Table => output::write_table(
+                    &mut out,
+                    &snapshot,
+                    io::stdout().is_terminal() && !is_final,
+                ),
             }
+        } else {
+            Ok(())
+        };
+        if self.mode == Mode::Diagnose {
+            self.findings.still_active(&active);
+            self.last.rows = rows;
+            self.last.drops = drop_rows;
+            self.last.netfilter = netfilter;
         }
+        result
     }
 
     fn report_interface_events(&mut self, events: &[InterfaceEvent]) -> io::Result<()> {
@@ -395,6 +619,7 @@ impl<'a> Monitor<'a> {
             self.remove_textfile();
         }
         self.exporter.set_max_peers(new.max_peers);
+        self.engine.set_thresholds(new.thresholds);
         self.checks = NodeChecks::new(allow_set_config(&new), new.allow_set_refresh);
         self.settings = Settings {
             interfaces: self.settings.interfaces.clone(),
@@ -419,6 +644,27 @@ impl<'a> Monitor<'a> {
         {
             tracing::warn!(path = %path.display(), error = %e, "cannot remove the textfile");
         }
+    }
+}
+
+/// Anomalies also go to the log, so a long-running attach leaves a trace
+/// in the journal whatever the output format.
+fn log_event(event: &Event) {
+    match event {
+        Event::Raised(a) => tracing::warn!(
+            kind = a.kind.name(),
+            peer = %a.peer,
+            proto = a.proto,
+            "anomaly: {}",
+            a.summary
+        ),
+        Event::Cleared { anomaly, duration } => tracing::info!(
+            kind = anomaly.kind.name(),
+            peer = %anomaly.peer,
+            proto = anomaly.proto,
+            duration = %humantime::format_duration(std::time::Duration::from_secs(duration.as_secs())),
+            "anomaly cleared"
+        ),
     }
 }
 

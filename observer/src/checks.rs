@@ -131,6 +131,11 @@ impl NodeChecks {
         Ok(reports)
     }
 
+    /// The allow-sets as last read (`None` before the first refresh).
+    pub fn allow_sets(&self) -> Option<&Snapshot> {
+        self.allow.as_ref()
+    }
+
     fn warn_once(&mut self, problem: String) {
         if !self.reported_problems.contains(&problem) {
             tracing::warn!("{problem}");

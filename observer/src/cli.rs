@@ -36,6 +36,27 @@ pub enum Command {
     ///          observer attach --config /etc/observer/config.toml
     #[command(verbatim_doc_comment)]
     Attach(AttachArgs),
+
+    /// Watch for a bounded time, then write up what is wrong, per peer.
+    ///
+    /// Attaches like `attach` (same options), reads the node's data plane
+    /// (tunnel devices, routes to pod blocks, VXLAN FDB, allow-sets) and
+    /// compares it with what is on the wire: one-way tunnels, source NAT,
+    /// allow-set drops, an encapsulation other than the routes prescribe,
+    /// MTU problems, unknown peers, drop spikes. Prints a short incident
+    /// write-up: what was measured, what it means, what to check next.
+    /// Without IFACE, watches the interfaces that carry tunnel traffic
+    /// (from the routes to the peer nodes). Default --duration: 10s.
+    ///
+    /// Exit status: 0 healthy (no finding), 1 problem found, 2 could not
+    /// run (bad option, missing privileges, no interface).
+    ///
+    /// Example: observer diagnose
+    ///          observer diagnose --netns node-a eth0 --duration 30s
+    ///          observer diagnose --output json | jq 'select(.type=="diagnosis")'
+    #[command(verbatim_doc_comment)]
+    Diagnose(DiagnoseArgs),
+
     /// Rebuild the overlay incident in network namespaces and diagnose it.
     ///
     /// Creates a GPU node (10.10.10.62) behind a router (10.10.10.244) and two
@@ -65,6 +86,14 @@ pub enum Command {
     Lab(LabArgs),
 }
 
+/// Options of `observer diagnose`: those of `attach`.
+#[derive(Debug, Clone, Args)]
+pub struct DiagnoseArgs {
+    /// Same options as attach.
+    #[command(flatten)]
+    pub attach: AttachArgs,
+}
+
 /// Options of `observer lab`.
 #[derive(Debug, Args)]
 pub struct LabArgs {
@@ -83,11 +112,11 @@ pub struct LabArgs {
 }
 
 /// Options of `observer attach`.
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args)]
 pub struct AttachArgs {
     /// Interfaces to observe (the underlay: eth0, bond0, ...); may come
     /// from the config file instead.
-    #[arg(required_unless_present = "config", value_name = "IFACE")]
+    #[arg(value_name = "IFACE")]
     pub ifaces: Vec<String>,
 
     /// TOML settings file (keys as the long options, with underscores:
@@ -172,6 +201,20 @@ pub struct AttachArgs {
     /// take effect in the programs at the next refresh. [default: 5s]
     #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
     pub allow_set_refresh: Option<Duration>,
+
+    /// Span over which anomalies are judged: one-way traffic must last this
+    /// long, and a condition clears after this long without it. [default: 5s]
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+    pub anomaly_window: Option<Duration>,
+
+    /// Packets in one direction (or with an unexpected encapsulation) over
+    /// the window before the anomaly counts. [default: 5]
+    #[arg(long, value_name = "N")]
+    pub anomaly_min_packets: Option<u64>,
+
+    /// Drops per second of one peer that make a drop_spike. [default: 5]
+    #[arg(long, value_name = "PER_SECOND")]
+    pub drop_spike_rate: Option<f64>,
 }
 
 /// Parses `500ms`, `2s`, `1m`, `1h30m`; a bare number means seconds.
@@ -225,7 +268,7 @@ mod tests {
         ])
         .unwrap();
         let Command::Attach(args) = cli.command else {
-            panic!("not attach: {:?}", cli.command);
+            panic!("not attach")
         };
         assert_eq!(args.ifaces, ["eth0", "eth1"]);
         assert_eq!(args.vxlan_ports, [4789, 9000]);
@@ -234,7 +277,21 @@ mod tests {
     }
 
     #[test]
-    fn attach_needs_an_interface() {
-        assert!(Cli::try_parse_from(["observer", "attach"]).is_err());
+    fn diagnose_takes_the_attach_options_and_no_interface() {
+        let cli = Cli::try_parse_from([
+            "observer",
+            "diagnose",
+            "--netns",
+            "gpu",
+            "--anomaly-window",
+            "3s",
+        ])
+        .unwrap();
+        let Command::Diagnose(args) = cli.command else {
+            panic!("not diagnose")
+        };
+        assert!(args.attach.ifaces.is_empty());
+        assert_eq!(args.attach.netns.as_deref(), Some("gpu"));
+        assert_eq!(args.attach.anomaly_window, Some(Duration::from_secs(3)));
     }
 }

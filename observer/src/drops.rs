@@ -116,13 +116,16 @@ fn classifier_reason(value: u32) -> Option<ClassifierDrop> {
 }
 
 /// What a classifier reason means, for the one-line message.
-fn classifier_meaning(reason: ClassifierDrop, allow_sets: &str) -> String {
+fn classifier_meaning(reason: ClassifierDrop, vni: u32, allow_sets: &str) -> String {
     match reason {
         ClassifierDrop::CalicoAllowSet => format!("source not in {allow_sets}"),
         ClassifierDrop::VxlanNoIFlag => "VXLAN header without the I flag".to_string(),
         ClassifierDrop::VniUnknown => "VNI configured on no local vxlan device".to_string(),
         ClassifierDrop::OuterFragment => "outer IP packet is a fragment".to_string(),
         ClassifierDrop::OverMtu => "outer IP packet larger than the interface MTU".to_string(),
+        ClassifierDrop::PathMtu => {
+            format!("too big for the path (a router reported next-hop MTU {vni})")
+        }
     }
 }
 
@@ -134,14 +137,19 @@ pub fn message(id: &DropId, packets: u64, reason: &str, allow_sets: &str) -> Str
         Proto::Other => "non-tunnel".to_string(),
         proto => proto.name().to_uppercase(),
     };
-    let from = id.peer.map_or(String::new(), |p| format!(" from {p}"));
+    let path_mtu = id.origin == Origin::Classifier && id.reason == ClassifierDrop::PathMtu as u32;
+    // A path_mtu row counts packets this node sent: its peer is the destination.
+    let from = id.peer.map_or(String::new(), |p| {
+        format!(" {} {p}", if path_mtu { "to" } else { "from" })
+    });
     let plural = if packets == 1 { "packet" } else { "packets" };
     let verb = match id.origin {
+        Origin::Classifier if path_mtu => "dropped on the path",
         Origin::Classifier if id.reason != ClassifierDrop::CalicoAllowSet as u32 => "flagged",
         _ => "dropped",
     };
     let why = match (id.origin, classifier_reason(id.reason)) {
-        (Origin::Classifier, Some(r)) => classifier_meaning(r, allow_sets),
+        (Origin::Classifier, Some(r)) => classifier_meaning(r, id.vni, allow_sets),
         _ => format!("kernel drop reason {reason}"),
     };
     format!("{packets} {what} {plural}{from} {verb}: {why}")

@@ -5,9 +5,13 @@
 //! - `loader` owns the eBPF object, its attachments and kernel facts (BTF);
 //! - `flows` and `drops` decode kernel rows; `aggregate` keeps monotonic
 //!   totals and rates; `output` renders them; `attach` is the run loop;
-//! - `allowsets`, `netfilter`, `localnet` read the node (sets, rule
-//!   counters, vxlan devices, MTU) through `tools`; `checks` refreshes those
-//!   facts and `mirror` writes them into the programs' maps;
+//! - `allowsets` and `netfilter` read the node's sets and rule counters
+//!   through `tools`; `localnet` its MTUs and vxlan VNIs; `dataplane` its
+//!   tunnel devices, routes, FDB and expected peers through netlink;
+//!   `checks` refreshes those facts and `mirror` writes them into the
+//!   programs' maps;
+//! - `anomalies` turns counters and the node's view into per-peer problems;
+//!   `diagnose` writes them up after a bounded run;
 //! - `kernel_btf` reads drop reason names and sk_buff offsets;
 //! - `testrun` runs programs on frames without a device;
 //! - `lab` rebuilds the overlay incident in network namespaces and
@@ -15,9 +19,12 @@
 
 pub mod aggregate;
 pub mod allowsets;
+pub mod anomalies;
 pub mod attach;
 pub mod checks;
 pub mod cli;
+pub mod dataplane;
+pub mod diagnose;
 pub mod drops;
 pub mod export;
 pub mod flows;

@@ -9,52 +9,10 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
-use crate::tools;
-use serde::Deserialize;
-
-#[derive(Deserialize)]
-struct Link {
-    #[serde(default)]
-    linkinfo: Option<LinkInfo>,
-}
-
-#[derive(Deserialize)]
-struct LinkInfo {
-    #[serde(default)]
-    info_data: Option<VxlanData>,
-}
-
-#[derive(Deserialize)]
-struct VxlanData {
-    id: Option<u32>,
-}
-
-/// VNIs of the vxlan devices in the current network namespace, from
-/// `ip -d -j link show type vxlan` (iproute2 is on every node; the netlink
-/// data-plane reader replaces this later).
+/// VNIs of the vxlan devices in the current network namespace, sorted and
+/// deduplicated (an rtnetlink link dump).
 pub fn vxlan_vnis() -> Result<Vec<u32>> {
-    let json = tools::output(
-        "ip",
-        &["-d", "-j", "link", "show", "type", "vxlan"],
-        "local vxlan devices",
-    )
-    .map_err(|e| anyhow::anyhow!(e))?;
-    parse_vxlan_vnis(&json)
-}
-
-/// VNIs in `ip -d -j link` output, sorted and deduplicated.
-pub fn parse_vxlan_vnis(json: &str) -> Result<Vec<u32>> {
-    if json.trim().is_empty() {
-        return Ok(Vec::new());
-    }
-    let links: Vec<Link> = serde_json::from_str(json).context("parsing `ip -j link` output")?;
-    let mut vnis: Vec<u32> = links
-        .into_iter()
-        .filter_map(|l| l.linkinfo?.info_data?.id)
-        .collect();
-    vnis.sort_unstable();
-    vnis.dedup();
-    Ok(vnis)
+    crate::dataplane::vxlan_vnis()
 }
 
 /// MTU of `iface` in the current network namespace (SIOCGIFMTU on a socket
@@ -98,15 +56,6 @@ pub fn netns_inode() -> Result<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn vnis_from_ip_json() {
-        let json = r#"[{"ifindex":4,"ifname":"vx0","linkinfo":{"info_kind":"vxlan","info_data":{"id":4096,"port":4789}}},{"ifindex":5,"ifname":"flannel.1","linkinfo":{"info_kind":"vxlan","info_data":{"id":1,"port":8472}}},{"ifindex":6,"ifname":"vx1","linkinfo":{"info_kind":"vxlan","info_data":{"id":4096}}}]"#;
-        assert_eq!(parse_vxlan_vnis(json).unwrap(), vec![1, 4096]);
-        assert_eq!(parse_vxlan_vnis("[]").unwrap(), Vec::<u32>::new());
-        assert_eq!(parse_vxlan_vnis("").unwrap(), Vec::<u32>::new());
-        assert!(parse_vxlan_vnis("{").is_err());
-    }
 
     #[test]
     fn loopback_mtu_and_missing_interface() {

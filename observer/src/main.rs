@@ -15,15 +15,26 @@ fn main() -> ExitCode {
         )
         .init();
     let cli = Cli::parse();
-    let result = match cli.command {
-        Command::Attach(args) => observer::attach::run(args),
-        Command::Lab(args) => observer::lab::run(args),
-    };
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("observer: error: {e:#}");
-            ExitCode::FAILURE
-        }
+    match cli.command {
+        Command::Attach(args) => match observer::attach::run(args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => fail(e, ExitCode::FAILURE),
+        },
+        // 0 healthy, 1 problem found, 2 could not run (clap's usage errors
+        // also exit 2).
+        Command::Diagnose(args) => match observer::diagnose::run(args) {
+            Ok(true) => ExitCode::SUCCESS,
+            Ok(false) => ExitCode::from(1),
+            Err(e) => fail(e, ExitCode::from(2)),
+        },
+        Command::Lab(args) => match observer::lab::run(args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => fail(e, ExitCode::FAILURE),
+        },
     }
+}
+
+fn fail(e: anyhow::Error, code: ExitCode) -> ExitCode {
+    eprintln!("observer: error: {e:#}");
+    code
 }

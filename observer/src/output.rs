@@ -13,6 +13,7 @@ use serde::Serialize;
 
 use crate::{
     aggregate::Row,
+    anomalies::{Anomaly, Event},
     drops::DropId,
     loader::{Attachment, DropHook, KernelStats},
 };
@@ -218,6 +219,42 @@ pub struct Snapshot<'a> {
     pub drops: &'a [DropRow],
     /// Netfilter rule counters beside the observer's.
     pub netfilter: &'a [NetfilterCheck],
+    /// Anomalies raised or cleared during the interval (JSON lines).
+    pub anomaly_events: &'a [Event],
+    /// Anomalies active now (table).
+    pub anomalies: &'a [&'a Anomaly],
+}
+
+/// `{"type":"anomaly",...}`: an anomaly raised (`state` "raised") or
+/// cleared (`state` "cleared", with `duration_s`).
+#[derive(Serialize)]
+pub struct AnomalyLine<'a> {
+    r#type: &'static str,
+    ts: &'a str,
+    state: &'static str,
+    #[serde(flatten)]
+    anomaly: &'a Anomaly,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    duration_s: Option<f64>,
+}
+
+impl<'a> AnomalyLine<'a> {
+    /// The line for `event` at `ts`.
+    pub fn new(event: &'a Event, ts: &'a str) -> Self {
+        let (state, anomaly, duration_s) = match event {
+            Event::Raised(a) => ("raised", a, None),
+            Event::Cleared { anomaly, duration } => {
+                ("cleared", anomaly, Some(round2(duration.as_secs_f64())))
+            }
+        };
+        AnomalyLine {
+            r#type: "anomaly",
+            ts,
+            state,
+            anomaly,
+            duration_s,
+        }
+    }
 }
 
 /// Drops by reason of the rx row `row`.
@@ -347,6 +384,13 @@ pub fn write_json(out: &mut impl Write, snap: &Snapshot<'_>) -> io::Result<()> {
                 serde_json::to_string(&line).map_err(io::Error::other)?
             )?;
         }
+    }
+    for event in snap.anomaly_events {
+        writeln!(
+            out,
+            "{}",
+            serde_json::to_string(&AnomalyLine::new(event, &ts)).map_err(io::Error::other)?
+        )?;
     }
     for check in snap.netfilter {
         let line = NetfilterLine {
@@ -533,12 +577,34 @@ pub fn write_table(out: &mut impl Write, snap: &Snapshot<'_>, clear: bool) -> io
             )?;
         }
     }
+    write_anomalies(out, snap.anomalies)?;
     writeln!(
         out,
         "\nflow map: {} entries, {} evictions, {} insert failures",
         snap.stats.flow_entries, snap.stats.flow_evictions, snap.stats.flow_insert_failures
     )?;
     out.flush()
+}
+
+/// The table's anomaly section: one line each, then its next step.
+pub fn write_anomalies(out: &mut impl Write, anomalies: &[&Anomaly]) -> io::Result<()> {
+    if anomalies.is_empty() {
+        return writeln!(out, "\nANOMALIES: none");
+    }
+    writeln!(out, "\nANOMALIES ({})", anomalies.len())?;
+    for a in anomalies {
+        writeln!(
+            out,
+            "  {:<15} {:<6} {:<16} since {}  {}",
+            a.kind.name(),
+            a.proto,
+            a.peer.to_string(),
+            humantime::format_rfc3339_seconds(a.since),
+            a.summary
+        )?;
+        writeln!(out, "  {:<15} next: {}", "", a.hint)?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -580,6 +646,8 @@ mod tests {
             is_final,
             drops: &[],
             netfilter: &[],
+            anomaly_events: &[],
+            anomalies: &[],
         };
         let mut out = Vec::new();
         write_json(&mut out, &snap).unwrap();
@@ -665,6 +733,8 @@ mod tests {
             is_final: false,
             drops: &[],
             netfilter: &[],
+            anomaly_events: &[],
+            anomalies: &[],
         };
         let mut out = Vec::new();
         write_table(&mut out, &snap, false).unwrap();
@@ -718,6 +788,8 @@ mod tests {
             is_final: false,
             drops: &drops,
             netfilter: &[],
+            anomaly_events: &[],
+            anomalies: &[],
         };
         let mut json = Vec::new();
         write_json(&mut json, &snap).unwrap();

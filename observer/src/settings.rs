@@ -12,6 +12,7 @@ use serde::Deserialize;
 
 use crate::{
     allowsets::Tagged,
+    anomalies::Thresholds,
     cli::{AttachArgs, parse_duration},
     loader::XdpMode,
     ports::PortConfig,
@@ -42,6 +43,9 @@ pub struct FileConfig {
     allow_sets: Option<Vec<String>>,
     allow_cidrs: Option<Vec<String>>,
     allow_set_refresh: Option<String>,
+    anomaly_window: Option<String>,
+    anomaly_min_packets: Option<u64>,
+    drop_spike_rate: Option<f64>,
 }
 
 impl FileConfig {
@@ -76,6 +80,8 @@ pub struct Settings {
     pub allow_cidrs: Vec<Tagged<IpNet>>,
     /// Allow-set and vxlan device refresh period.
     pub allow_set_refresh: Duration,
+    /// Anomaly rules' thresholds.
+    pub thresholds: Thresholds,
 }
 
 fn pick<T: Clone>(cli: &[T], file: Option<Vec<T>>, default: Vec<T>) -> Vec<T> {
@@ -163,7 +169,29 @@ impl Settings {
                 .allow_set_refresh
                 .or(duration("allow_set_refresh", file.allow_set_refresh)?)
                 .unwrap_or(DEFAULT_ALLOW_SET_REFRESH),
+            thresholds: {
+                let defaults = Thresholds::default();
+                Thresholds {
+                    window: args
+                        .anomaly_window
+                        .or(duration("anomaly_window", file.anomaly_window)?)
+                        .unwrap_or(defaults.window),
+                    min_packets: args
+                        .anomaly_min_packets
+                        .or(file.anomaly_min_packets)
+                        .unwrap_or(defaults.min_packets),
+                    drop_spike_pps: args
+                        .drop_spike_rate
+                        .or(file.drop_spike_rate)
+                        .unwrap_or(defaults.drop_spike_pps),
+                }
+            },
         };
+        if !(settings.thresholds.drop_spike_pps.is_finite()
+            && settings.thresholds.drop_spike_pps >= 0.0)
+        {
+            bail!("drop_spike_rate must be a number of drops per second, 0 or more");
+        }
         if settings.interfaces.is_empty() {
             bail!(
                 "no interface to observe: name them on the command line or as `interfaces = [...]` in the config file"
@@ -214,6 +242,7 @@ mod tests {
         full.extend_from_slice(argv);
         match Cli::try_parse_from(full).unwrap().command {
             Command::Attach(a) => a,
+            Command::Diagnose(d) => d.attach,
         }
     }
 
