@@ -176,6 +176,15 @@ fn incident_lab_reports_the_incident_exactly() {
         assert_eq!(n(ipip, "sent"), requests + replies, "{ipip}");
     }
 
+    // Each node's observer ended with its own write-up.
+    for node in ["gpu", "cp1", "cp2"] {
+        let own = lines
+            .iter()
+            .find(|l| l["node"] == node && l["type"] == "diagnosis")
+            .unwrap_or_else(|| panic!("no diagnosis from {node}"));
+        assert!(own["text"].as_str().is_some_and(|t| !t.is_empty()), "{own}");
+    }
+
     let diagnosis = fact(&lines, "diagnosis", &[("scenario", "incident")]);
     assert_eq!(diagnosis["healthy"], false);
     let findings: Vec<&str> = diagnosis["findings"]

@@ -75,8 +75,9 @@ pub fn run(args: LabArgs) -> Result<()> {
         match ipip {
             topology::IpipKind::Kernel => "the kernel's IPIP tunnel",
             topology::IpipKind::Userspace =>
-                "this kernel has no IPIP (CONFIG_NET_IPIP), so a userspace tunnel sends the same \
-                 IPIP packets",
+                "this kernel has no IPIP (CONFIG_NET_IPIP), so a userspace tunnel on a TUN device \
+                 sends the same IPIP packets (the node observers do not count a TUN device as a \
+                 tunnel, so they report the IPIP pings as encap_mismatch)",
         }
     ));
     view.lab_line(&json!({
@@ -92,7 +93,7 @@ pub fn run(args: LabArgs) -> Result<()> {
     }));
 
     let mut observers = Observers::spawn(&mut lab, &names, args.duration)?;
-    view.note("observers starting on gpu, cp1 and cp2 (observer attach ... eth0)");
+    view.note("observers starting on gpu, cp1 and cp2 (observer diagnose ... eth0)");
     let first_ready = observers.wait_ready(&mut view, Duration::from_secs(60))?;
 
     // Every ping must end before the first observer stops, so that each

@@ -1,6 +1,7 @@
 //! The observers on the lab's nodes: this same binary, run as `observer
-//! attach --netns <node> --output json eth0` per node, concurrently; their
-//! JSON lines are collected per node and passed to the view as they come.
+//! diagnose --netns <node> --output json eth0` per node, concurrently;
+//! their JSON lines are collected per node and passed to the view as they
+//! come.
 
 use std::{
     io::{BufRead, BufReader, Read},
@@ -61,7 +62,7 @@ impl Observers {
         let duration = format!("{}ms", duration.as_millis());
         for (i, node) in NODES.iter().enumerate() {
             let args = [
-                "attach",
+                "diagnose",
                 "--netns",
                 &names.nodes[i],
                 "--output",
@@ -144,7 +145,8 @@ impl Observers {
         }
         for (i, &index) in self.children.iter().enumerate() {
             let status = lab.child(index).wait()?;
-            if !status.success() {
+            // diagnose exits 1 when it found something: that is its answer.
+            if !matches!(status.code(), Some(0 | 1)) {
                 bail!(
                     "the observer on {} failed ({status}): {}",
                     NODES[i].name,

@@ -1,8 +1,8 @@
 //! The lab's diagnosis, computed only from what the node observers printed
-//! (their JSON lines) and the counters of Calico's rules read at the end:
-//! facts (per path, per foreign source, per drop) and the findings they
-//! add up to. The lab's own knowledge is used only to name nodes: which
-//! node has which underlay address and which pod blocks.
+//! (their JSON lines: peer and drop rows, snat_suspected anomalies) and the
+//! counters of Calico's rules read at the end: facts (per path, per foreign
+//! source, per drop) and the findings they add up to. The lab's own
+//! knowledge is used only to name nodes by their underlay address.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -13,18 +13,19 @@ use ipnet::Ipv4Net;
 use serde::Serialize;
 use serde_json::Value;
 
-use super::topology::{Block, NODES, NodeSpec, RULES};
+use super::topology::{Block, NODES, NodeSpec, RULES, RuleCounts};
 
-/// The node whose block holds an inner source: who really sent a packet.
+/// The node an observer named as the real sender of packets that arrived
+/// from another address (its `snat_suspected` evidence).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Sender {
-    /// Node name.
+    /// Lab name of that node (`?` when no lab node has the address).
     pub node: &'static str,
-    /// Its underlay address.
+    /// The node address the observer named (`real_node`).
     pub addr: Ipv4Addr,
-    /// The inner source seen.
+    /// The inner source that gave it away (`inner_source`).
     pub inner_src: Ipv4Addr,
-    /// The node's block holding it.
+    /// The pod block holding it, from the node's routes (`pod_block`).
     pub block: Ipv4Net,
 }
 
@@ -63,7 +64,7 @@ pub enum Fact {
         packets: u64,
         /// Inner sources sampled by the observer in those packets.
         inner_src: Vec<Ipv4Addr>,
-        /// The nodes whose blocks hold those inner sources.
+        /// The real senders the observer named.
         senders: Vec<Sender>,
     },
     /// Calico allow-set drops: the observer's count beside the rules'.
@@ -166,26 +167,48 @@ fn is_allow_set_drop(line: &Value) -> bool {
     line["origin"] == "classifier" && line["reason"] == "calico_allow_set"
 }
 
-/// The node and block holding pod address `inner`.
-fn owner(inner: Ipv4Addr) -> Option<Sender> {
-    NODES.iter().find_map(|node| {
-        Block::ALL
-            .iter()
-            .map(|&b| node.block(b))
-            .find(|block| block.contains(&inner))
-            .map(|block| Sender {
-                node: node.name,
-                addr: node.addr,
-                inner_src: inner,
-                block,
+/// The real senders behind `outer` (`proto`) that the observer named in
+/// its `snat_suspected` anomalies and final findings.
+fn snat_senders(lines: &[Value], outer: Ipv4Addr, proto: &str) -> Vec<Sender> {
+    let raised = lines
+        .iter()
+        .filter(|l| l["type"] == "anomaly" && l["state"] == "raised");
+    let final_findings = lines
+        .iter()
+        .filter(|l| l["type"] == "diagnosis")
+        .filter_map(|l| l["findings"].as_array())
+        .flatten();
+    let mut senders: Vec<Sender> = raised
+        .chain(final_findings)
+        .filter(|f| {
+            f["kind"] == "snat_suspected"
+                && f["proto"] == proto
+                && f["peer"].as_str() == Some(&outer.to_string())
+        })
+        .filter_map(|f| {
+            let evidence = &f["evidence"];
+            let field = |k: &str| evidence[k].as_str().and_then(|v| v.parse().ok());
+            let addr: Ipv4Addr = field("real_node")?;
+            Some(Sender {
+                node: NODES
+                    .iter()
+                    .find(|n| n.addr == addr)
+                    .map_or("?", |n| n.name),
+                addr,
+                inner_src: field("inner_source")?,
+                block: evidence["pod_block"].as_str()?.parse().ok()?,
             })
-    })
+        })
+        .collect();
+    senders.sort_by_key(|s| (s.addr, s.inner_src));
+    senders.dedup();
+    senders
 }
 
 /// The facts in the observers' output (`outputs`, one per node of
 /// [`NODES`]) and Calico's rule counters (`counters`: per node, per
 /// [`RULES`] pair, (ACCEPT, DROP) packets).
-pub fn facts(outputs: &[Vec<Value>], counters: &[Vec<(u64, u64)>]) -> Vec<Fact> {
+pub fn facts(outputs: &[Vec<Value>], counters: &[RuleCounts]) -> Vec<Fact> {
     let rows: Vec<Vec<Row<'_>>> = outputs.iter().map(|lines| rows(lines)).collect();
     let mut facts = Vec::new();
     for (a, from) in NODES.iter().enumerate() {
@@ -229,10 +252,10 @@ pub fn facts(outputs: &[Vec<Value>], counters: &[Vec<(u64, u64)>]) -> Vec<Fact> 
         for ((proto, outer_src), (packets, inner)) in foreign {
             facts.push(Fact::ForeignSource {
                 node: node.name,
+                senders: snat_senders(&outputs[n], outer_src, &proto),
                 proto,
                 outer_src,
                 packets,
-                senders: inner.iter().filter_map(|&i| owner(i)).collect(),
                 inner_src: inner.into_iter().collect(),
             });
         }
@@ -348,7 +371,7 @@ pub fn findings(facts: &[Fact]) -> Vec<String> {
         {
             let inner = join(inner_src);
             let who = if senders.is_empty() {
-                format!("their inner source {inner} is in no node's block")
+                format!("the observer named no node as their sender (inner source {inner})")
             } else {
                 let owners: Vec<String> = senders
                     .iter()
@@ -360,8 +383,8 @@ pub fn findings(facts: &[Fact]) -> Vec<String> {
                     })
                     .collect();
                 format!(
-                    "their inner source {}, and the outer source was rewritten on the way \
-                     (source NAT)",
+                    "the observer's snat_suspected: inner source {}; the outer source was \
+                     rewritten on the way (source NAT)",
                     owners.join("; ")
                 )
             };
@@ -455,54 +478,13 @@ fn join(addrs: &[Ipv4Addr]) -> String {
         .join(", ")
 }
 
-/// A short account of one node's observer output: its final tunnel rows
-/// and the Calico rule comparisons it printed.
-pub fn node_writeup(lines: &[Value]) -> Vec<String> {
-    let mut out: Vec<String> = rows(lines)
+/// The write-up of a node's `observer diagnose` (its `diagnosis` line).
+pub fn node_writeup(lines: &[Value]) -> Option<&str> {
+    lines
         .iter()
-        .filter(|r| r.line["proto"] != "other")
-        .map(|r| {
-            let l = r.line;
-            let mut text = format!(
-                "{} {:<5} {:<15} vni {:<5} {:>6} packets",
-                l["direction"].as_str().unwrap_or("?"),
-                l["proto"].as_str().unwrap_or("?"),
-                l["peer"].as_str().unwrap_or("-"),
-                l["vni"].as_u64().unwrap_or(0),
-                r.packets()
-            );
-            if let (Some(s), Some(d)) = (l["inner_src"].as_str(), l["inner_dst"].as_str()) {
-                text.push_str(&format!("  inner {s} > {d}"));
-            }
-            if let Some(drops) = l["drops"].as_object() {
-                let list: Vec<String> = drops.iter().map(|(k, v)| format!("{k}={v}")).collect();
-                text.push_str(&format!("  drops {}", list.join(" ")));
-            }
-            text
-        })
-        .collect();
-    let mut netfilter = BTreeMap::new();
-    for line in lines.iter().filter(|l| l["type"] == "netfilter") {
-        netfilter.insert(line["rule"].to_string(), line);
-    }
-    for line in netfilter.values() {
-        out.push(format!(
-            "netfilter {} \"{}\": {} packets, observer {}{}",
-            line["backend"].as_str().unwrap_or("?"),
-            line["rule"].as_str().unwrap_or("?"),
-            line["packets"],
-            line["observer_packets"],
-            if line["agree"] == false {
-                "  <-- DISAGREE"
-            } else {
-                ""
-            }
-        ));
-    }
-    if out.is_empty() {
-        out.push("no tunnel traffic seen".to_string());
-    }
-    out
+        .rev()
+        .find(|l| l["type"] == "diagnosis")
+        .and_then(|l| l["text"].as_str())
 }
 
 #[cfg(test)]
@@ -516,12 +498,15 @@ mod tests {
                "vni":4096,"packets":packets,"inner_src":inner,"inner_dst":"10.0.0.1"})
     }
 
-    fn incident() -> (Vec<Vec<Value>>, Vec<Vec<(u64, u64)>>) {
+    fn incident() -> (Vec<Vec<Value>>, Vec<RuleCounts>) {
         let gpu = vec![
             peer("tx", "vxlan", "10.10.60.127", 20, "10.42.182.1"),
             peer("tx", "vxlan", "10.10.60.127", 53, "10.42.182.1"),
             peer("rx", "vxlan", "10.10.10.244", 53, "10.42.168.210"),
             peer("rx", "ipip", "10.10.60.127", 106, "10.43.168.210"),
+            json!({"type":"anomaly","state":"raised","kind":"snat_suspected","peer":"10.10.10.244",
+                   "proto":"vxlan","evidence":{"inner_source":"10.42.168.210",
+                   "real_node":"10.10.60.127","pod_block":"10.42.168.192/26"}}),
             json!({"type":"drop","iface":"eth0","proto":"vxlan","peer":"10.10.10.244","vni":4096,
                    "origin":"classifier","reason":"calico_allow_set","packets":53,"message":"m"}),
             json!({"type":"drop","iface":"eth0","proto":"vxlan","peer":"10.10.10.244","vni":4096,

@@ -559,10 +559,13 @@ fn calico_filter(ns: &str) -> Result<()> {
     Ok(())
 }
 
+/// Per [`RULES`] pair: (ACCEPT packets, DROP packets).
+pub type RuleCounts = Vec<(u64, u64)>;
+
 /// Packet counters of the rule pairs in `ns`, read with `iptables -L
 /// cali-INPUT -v -x -n` (independently of the observer, which reads
 /// iptables-save): per pair, (ACCEPT packets, DROP packets).
-pub fn rule_counters(ns: &str) -> Result<Vec<(u64, u64)>> {
+pub fn rule_counters(ns: &str) -> Result<RuleCounts> {
     let text = in_ns(
         ns,
         &["iptables", "-w", "-L", "cali-INPUT", "-v", "-x", "-n"],

@@ -223,8 +223,9 @@ impl View {
         for (node, (command, lines)) in NODES.iter().zip(&summary.nodes) {
             println!();
             println!("== {} {} — {command}", node.name, node.addr);
-            for line in report::node_writeup(lines) {
-                println!("  {line}");
+            match report::node_writeup(lines) {
+                Some(text) => println!("{}", text.trim_end()),
+                None => println!("  (no diagnosis: the observer ended without one)"),
             }
         }
         println!();
