@@ -56,6 +56,34 @@ pub enum Command {
     ///          observer diagnose --output json | jq 'select(.type=="diagnosis")'
     #[command(verbatim_doc_comment)]
     Diagnose(DiagnoseArgs),
+
+    /// Rebuild the overlay incident in network namespaces and diagnose it.
+    ///
+    /// Creates a GPU node (10.10.10.62) behind a router (10.10.10.244) and two
+    /// control-plane nodes (10.10.60.127, 10.10.60.209), each with Calico's
+    /// vxlan.calico (VNI 4096), tunl0, pod blocks, routes, FDB entries,
+    /// allow-sets and cali-INPUT rules; pings pod to pod over VXLAN and IPIP
+    /// in both directions; runs this observer on every node at the same time;
+    /// and ends with a diagnosis composed only from what the observers saw:
+    /// which direction never arrives, which source address arrives instead
+    /// and who really sent it, what Calico drops (beside its rule counter),
+    /// and what IPIP does on the same path. Everything is removed at the end,
+    /// also on Ctrl-C. Needs root, ip, bridge, iptables, ipset and ping.
+    ///
+    /// Scenarios (--scenario):
+    ///   incident        the router drops UDP/4789 from the GPU node and
+    ///                   source-NATs VXLAN toward it; Calico drops that; IPIP passes
+    ///   udp-block       only the one-way UDP/4789 block from the GPU node
+    ///   mtu             the router's link to the GPU node has MTU 1400;
+    ///                   1400-byte pod pings overflow it, 1300-byte ones fit
+    ///   encap-mismatch  the GPU node routes cp1's block over IPIP, cp1 still VXLAN
+    ///   healthy         everything works both ways
+    ///
+    /// Example: observer lab
+    ///          observer lab --scenario mtu --duration 30s
+    ///          observer lab --output json --duration 8s | jq 'select(.type=="lab")'
+    #[command(verbatim_doc_comment)]
+    Lab(LabArgs),
 }
 
 /// Options of `observer diagnose`: those of `attach`.
@@ -64,6 +92,23 @@ pub struct DiagnoseArgs {
     /// Same options as attach.
     #[command(flatten)]
     pub attach: AttachArgs,
+}
+
+/// Options of `observer lab`.
+#[derive(Debug, Args)]
+pub struct LabArgs {
+    /// Which failure to rebuild.
+    #[arg(long, value_enum, default_value_t = crate::lab::scenarios::Scenario::Incident)]
+    pub scenario: crate::lab::scenarios::Scenario,
+
+    /// How long the node observers run; the pings end about 2s earlier.
+    #[arg(long, value_parser = parse_duration, default_value = "20s", value_name = "DURATION")]
+    pub duration: Duration,
+
+    /// text (a live per-node view, then the write-up) or json (the
+    /// observers' lines tagged with "node", then {"type":"lab",...} facts).
+    #[arg(long, value_enum, default_value_t = crate::lab::view::LabFormat::Text, value_name = "FORMAT")]
+    pub output: crate::lab::view::LabFormat,
 }
 
 /// Options of `observer attach`.

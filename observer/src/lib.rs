@@ -13,7 +13,9 @@
 //! - `anomalies` turns counters and the node's view into per-peer problems;
 //!   `diagnose` writes them up after a bounded run;
 //! - `kernel_btf` reads drop reason names and sk_buff offsets;
-//! - `testrun` runs programs on frames without a device.
+//! - `testrun` runs programs on frames without a device;
+//! - `lab` rebuilds the overlay incident in network namespaces and
+//!   diagnoses it with observers on every node.
 
 pub mod aggregate;
 pub mod allowsets;
@@ -27,6 +29,7 @@ pub mod drops;
 pub mod export;
 pub mod flows;
 pub mod kernel_btf;
+pub mod lab;
 pub mod loader;
 pub mod localnet;
 pub mod mirror;

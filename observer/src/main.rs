@@ -27,6 +27,10 @@ fn main() -> ExitCode {
             Ok(false) => ExitCode::from(1),
             Err(e) => fail(e, ExitCode::from(2)),
         },
+        Command::Lab(args) => match observer::lab::run(args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => fail(e, ExitCode::FAILURE),
+        },
     }
 }
 

@@ -243,6 +243,7 @@ mod tests {
         match Cli::try_parse_from(full).unwrap().command {
             Command::Attach(a) => a,
             Command::Diagnose(d) => d.attach,
+            Command::Lab(_) => unreachable!("parsed an attach command line"),
         }
     }
 

@@ -50,12 +50,13 @@ enum Task {
         #[arg(long)]
         fail_fast: bool,
     },
-    /// Live demo: three network namespaces joined by veth pairs, with real
-    /// VXLAN devices (VNI 4096 on port 4789 between node-a and node-b;
-    /// flannel-style VNI 1 on port 8472 between node-a and node-c), pings in
-    /// both directions, and the observer attached to node-a's underlay
-    /// interfaces showing the per-peer counters. Everything is removed at the
-    /// end, also on Ctrl-C.
+    /// The incident lab: build the release observer, then run `observer lab`
+    /// (a GPU node behind a NATing router and two control-plane nodes in
+    /// network namespaces, VXLAN and IPIP pings, the observer on every node,
+    /// and a diagnosis from what they saw). Options after `lab` go to
+    /// `observer lab` (--scenario incident|udp-block|mtu|encap-mismatch|healthy,
+    /// --duration, --output text|json). Everything is removed at the end,
+    /// also on Ctrl-C.
     Lab(lab::LabArgs),
     /// Nanoseconds per packet of the XDP program, measured in the kernel with
     /// BPF_PROG_TEST_RUN (1,000,000 runs, median of 5) on hand-built VXLAN,

@@ -1,0 +1,198 @@
+//! `observer lab`: the incident of INCIDENT.md rebuilt in network
+//! namespaces (a GPU node behind a router, two control-plane nodes, Calico's
+//! devices, routes and rules), with pod-to-pod pings over VXLAN and IPIP,
+//! this same binary observing every node, and a lab diagnosis composed from
+//! what those observers printed.
+//!
+//! Modules: `topology` builds the network, `scenarios` says what each
+//! scenario changes, `traffic` runs the pings, `observers` runs and reads
+//! the node observers, `report` turns their output into facts and
+//! findings, `view` prints, `cleanup` removes everything (also on signals
+//! and panics), `tunnel` stands in for tunl0 on kernels without IPIP.
+
+mod cleanup;
+mod observers;
+mod report;
+pub mod scenarios;
+mod topology;
+mod traffic;
+mod tunnel;
+pub mod view;
+
+use std::{
+    path::Path,
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Result, bail};
+use serde_json::json;
+
+use crate::cli::LabArgs;
+use cleanup::Cleanup;
+use observers::Observers;
+use topology::{NODES, Names};
+use traffic::{PING_INTERVAL, PING_LINGER};
+use view::{Summary, View};
+
+/// Tools the lab runs, with the Debian package that provides each.
+const TOOLS: [(&str, &str); 5] = [
+    ("ip", "iproute2"),
+    ("bridge", "iproute2"),
+    ("iptables", "iptables"),
+    ("ipset", "ipset"),
+    ("ping", "iputils-ping"),
+];
+
+/// Pings send at least this many requests each, or the lab refuses to run.
+const MIN_PINGS: u64 = 10;
+
+/// Runs the lab: build, observe, ping, diagnose, remove.
+pub fn run(args: LabArgs) -> Result<()> {
+    preflight()?;
+    cleanup::install_signal_handlers()?;
+    cleanup::remove_stale_labs();
+    let mut view = View::new(args.output);
+    let scenario = args.scenario;
+    let names = Names::new(std::process::id());
+    let mut lab = Cleanup::default();
+
+    view.note(&format!(
+        "scenario {}: {}",
+        scenario.name(),
+        scenario.about()
+    ));
+    let ipip = topology::build(&mut lab, &names, scenario)?;
+    view.note(&format!(
+        "namespaces {} (gpu {}), {} (router), {} (cp1 {}), {} (cp2 {}); tunl0: {}",
+        names.nodes[0],
+        NODES[0].addr,
+        names.router,
+        names.nodes[1],
+        NODES[1].addr,
+        names.nodes[2],
+        NODES[2].addr,
+        match ipip {
+            topology::IpipKind::Kernel => "the kernel's IPIP tunnel",
+            topology::IpipKind::Userspace =>
+                "this kernel has no IPIP (CONFIG_NET_IPIP), so a userspace tunnel on a TUN device \
+                 sends the same IPIP packets (the node observers do not count a TUN device as a \
+                 tunnel, so they report the IPIP pings as encap_mismatch)",
+        }
+    ));
+    view.lab_line(&json!({
+        "fact": "start",
+        "scenario": scenario.name(),
+        "about": scenario.about(),
+        "namespaces": {
+            "gpu": names.nodes[0], "router": names.router,
+            "cp1": names.nodes[1], "cp2": names.nodes[2],
+        },
+        "ipip": ipip,
+        "duration_ms": args.duration.as_millis() as u64,
+    }));
+
+    let mut observers = Observers::spawn(&mut lab, &names, args.duration)?;
+    view.note("observers starting on gpu, cp1 and cp2 (observer diagnose ... eth0)");
+    let first_ready = observers.wait_ready(&mut view, Duration::from_secs(60))?;
+
+    // Every ping must end before the first observer stops, so that each
+    // packet is in the observers' final counters.
+    let tail = PING_LINGER + Duration::from_secs(1);
+    let left = (first_ready + args.duration).saturating_duration_since(Instant::now() + tail);
+    let count = (left.as_millis() / PING_INTERVAL.as_millis()) as u64;
+    if count < MIN_PINGS {
+        bail!(
+            "--duration {:?} leaves time for only {count} pings after the observers attached \
+             (they took {:?}); give a longer --duration",
+            args.duration,
+            first_ready.elapsed()
+        );
+    }
+    let specs = scenario.pings();
+    let pings = traffic::start(&mut lab, &names, &specs, count)?;
+    view.traffic_started();
+    view.note(&format!(
+        "{} pings of {count} requests each, one every {PING_INTERVAL:?}, between pod addresses",
+        specs.len()
+    ));
+    view.lab_line(&json!({
+        "fact": "traffic",
+        "pings": specs.len(),
+        "count": count,
+        "interval_ms": PING_INTERVAL.as_millis() as u64,
+    }));
+
+    observers.wait_end(&mut lab, &mut view, args.duration + Duration::from_secs(30))?;
+    let results = traffic::finish(&mut lab, pings, Duration::from_secs(5))?;
+    let counters = names
+        .nodes
+        .iter()
+        .map(|ns| topology::rule_counters(ns))
+        .collect::<Result<Vec<_>>>()?;
+    drop(lab);
+
+    let facts = report::facts(&observers.lines, &counters);
+    view.summary(&Summary {
+        scenario,
+        pings: &results,
+        facts: &facts,
+        nodes: (0..NODES.len())
+            .map(|i| (observers.command(i), observers.lines[i].as_slice()))
+            .collect(),
+    });
+    Ok(())
+}
+
+/// Refuses to start without root or without the tools the lab runs.
+fn preflight() -> Result<()> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        bail!(
+            "observer lab must run as root: it creates network namespaces, devices and \
+             iptables rules and loads eBPF programs (try: sudo observer lab)"
+        );
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    for (tool, package) in TOOLS {
+        if !std::env::split_paths(&path).any(|dir| is_executable(&dir.join(tool))) {
+            bail!(
+                "{tool} is not installed (or not on PATH): the lab needs it; install the Debian \
+                 package {package} (apt-get install {package})"
+            );
+        }
+    }
+    Ok(())
+}
+
+fn is_executable(path: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    path.metadata()
+        .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+/// Runs `program args`: its stdout, or an error naming the command, how
+/// it ended and what it printed on stderr.
+fn run_tool(program: &str, args: &[&str]) -> Result<String> {
+    let line = format!("{program} {}", args.join(" "));
+    let output = Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| anyhow::anyhow!("cannot run `{line}`: {e}"))?;
+    if !output.status.success() {
+        bail!(
+            "`{line}` failed ({}): {}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
+/// `ip netns exec NS argv...`; see [`run_tool`].
+fn in_ns(ns: &str, argv: &[&str]) -> Result<String> {
+    let mut all = vec!["netns", "exec", ns];
+    all.extend_from_slice(argv);
+    run_tool("ip", &all)
+}

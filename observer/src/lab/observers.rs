@@ -1,0 +1,236 @@
+//! The observers on the lab's nodes: this same binary, run as `observer
+//! diagnose --netns <node> --output json eth0` per node, concurrently;
+//! their JSON lines are collected per node and passed to the view as they
+//! come.
+
+use std::{
+    io::{BufRead, BufReader, Read},
+    process::{Command, Stdio},
+    sync::{
+        Arc, Mutex,
+        mpsc::{Receiver, RecvTimeoutError, Sender, channel},
+    },
+    thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result, bail};
+use serde_json::Value;
+
+use super::{
+    cleanup::{Cleanup, check_interrupted},
+    topology::{NODES, Names, UNDERLAY},
+    view::View,
+};
+
+/// The observers' `--interval`: the live view's refresh.
+const INTERVAL: &str = "1s";
+
+/// What a reader thread saw on an observer's stdout.
+enum Event {
+    Line(usize, String),
+    Closed(usize),
+}
+
+/// The running observers, one per node of [`NODES`].
+pub struct Observers {
+    children: Vec<usize>,
+    events: Receiver<Event>,
+    stderr: Vec<Arc<Mutex<String>>>,
+    commands: Vec<String>,
+    /// Every JSON line printed, per node.
+    pub lines: Vec<Vec<Value>>,
+    ready: Vec<bool>,
+    closed: Vec<bool>,
+}
+
+impl Observers {
+    /// Starts one observer per node for `duration`.
+    pub fn spawn(lab: &mut Cleanup, names: &Names, duration: Duration) -> Result<Observers> {
+        let exe =
+            std::env::current_exe().context("finding this program's path to run the observers")?;
+        let (tx, events) = channel();
+        let mut observers = Observers {
+            children: Vec::new(),
+            events,
+            stderr: Vec::new(),
+            commands: Vec::new(),
+            lines: vec![Vec::new(); NODES.len()],
+            ready: vec![false; NODES.len()],
+            closed: vec![false; NODES.len()],
+        };
+        let duration = format!("{}ms", duration.as_millis());
+        for (i, node) in NODES.iter().enumerate() {
+            let args = [
+                "diagnose",
+                "--netns",
+                &names.nodes[i],
+                "--output",
+                "json",
+                "--interval",
+                INTERVAL,
+                "--duration",
+                &duration,
+                UNDERLAY,
+            ];
+            observers
+                .commands
+                .push(format!("observer {}", args.join(" ")));
+            let mut cmd = Command::new(&exe);
+            cmd.args(args)
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+            let index = lab.spawn(&format!("the observer on {}", node.name), &mut cmd)?;
+            let child = lab.child(index);
+            let stdout = child.stdout.take().expect("stdout is piped");
+            let stderr = child.stderr.take().expect("stderr is piped");
+            read_lines(i, stdout, tx.clone());
+            observers.stderr.push(collect(stderr));
+            observers.children.push(index);
+        }
+        Ok(observers)
+    }
+
+    /// The command line of node `i`'s observer.
+    pub fn command(&self, i: usize) -> &str {
+        &self.commands[i]
+    }
+
+    /// Passes lines to `view` until every observer has reported its
+    /// allow-sets (so its programs check sources before any traffic);
+    /// returns when the first one was ready, the earliest start of the
+    /// observers' `--duration`.
+    pub fn wait_ready(&mut self, view: &mut View, timeout: Duration) -> Result<Instant> {
+        let deadline = Instant::now() + timeout;
+        let mut first = None;
+        while self.ready.iter().any(|r| !r) {
+            if Instant::now() >= deadline {
+                bail!(
+                    "the observers did not attach within {timeout:?}{}",
+                    self.stderr_tails()
+                );
+            }
+            if let Some(i) = self.next(view)? {
+                bail!(
+                    "the observer on {} exited before traffic started: {}",
+                    NODES[i].name,
+                    self.stderr_of(i)
+                );
+            }
+            if self.ready.iter().any(|r| *r) {
+                first.get_or_insert_with(Instant::now);
+            }
+        }
+        Ok(first.unwrap_or_else(Instant::now))
+    }
+
+    /// Passes lines to `view` until every observer has ended; fails when
+    /// one failed.
+    pub fn wait_end(
+        &mut self,
+        lab: &mut Cleanup,
+        view: &mut View,
+        timeout: Duration,
+    ) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        while self.closed.iter().any(|c| !c) {
+            if Instant::now() >= deadline {
+                bail!(
+                    "the observers did not stop within {timeout:?}{}",
+                    self.stderr_tails()
+                );
+            }
+            self.next(view)?;
+        }
+        for (i, &index) in self.children.iter().enumerate() {
+            let status = lab.child(index).wait()?;
+            // diagnose exits 1 when it found something: that is its answer.
+            if !matches!(status.code(), Some(0 | 1)) {
+                bail!(
+                    "the observer on {} failed ({status}): {}",
+                    NODES[i].name,
+                    self.stderr_of(i)
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Handles the next event (or a 100 ms pause); returns the node whose
+    /// observer closed its output, if one did.
+    fn next(&mut self, view: &mut View) -> Result<Option<usize>> {
+        check_interrupted()?;
+        match self.events.recv_timeout(Duration::from_millis(100)) {
+            Ok(Event::Line(i, text)) => {
+                let line: Value = serde_json::from_str(&text).with_context(|| {
+                    format!(
+                        "the observer on {} printed a line that is not JSON: {text}",
+                        NODES[i].name
+                    )
+                })?;
+                if line["type"] == "allow_set" {
+                    self.ready[i] = true;
+                }
+                view.observer_line(i, &line);
+                self.lines[i].push(line);
+                Ok(None)
+            }
+            Ok(Event::Closed(i)) => {
+                self.closed[i] = true;
+                Ok(Some(i))
+            }
+            Err(RecvTimeoutError::Timeout) => Ok(None),
+            Err(RecvTimeoutError::Disconnected) => bail!("every observer reader ended"),
+        }
+    }
+
+    fn stderr_of(&self, i: usize) -> String {
+        // The reader may still be draining the pipe of a process that just exited.
+        thread::sleep(Duration::from_millis(100));
+        let text = self.stderr[i].lock().map(|s| s.clone()).unwrap_or_default();
+        let text = text.trim();
+        if text.is_empty() {
+            "(nothing on stderr)".to_string()
+        } else {
+            text.to_string()
+        }
+    }
+
+    fn stderr_tails(&self) -> String {
+        (0..NODES.len())
+            .map(|i| format!("\n  {}: {}", NODES[i].name, self.stderr_of(i)))
+            .collect()
+    }
+}
+
+/// Sends each line of `pipe` as an event, then `Closed`.
+fn read_lines(node: usize, pipe: impl Read + Send + 'static, tx: Sender<Event>) {
+    thread::spawn(move || {
+        for line in BufReader::new(pipe).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(Event::Line(node, line)).is_err() {
+                return;
+            }
+        }
+        let _ = tx.send(Event::Closed(node));
+    });
+}
+
+/// Collects everything `pipe` prints.
+fn collect(mut pipe: impl Read + Send + 'static) -> Arc<Mutex<String>> {
+    let text = Arc::new(Mutex::new(String::new()));
+    let sink = text.clone();
+    thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = pipe.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            if let Ok(mut s) = sink.lock() {
+                s.push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
+        }
+    });
+    text
+}

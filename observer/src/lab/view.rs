@@ -1,0 +1,244 @@
+//! What the lab prints. Text: progress notes, a live per-node view of the
+//! tunnel rows that moved in each observer interval (redrawn on a
+//! terminal), then the pings, the paths, each node's observer account and
+//! the lab diagnosis. JSON: the observers' lines tagged with `"node"` as
+//! they come, then `{"type":"lab",...}` lines with the facts.
+
+use std::{
+    io::{IsTerminal, Write},
+    time::Instant,
+};
+
+use clap::ValueEnum;
+use serde::Serialize;
+use serde_json::{Value, json};
+
+use super::{
+    report::{self, Fact},
+    scenarios::Scenario,
+    topology::NODES,
+    traffic::PingResult,
+};
+
+/// Output format of `observer lab`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LabFormat {
+    /// Live per-node view, then the write-up, for people.
+    Text,
+    /// One JSON object per line, for scripts and tests.
+    Json,
+}
+
+/// Where the lab's output goes, and the live view's state.
+pub struct View {
+    format: LabFormat,
+    terminal: bool,
+    traffic_since: Option<Instant>,
+    /// Per node: rows printed since its last `stats` line, and those of
+    /// its last complete interval.
+    current: Vec<Vec<Value>>,
+    last: Vec<Vec<Value>>,
+}
+
+/// Everything the final write-up needs.
+pub struct Summary<'a> {
+    /// The scenario run.
+    pub scenario: Scenario,
+    /// What the pings reported.
+    pub pings: &'a [PingResult],
+    /// The facts in the observers' output.
+    pub facts: &'a [Fact],
+    /// Per node: the observer's command line and every line it printed.
+    pub nodes: Vec<(&'a str, &'a [Value])>,
+}
+
+impl View {
+    /// A view printing `format` on stdout.
+    pub fn new(format: LabFormat) -> View {
+        View {
+            format,
+            terminal: std::io::stdout().is_terminal(),
+            traffic_since: None,
+            current: vec![Vec::new(); NODES.len()],
+            last: vec![Vec::new(); NODES.len()],
+        }
+    }
+
+    /// A progress note: on stdout in text, on stderr in JSON (stdout holds
+    /// only JSON there).
+    pub fn note(&self, text: &str) {
+        match self.format {
+            LabFormat::Text => println!("lab: {text}"),
+            LabFormat::Json => eprintln!("lab: {text}"),
+        }
+    }
+
+    /// A `{"type":"lab",...}` line (JSON only).
+    pub fn lab_line(&self, body: &impl Serialize) {
+        if self.format == LabFormat::Json {
+            let mut line = json!({"type": "lab"});
+            if let (Some(out), Ok(Value::Object(fields))) =
+                (line.as_object_mut(), serde_json::to_value(body))
+            {
+                out.extend(fields);
+            }
+            println!("{line}");
+        }
+    }
+
+    /// Marks the start of the traffic (the live view's clock).
+    pub fn traffic_started(&mut self) {
+        self.traffic_since = Some(Instant::now());
+    }
+
+    /// One line of node `node`'s observer.
+    pub fn observer_line(&mut self, node: usize, line: &Value) {
+        if self.format == LabFormat::Json {
+            let mut tagged = json!({"node": NODES[node].name});
+            if let (Some(out), Some(fields)) = (tagged.as_object_mut(), line.as_object()) {
+                out.extend(fields.clone());
+            }
+            println!("{tagged}");
+            return;
+        }
+        if line["type"] != "stats" {
+            if line["type"] == "peer" && line["proto"] != "other" {
+                self.current[node].push(line.clone());
+            }
+            return;
+        }
+        self.last[node] = std::mem::take(&mut self.current[node]);
+        // The GPU node's interval paces the view: it is the node of the
+        // incident, and one refresh per second is enough.
+        if node == 0 && line["final"] == false {
+            self.live();
+        }
+    }
+
+    fn live(&self) {
+        let Some(since) = self.traffic_since else {
+            return;
+        };
+        let mut out = std::io::stdout().lock();
+        if self.terminal {
+            let _ = write!(out, "\x1b[H\x1b[2J");
+        }
+        let _ = writeln!(
+            out,
+            "lab [{:>3}s] tunnel rows that moved in the last second, per node:",
+            since.elapsed().as_secs()
+        );
+        let _ = writeln!(
+            out,
+            "  {:<4} {:<3} {:<5} {:<15} {:>7} {:>8}  {:<31} drops",
+            "node", "dir", "proto", "peer", "pkt/s", "total", "inner sample"
+        );
+        for (node, rows) in NODES.iter().zip(&self.last) {
+            if rows.is_empty() {
+                let _ = writeln!(out, "  {:<4} (nothing)", node.name);
+            }
+            for row in rows {
+                let inner = match (row["inner_src"].as_str(), row["inner_dst"].as_str()) {
+                    (Some(s), Some(d)) => format!("{s} > {d}"),
+                    _ => String::new(),
+                };
+                let drops = row["drops"]
+                    .as_object()
+                    .map(|d| {
+                        d.iter()
+                            .map(|(k, v)| format!("{k}={v}"))
+                            .collect::<Vec<_>>()
+                            .join(" ")
+                    })
+                    .unwrap_or_default();
+                let _ = writeln!(
+                    out,
+                    "  {:<4} {:<3} {:<5} {:<15} {:>7.0} {:>8}  {:<31} {drops}",
+                    node.name,
+                    row["direction"].as_str().unwrap_or("?"),
+                    row["proto"].as_str().unwrap_or("?"),
+                    row["peer"].as_str().unwrap_or("-"),
+                    row["pps"].as_f64().unwrap_or(0.0),
+                    row["packets"].as_u64().unwrap_or(0),
+                    inner
+                );
+            }
+        }
+        let _ = out.flush();
+    }
+
+    /// The final write-up: facts and findings.
+    pub fn summary(&self, summary: &Summary) {
+        let findings = report::findings(summary.facts);
+        if self.format == LabFormat::Json {
+            for ping in summary.pings {
+                let mut line = serde_json::to_value(ping).unwrap_or_default();
+                line["fact"] = "ping".into();
+                self.lab_line(&line);
+            }
+            for fact in summary.facts {
+                self.lab_line(fact);
+            }
+            self.lab_line(&json!({
+                "fact": "diagnosis",
+                "scenario": summary.scenario.name(),
+                "healthy": findings.is_empty(),
+                "findings": findings,
+            }));
+            return;
+        }
+        println!();
+        println!("== pings (what the lab sent; the ping processes' own summaries)");
+        for p in summary.pings {
+            println!(
+                "  {:<3} {:<13} -> {:<3} {:<13} {:<5} block {:>4} B: {:>4} sent, {:>4} answered",
+                p.from,
+                p.src,
+                p.to,
+                p.dst,
+                p.block.proto(),
+                p.size,
+                p.transmitted,
+                p.received
+            );
+        }
+        println!();
+        println!("== paths (what the observers counted on the wire)");
+        for fact in summary.facts {
+            if let Fact::Path {
+                proto,
+                from,
+                from_addr,
+                to,
+                to_addr,
+                sent,
+                received,
+            } = fact
+            {
+                println!(
+                    "  {proto:<5} {from:<3} {from_addr:<13} -> {to:<3} {to_addr:<13} {sent:>5} sent (tx at {from}), {received:>5} received (rx at {to})"
+                );
+            }
+        }
+        for (node, (command, lines)) in NODES.iter().zip(&summary.nodes) {
+            println!();
+            println!("== {} {} — {command}", node.name, node.addr);
+            match report::node_writeup(lines) {
+                Some(text) => println!("{}", text.trim_end()),
+                None => println!("  (no diagnosis: the observer ended without one)"),
+            }
+        }
+        println!();
+        println!(
+            "== lab diagnosis ({}: {})",
+            summary.scenario.name(),
+            summary.scenario.about()
+        );
+        if findings.is_empty() {
+            println!("  Healthy: every path delivered all it carried, in both directions.");
+        }
+        for (i, finding) in findings.iter().enumerate() {
+            println!("  {}. {finding}", i + 1);
+        }
+    }
+}
