@@ -20,7 +20,7 @@ use crate::{
     anomalies::{Engine, Event, Findings, Known},
     checks::NodeChecks,
     cli::AttachArgs,
-    dataplane::{ChangeWatcher, DataPlane},
+    dataplane::{ChangeWatcher, DataPlane, DeclaredTunnel},
     drops,
     export::{self, ExportInput, Exporter, TEXTFILE_NAME},
     loader::{self, InterfaceEvent, LoadConfig, Observer},
@@ -211,6 +211,7 @@ struct Monitor<'a> {
 /// The data-plane view and what keeps it current.
 struct DataPlaneState {
     view: Option<DataPlane>,
+    declared: Vec<DeclaredTunnel>,
     /// `None` when notifications could not be subscribed: then the view is
     /// re-read every interval.
     watcher: Option<ChangeWatcher>,
@@ -218,7 +219,7 @@ struct DataPlaneState {
 }
 
 impl DataPlaneState {
-    fn new() -> DataPlaneState {
+    fn new(declared: Vec<DeclaredTunnel>) -> DataPlaneState {
         let watcher = ChangeWatcher::new()
             .inspect_err(|e| {
                 tracing::warn!(error = %format!("{e:#}"), "no netlink change notifications; the data plane is re-read every interval")
@@ -226,6 +227,7 @@ impl DataPlaneState {
             .ok();
         DataPlaneState {
             view: None,
+            declared,
             watcher,
             last_error: None,
         }
@@ -238,7 +240,7 @@ impl DataPlaneState {
         if !changed && self.view.is_some() {
             return false;
         }
-        match DataPlane::read() {
+        match DataPlane::read_declaring(&self.declared) {
             Ok(view) => {
                 self.last_error = None;
                 if self.view.as_ref() == Some(&view) {
@@ -284,6 +286,7 @@ impl<'a> Monitor<'a> {
     ) -> Self {
         let max_rows = (settings.max_flows as usize).saturating_mul(ROWS_PER_FLOW);
         let settings_thresholds = settings.thresholds;
+        let settings_tunnels = settings.tunnel_devices.clone();
         let checks = NodeChecks::new(allow_set_config(&settings), settings.allow_set_refresh);
         let ifaces = observer
             .attachments()
@@ -306,7 +309,7 @@ impl<'a> Monitor<'a> {
             findings: Findings::default(),
             last: Outcome::default(),
             started: Instant::now(),
-            dataplane: DataPlaneState::new(),
+            dataplane: DataPlaneState::new(settings_tunnels),
         }
     }
 

@@ -212,6 +212,13 @@ pub struct AttachArgs {
     #[arg(long, value_name = "N")]
     pub anomaly_min_packets: Option<u64>,
 
+    /// A device that carries an encapsulation the kernel does not know it
+    /// carries: a userspace tunnel on a TUN device (wireguard-go,
+    /// boringtun). Routes through it then count as prescribing PROTO
+    /// (vxlan, vxlan-gpe, geneve, ipip, ip6ip, gre, wireguard). Repeatable.
+    #[arg(long = "tunnel-device", value_name = "NAME=PROTO")]
+    pub tunnel_devices: Vec<crate::dataplane::DeclaredTunnel>,
+
     /// Drops per second of one peer that make a drop_spike. [default: 5]
     #[arg(long, value_name = "PER_SECOND")]
     pub drop_spike_rate: Option<f64>,

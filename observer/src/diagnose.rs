@@ -18,6 +18,7 @@ use crate::{
     anomalies::{FindingRecord, Known},
     attach::{self, Mode, Outcome},
     cli::DiagnoseArgs,
+    dataplane::{DataPlane, DeclaredTunnel},
     netns,
     output::{Format, NetfilterCheck},
 };
@@ -29,7 +30,7 @@ pub fn run(args: DiagnoseArgs) -> Result<bool> {
         netns::enter(name)?;
     }
     if args.ifaces.is_empty() && args.config.is_none() {
-        args.ifaces = tunnel_interfaces()?;
+        args.ifaces = tunnel_interfaces(&args.tunnel_devices)?;
         tracing::info!(interfaces = %args.ifaces.join(", "), "watching the interfaces that carry tunnel traffic");
     }
     let outcome = attach::monitor(&args, Mode::Diagnose)?;
@@ -63,8 +64,8 @@ pub fn run(args: DiagnoseArgs) -> Result<bool> {
 }
 
 /// The interfaces that carry tunnel traffic here.
-fn tunnel_interfaces() -> Result<Vec<String>> {
-    let view = crate::dataplane::DataPlane::read()?;
+fn tunnel_interfaces(declared: &[DeclaredTunnel]) -> Result<Vec<String>> {
+    let view = DataPlane::read_declaring(declared)?;
     let names: Vec<String> = view.underlay.iter().map(|u| u.name.clone()).collect();
     if names.is_empty() {
         bail!(

@@ -14,6 +14,7 @@ use crate::{
     allowsets::Tagged,
     anomalies::Thresholds,
     cli::{AttachArgs, parse_duration},
+    dataplane::DeclaredTunnel,
     loader::XdpMode,
     ports::PortConfig,
 };
@@ -45,6 +46,7 @@ pub struct FileConfig {
     allow_set_refresh: Option<String>,
     anomaly_window: Option<String>,
     anomaly_min_packets: Option<u64>,
+    tunnel_devices: Option<Vec<String>>,
     drop_spike_rate: Option<f64>,
 }
 
@@ -82,6 +84,8 @@ pub struct Settings {
     pub allow_set_refresh: Duration,
     /// Anomaly rules' thresholds.
     pub thresholds: Thresholds,
+    /// Devices declared to carry a tunnel.
+    pub tunnel_devices: Vec<DeclaredTunnel>,
 }
 
 fn pick<T: Clone>(cli: &[T], file: Option<Vec<T>>, default: Vec<T>) -> Vec<T> {
@@ -169,6 +173,11 @@ impl Settings {
                 .allow_set_refresh
                 .or(duration("allow_set_refresh", file.allow_set_refresh)?)
                 .unwrap_or(DEFAULT_ALLOW_SET_REFRESH),
+            tunnel_devices: pick(
+                &args.tunnel_devices,
+                parse_all("tunnel_devices", file.tunnel_devices)?,
+                Vec::new(),
+            ),
             thresholds: {
                 let defaults = Thresholds::default();
                 Thresholds {

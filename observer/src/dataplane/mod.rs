@@ -226,6 +226,72 @@ pub struct ExpectedPeer {
     pub route_mtu: Option<u32>,
 }
 
+/// A device the kernel does not know as a tunnel but that carries one: a
+/// userspace tunnel on a TUN device (wireguard-go, boringtun, or the lab's
+/// IPIP on kernels without it). Given as `NAME=PROTO` (`tunl0=ipip`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeclaredTunnel {
+    /// Interface name.
+    pub device: String,
+    /// Encapsulation it carries.
+    pub proto: Proto,
+}
+
+impl std::str::FromStr for DeclaredTunnel {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        let names = || {
+            Proto::ALL[1..]
+                .iter()
+                .map(|p| p.name())
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let (device, proto) = text
+            .split_once('=')
+            .ok_or_else(|| format!("{text:?}: use NAME=PROTO, e.g. tunl0=ipip"))?;
+        let proto = Proto::ALL[1..]
+            .iter()
+            .find(|p| p.name() == proto)
+            .ok_or_else(|| format!("{proto:?} is no encapsulation: use one of {}", names()))?;
+        if device.is_empty() {
+            return Err(format!("{text:?}: the device name is empty"));
+        }
+        Ok(DeclaredTunnel {
+            device: device.to_string(),
+            proto: *proto,
+        })
+    }
+}
+
+/// Adds the `declared` devices that exist and are not kernel tunnels
+/// already (a kernel tunnel's own kind wins).
+fn add_declared(links: &[Link], devices: &mut Vec<TunnelDevice>, declared: &[DeclaredTunnel]) {
+    for d in declared {
+        if devices.iter().any(|t| t.name == d.device) {
+            continue;
+        }
+        let Some(link) = links.iter().find(|l| l.name == d.device) else {
+            continue;
+        };
+        devices.push(TunnelDevice {
+            name: link.name.clone(),
+            ifindex: link.ifindex,
+            proto: d.proto,
+            kind: link.kind.clone().unwrap_or_else(|| "declared".to_string()),
+            vni: None,
+            port: None,
+            local: None,
+            remote: None,
+            lower: None,
+            mtu: link.mtu,
+            up: link.up,
+        });
+    }
+    devices.sort_by_key(|t| t.ifindex);
+}
+
 /// The data-plane view of the current network namespace.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct DataPlane {
@@ -253,8 +319,13 @@ impl DataPlane {
     /// dumps of links, addresses, routes, neighbours and the bridge FDB,
     /// then one route lookup per peer node).
     pub fn read() -> Result<DataPlane> {
+        DataPlane::read_declaring(&[])
+    }
+
+    /// [`DataPlane::read`], also counting the `declared` devices as tunnels.
+    pub fn read_declaring(declared: &[DeclaredTunnel]) -> Result<DataPlane> {
         let mut rtnl = netlink::Rtnl::open()?;
-        let dump = rtnl.dump_all()?;
+        let dump = rtnl.dump_all(declared)?;
         DataPlane::assemble(dump, |node| rtnl.route_to(node))
     }
 

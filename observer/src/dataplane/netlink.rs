@@ -101,8 +101,9 @@ impl Rtnl {
     }
 
     /// Links, addresses, routes, neighbours and the vxlan FDB.
-    pub fn dump_all(&mut self) -> Result<Dump> {
-        let (links, devices) = self.links()?;
+    pub fn dump_all(&mut self, declared: &[super::DeclaredTunnel]) -> Result<Dump> {
+        let (links, mut devices) = self.links()?;
+        super::add_declared(&links, &mut devices, declared);
         let tunnel = |ifindex: u32| devices.iter().find(|d| d.ifindex == ifindex);
 
         let mut addresses = Vec::new();

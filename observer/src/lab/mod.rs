@@ -76,8 +76,7 @@ pub fn run(args: LabArgs) -> Result<()> {
             topology::IpipKind::Kernel => "the kernel's IPIP tunnel",
             topology::IpipKind::Userspace =>
                 "this kernel has no IPIP (CONFIG_NET_IPIP), so a userspace tunnel on a TUN device \
-                 sends the same IPIP packets (the node observers do not count a TUN device as a \
-                 tunnel, so they report the IPIP pings as encap_mismatch)",
+                 sends the same IPIP packets (the observers are told so with --tunnel-device tunl0=ipip)",
         }
     ));
     view.lab_line(&json!({
@@ -92,7 +91,7 @@ pub fn run(args: LabArgs) -> Result<()> {
         "duration_ms": args.duration.as_millis() as u64,
     }));
 
-    let mut observers = Observers::spawn(&mut lab, &names, args.duration)?;
+    let mut observers = Observers::spawn(&mut lab, &names, args.duration, ipip)?;
     view.note("observers starting on gpu, cp1 and cp2 (observer diagnose ... eth0)");
     let first_ready = observers.wait_ready(&mut view, Duration::from_secs(60))?;
 

@@ -19,7 +19,7 @@ use serde_json::Value;
 
 use super::{
     cleanup::{Cleanup, check_interrupted},
-    topology::{NODES, Names, UNDERLAY},
+    topology::{IpipKind, NODES, Names, UNDERLAY},
     view::View,
 };
 
@@ -45,8 +45,15 @@ pub struct Observers {
 }
 
 impl Observers {
-    /// Starts one observer per node for `duration`.
-    pub fn spawn(lab: &mut Cleanup, names: &Names, duration: Duration) -> Result<Observers> {
+    /// Starts one observer per node for `duration`; `ipip` says whether
+    /// tunl0 is the lab's userspace tunnel, which the observers are told
+    /// carries IPIP (`--tunnel-device`), as the kernel's would.
+    pub fn spawn(
+        lab: &mut Cleanup,
+        names: &Names,
+        duration: Duration,
+        ipip: IpipKind,
+    ) -> Result<Observers> {
         let exe =
             std::env::current_exe().context("finding this program's path to run the observers")?;
         let (tx, events) = channel();
@@ -61,7 +68,7 @@ impl Observers {
         };
         let duration = format!("{}ms", duration.as_millis());
         for (i, node) in NODES.iter().enumerate() {
-            let args = [
+            let mut args = vec![
                 "diagnose",
                 "--netns",
                 &names.nodes[i],
@@ -71,13 +78,16 @@ impl Observers {
                 INTERVAL,
                 "--duration",
                 &duration,
-                UNDERLAY,
             ];
+            if ipip == IpipKind::Userspace {
+                args.extend(["--tunnel-device", "tunl0=ipip"]);
+            }
+            args.push(UNDERLAY);
             observers
                 .commands
                 .push(format!("observer {}", args.join(" ")));
             let mut cmd = Command::new(&exe);
-            cmd.args(args)
+            cmd.args(&args)
                 .stdin(Stdio::null())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped());
