@@ -9,7 +9,8 @@
 //!   counters, vxlan devices, MTU) through `tools`; `checks` refreshes those
 //!   facts and `mirror` writes them into the programs' maps;
 //! - `kernel_btf` reads drop reason names and sk_buff offsets;
-//! - `testrun` runs programs on frames without a device.
+//! - `testrun` runs programs on frames without a device; `replay` feeds
+//!   capture files through them.
 
 pub mod aggregate;
 pub mod allowsets;
@@ -28,6 +29,7 @@ pub mod netns;
 pub mod output;
 pub mod ports;
 pub mod preflight;
+pub mod replay;
 pub mod settings;
 pub mod testrun;
 pub mod tools;

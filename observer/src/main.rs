@@ -17,6 +17,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Attach(args) => observer::attach::run(args),
+        Command::Replay(args) => return observer::replay::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

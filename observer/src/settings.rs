@@ -78,7 +78,8 @@ pub struct Settings {
     pub allow_set_refresh: Duration,
 }
 
-fn pick<T: Clone>(cli: &[T], file: Option<Vec<T>>, default: Vec<T>) -> Vec<T> {
+/// The command-line values when given, else the file's, else `default`.
+pub(crate) fn pick<T: Clone>(cli: &[T], file: Option<Vec<T>>, default: Vec<T>) -> Vec<T> {
     if !cli.is_empty() {
         cli.to_vec()
     } else {
@@ -214,6 +215,7 @@ mod tests {
         full.extend_from_slice(argv);
         match Cli::try_parse_from(full).unwrap().command {
             Command::Attach(a) => a,
+            other => panic!("parsed as {other:?}"),
         }
     }
 

@@ -7,6 +7,7 @@ pub mod exporter;
 pub mod frames;
 pub mod netns;
 pub mod storm;
+pub mod tcpdump;
 
 /// True when the test may use the kernel (root). Without root the test is
 /// skipped with a message, except under CI (`CI=true`), where it fails:
