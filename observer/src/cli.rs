@@ -53,7 +53,7 @@ pub enum Command {
     /// Exit status: 0 every capture read to its end; 1 a capture is damaged
     /// (the error names the file and frame; what was read before it is
     /// printed); 2 usage or environment error (file missing, not a capture,
-    /// unsupported link type, no privileges: nothing is printed).
+    /// unsupported link type, no privileges).
     ///
     /// Example: observer replay node-a.pcap
     ///          observer replay --local 10.0.0.5 eth0.pcap --output json

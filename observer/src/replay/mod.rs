@@ -43,7 +43,7 @@ use engine::{Engine, FileCounts};
 /// damage are printed.
 pub const EXIT_DAMAGED: u8 = 1;
 /// Exit status of usage and environment errors (missing file, not a
-/// capture, unsupported link type, missing privileges); nothing is printed.
+/// capture, unsupported link type, missing privileges).
 pub const EXIT_USAGE: u8 = 2;
 
 /// `{"type":"replay",...}`: one capture's own counters.
