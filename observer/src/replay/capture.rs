@@ -200,6 +200,8 @@ pub struct Frames<R: Read> {
     reader: Reader<R>,
     /// Packets read so far.
     count: u64,
+    /// Time of the latest packet (a pcapng simple packet has none: it gets this).
+    last_timestamp: Duration,
     done: bool,
 }
 
@@ -246,6 +248,7 @@ pub fn frames<R: Read>(mut input: R) -> Result<Frames<R>, CaptureError> {
     Ok(Frames {
         reader,
         count: 0,
+        last_timestamp: Duration::ZERO,
         done: false,
     })
 }
@@ -319,6 +322,7 @@ impl<R: Read> Frames<R> {
             });
         }
         let captured_len = u32::try_from(data.len()).unwrap_or(u32::MAX);
+        self.last_timestamp = timestamp;
         Ok(Frame {
             number: self.count,
             timestamp,
@@ -361,7 +365,7 @@ impl<R: Read> Frames<R> {
             };
             // pcap-file reads timestamps as nanoseconds; they are in the
             // interface's units (microseconds unless if_tsresol says).
-            let (interface, units, data, original_len) = match block {
+            let (interface, timestamp, data, original_len) = match block {
                 Block::SectionHeader(_) => {
                     // A new section starts its own interface list.
                     interfaces.clear();
@@ -386,18 +390,23 @@ impl<R: Read> Frames<R> {
                 }
                 Block::EnhancedPacket(epb) => (
                     epb.interface_id,
-                    u64::try_from(epb.timestamp.as_nanos()).unwrap_or(u64::MAX),
+                    Some(u64::try_from(epb.timestamp.as_nanos()).unwrap_or(u64::MAX)),
                     epb.data.into_owned(),
                     epb.original_len,
                 ),
                 Block::Packet(pb) => (
                     u32::from(pb.interface_id),
-                    pb.timestamp,
+                    Some(pb.timestamp),
                     pb.data.into_owned(),
                     pb.original_len,
                 ),
-                // No timestamp: the capture time of a simple packet is unknown.
-                Block::SimplePacket(spb) => (0, 0, spb.data.into_owned(), spb.original_len),
+                // A simple packet has no time and no captured length: its
+                // data runs to the end of the block, padding included.
+                Block::SimplePacket(spb) => {
+                    let mut data = spb.data.into_owned();
+                    data.truncate(spb.original_len as usize);
+                    (0, None, data, spb.original_len)
+                }
                 _ => continue,
             };
             let Some(iface) = interfaces.get(interface as usize).copied() else {
@@ -409,7 +418,9 @@ impl<R: Read> Frames<R> {
                     ),
                 }));
             };
-            let timestamp = iface.resolution.duration(units);
+            let timestamp = timestamp.map_or(self.last_timestamp, |units| {
+                iface.resolution.duration(units)
+            });
             return Some(self.frame(iface.link_type, timestamp, data, original_len));
         }
     }
