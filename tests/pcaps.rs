@@ -3,12 +3,11 @@
 //! observer's tunnel rows with tcpdump's own decode of the same capture
 //! (`NAME.out`, produced with the flags listed in `TESTLIST.subset`).
 //!
-//! Ground truth nobody in this project wrote: for each packet of a `.out`
-//! file, the first `A.sport > B.dport:` (or `A > B:`) address pair and the
-//! text after it say whether tcpdump saw VXLAN (`vni N`), Geneve
-//! (`vni 0xN`) or GRE from outer source A. Per capture, the counts per
-//! (protocol, outer source, VNI) must equal the observer's tunnel rows
-//! (protocol other than `other`), and every frame must be counted once.
+//! Ground truth nobody in this project wrote (parsed by
+//! `support::tcpdump`): per capture, the counts per (protocol, outer
+//! source, VNI) must equal the observer's tunnel rows (protocol other than
+//! `other`), and every frame must be counted once. Frame by frame here;
+//! `replay.rs` checks the same through `observer replay`.
 
 mod support;
 
@@ -22,18 +21,13 @@ use std::{
 use observer::{
     flows::{FlowCounters, FlowId},
     loader::{Hook, LoadConfig, Observer},
+    replay::{capture, engine::MAX_XDP_FRAME},
     testrun,
 };
 use observer_common::{Proto, Unclassified};
-use pcap_file::pcap::PcapReader;
+use support::tcpdump::{TunnelKey, count, describe, parse_tcpdump_output};
 
-/// LINKTYPE_ETHERNET.
-const LINKTYPE_ETHERNET: u32 = 1;
 const XDP_PASS: u32 = 2;
-/// Larger frames (BIG TCP captures of 80 KB) exceed what an XDP test run
-/// can hold (17 fragments of a page); they are cut to this length, which
-/// keeps every header.
-const MAX_TEST_RUN_FRAME: usize = 64 * 1024;
 
 /// Captures whose frames are deliberately broken (they once crashed
 /// tcpdump): the observer must never report a protocol tcpdump did not see.
@@ -46,161 +40,28 @@ const MALFORMED: &[&str] = &[
     "mpls-over-udp",
 ];
 
-/// (protocol, outer source, VNI) of a tunnel packet.
-type TunnelKey = (Proto, IpAddr, u32);
-
-/// Reads an Ethernet pcap: the frames as captured (possibly cut at the
-/// snap length). The link-type field's upper bits carry FCS information in
-/// some files (0x40000001): only the low 16 bits are the link type.
+/// The frames of an Ethernet pcap as captured (possibly cut at the snap
+/// length), read by replay's own reader.
 fn read_pcap(path: &Path) -> Vec<Vec<u8>> {
     let file = fs::File::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let mut reader = PcapReader::new(file).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let link_type = u32::from(reader.header().datalink) & 0xffff;
-    assert_eq!(
-        link_type,
-        LINKTYPE_ETHERNET,
-        "{}: not an Ethernet capture",
-        path.display()
-    );
-    let mut frames = Vec::new();
-    // Raw packets: several captures claim an original length above their
-    // snap length, which the validating reader rejects.
-    while let Some(packet) = reader.next_raw_packet() {
-        let packet = packet.unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-        frames.push(packet.data.into_owned());
-    }
-    frames
-}
-
-/// `capture file -> expected output file`, from TESTLIST.subset (columns:
-/// test name, capture, output, flags).
-fn test_list(dir: &Path) -> BTreeMap<String, String> {
-    let text = fs::read_to_string(dir.join("TESTLIST.subset")).unwrap_or_default();
-    let mut outputs = BTreeMap::new();
-    for line in text.lines() {
-        let columns: Vec<&str> = line.split_whitespace().collect();
-        if columns.len() >= 3 && !line.trim_start().starts_with('#') {
-            outputs
-                .entry(columns[1].to_string())
-                .or_insert_with(|| columns[2].to_string());
-        }
-    }
-    outputs
-}
-
-/// Whether `line` opens a packet: `<number>  YYYY-MM-DD ...`.
-fn packet_number(line: &str) -> Option<usize> {
-    let line = line.trim_start();
-    let (number, rest) = line.split_once(char::is_whitespace)?;
-    let number: usize = number.parse().ok()?;
-    let date = rest.trim_start().as_bytes();
-    let is_date = date.len() >= 10
-        && date[..10].iter().enumerate().all(|(i, b)| {
-            if i == 4 || i == 7 {
-                *b == b'-'
-            } else {
-                b.is_ascii_digit()
-            }
-        });
-    is_date.then_some(number)
-}
-
-/// An address with or without a trailing `.port`.
-fn endpoint(token: &str) -> Option<IpAddr> {
-    if let Ok(a) = token.parse() {
-        return Some(a);
-    }
-    let (address, port) = token.rsplit_once('.')?;
-    if port.is_empty() || !port.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    address.parse().ok()
-}
-
-/// The first `A > B:` pair of a packet's text (MAC pairs end in ','):
-/// outer source A and the rest of that line.
-fn first_ip_pair(block: &str) -> Option<(IpAddr, String)> {
-    for line in block.lines() {
-        let tokens: Vec<&str> = line.split_whitespace().collect();
-        for i in 0..tokens.len().saturating_sub(2) {
-            if tokens[i + 1] != ">" {
-                continue;
-            }
-            let Some(dst) = tokens[i + 2].strip_suffix(':') else {
-                continue;
-            };
-            if let (Some(src), Some(_)) = (endpoint(tokens[i]), endpoint(dst)) {
-                return Some((src, tokens[i + 3..].join(" ")));
-            }
-        }
-    }
-    None
-}
-
-fn parse_vni(text: &str) -> Option<u32> {
-    let (_, after) = text.split_once("vni ")?;
-    let token = after
-        .split(|c: char| c.is_whitespace() || c == ',')
-        .next()?;
-    match token.strip_prefix("0x") {
-        Some(hex) => u32::from_str_radix(hex, 16).ok(),
-        None => token.parse().ok(),
-    }
-}
-
-/// tcpdump's verdict on one packet: the tunnel it decoded, if any.
-fn classify_block(block: &str) -> Option<TunnelKey> {
-    let (src, rest) = first_ip_pair(block)?;
-    // Skip notes such as "[bad udp cksum 0xa0a5 -> 0xd93a!]" or "[no cksum]".
-    let mut rest = rest.trim_start();
-    while rest.starts_with('[') {
-        rest = rest.split_once(']').map_or("", |(_, r)| r).trim_start();
-    }
-    let vni = || parse_vni(rest).unwrap_or_else(|| panic!("no vni in {rest:?}"));
-    if rest.starts_with("VXLAN-GPE") {
-        Some((Proto::VxlanGpe, src, vni()))
-    } else if rest.starts_with("VXLAN") {
-        Some((Proto::Vxlan, src, vni()))
-    } else if rest.starts_with("Geneve") {
-        Some((Proto::Geneve, src, vni()))
-    } else if rest.starts_with("GRE") {
-        Some((Proto::Gre, src, 0))
-    } else {
-        None
-    }
-}
-
-/// One verdict per packet of a tcpdump output, in order.
-fn parse_tcpdump_output(text: &str) -> Vec<Option<TunnelKey>> {
-    let mut blocks: Vec<String> = Vec::new();
-    for line in text.lines() {
-        if let Some(number) = packet_number(line) {
+    capture::frames(file)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .map(|frame| {
+            let frame = frame.unwrap_or_else(|e| panic!("{}: {e}", path.display()));
             assert_eq!(
-                number,
-                blocks.len() + 1,
-                "packets are numbered in order: {line}"
+                frame.link_type,
+                capture::LINKTYPE_ETHERNET,
+                "{}",
+                path.display()
             );
-            blocks.push(String::new());
-        }
-        if let Some(block) = blocks.last_mut() {
-            block.push_str(line);
-            block.push('\n');
-        }
-    }
-    blocks.iter().map(|b| classify_block(b)).collect()
-}
-
-fn count(keys: impl IntoIterator<Item = TunnelKey>) -> BTreeMap<TunnelKey, u64> {
-    let mut counts = BTreeMap::new();
-    for key in keys {
-        *counts.entry(key).or_insert(0) += 1;
-    }
-    counts
+            frame.data
+        })
+        .collect()
 }
 
 /// Runs one frame through XDP and returns the row it changed.
 fn run_frame(obs: &Observer, rows: &mut BTreeMap<FlowId, FlowCounters>, frame: &[u8]) -> FlowId {
-    let frame = &frame[..frame.len().min(MAX_TEST_RUN_FRAME)];
+    let frame = &frame[..frame.len().min(MAX_XDP_FRAME)];
     let fd = obs.program_fd(Hook::Xdp).expect("xdp program fd");
     let run = testrun::run(fd, frame, None, 1)
         .unwrap_or_else(|e| panic!("XDP test run of a {}-byte frame: {e}", frame.len()));
@@ -239,17 +100,6 @@ fn tunnel_key(id: &FlowId) -> Option<TunnelKey> {
     Some((id.proto, peer, id.vni))
 }
 
-fn describe(counts: &BTreeMap<TunnelKey, u64>) -> String {
-    if counts.is_empty() {
-        return "none".to_string();
-    }
-    counts
-        .iter()
-        .map(|((proto, peer, vni), n)| format!("{}/{peer}/vni {vni}: {n}", proto.name()))
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
 #[test]
 fn captures_match_tcpdump() {
     if !support::have_root("captures_match_tcpdump") {
@@ -269,7 +119,6 @@ fn captures_match_tcpdump() {
         );
         return;
     }
-    let outputs = test_list(&dir);
     let mut captures: Vec<PathBuf> = fs::read_dir(&dir)
         .expect("listing the captures")
         .map(|e| e.expect("directory entry").path())
@@ -285,13 +134,7 @@ fn captures_match_tcpdump() {
     for path in &captures {
         let file = path.file_name().unwrap().to_string_lossy().to_string();
         let name = file.trim_end_matches(".pcap").to_string();
-        let out = outputs
-            .get(&file)
-            .cloned()
-            .unwrap_or_else(|| format!("{name}.out"));
-        let text = fs::read_to_string(dir.join(&out))
-            .unwrap_or_else(|e| panic!("{file}: expected output {out}: {e}"));
-        let expected = parse_tcpdump_output(&text);
+        let (out, expected) = support::tcpdump::expected(&dir, &file);
         let frames = read_pcap(path);
         assert_eq!(
             frames.len(),
@@ -336,10 +179,7 @@ fn captures_match_tcpdump() {
                 }
             }
         }
-        let cut = frames
-            .iter()
-            .filter(|f| f.len() > MAX_TEST_RUN_FRAME)
-            .count();
+        let cut = frames.iter().filter(|f| f.len() > MAX_XDP_FRAME).count();
         let mut other: Vec<String> = reasons.iter().map(|(r, n)| format!("{r} {n}")).collect();
         if other.is_empty() {
             other.push("-".to_string());

@@ -17,6 +17,11 @@
 //! set-up) plus a trivial program; `vxlan - xdp_pass` is what the observer
 //! adds per packet. The frame's flow entry is warmed first, so the numbers
 //! are for the steady state (lookup hits, no LRU insert).
+//!
+//! Then the whole-system figures of `system/` (snapshot and export cost per
+//! peer count, replay frames per second, veth throughput and CPU against
+//! tcpdump). Every figure is a `bench NAME VALUE UNIT` line on stdout, and
+//! the table is also written to `target/bench.md`.
 
 use std::{
     io,
@@ -36,6 +41,9 @@ use observer::{
     allowsets::{AllowSet, Snapshot},
     mirror,
 };
+
+#[path = "system/mod.rs"]
+mod system;
 
 const REPEAT: u32 = 1_000_000;
 const ROUNDS: usize = 5;
@@ -161,13 +169,14 @@ fn run() -> anyhow::Result<()> {
             samples.push(f64::from(r.duration_ns));
         }
     }
-    let medians: Vec<f64> = samples.iter_mut().map(|s| median(s)).collect();
+    let medians: Vec<f64> = samples.iter_mut().map(|s| system::median(s)).collect();
     for (case, ns) in cases.iter().zip(&medians) {
-        println!("bench {} {ns:.1} ns/pkt", case.name);
+        system::report(case.name, format!("{ns:.1}"), "ns/pkt");
     }
-    println!(
-        "bench vxlan_over_pass {:.1} ns/pkt",
-        medians[1] - medians[0]
+    system::report(
+        "vxlan_over_pass",
+        format!("{:.1}", medians[1] - medians[0]),
+        "ns/pkt",
     );
     // Context for the figures above: the cost of one per-CPU LRU hash
     // lookup (the observer's only unavoidable kernel call per packet),
@@ -178,9 +187,10 @@ fn run() -> anyhow::Result<()> {
                 .map(|r| f64::from(r.duration_ns))
         })
         .collect::<io::Result<_>>()?;
-    println!(
-        "bench lru_lookup_over_pass {:.1} ns/pkt",
-        median(&mut floor) - medians[0]
+    system::report(
+        "lru_lookup_over_pass",
+        format!("{:.1}", system::median(&mut floor) - medians[0]),
+        "ns/pkt",
     );
     allow_set_cases(&vxlan)?;
     // The kfree_skb cost is measured on real drops in namespaces, on a
@@ -188,39 +198,10 @@ fn run() -> anyhow::Result<()> {
     std::thread::spawn(kfree_skb_cost)
         .join()
         .map_err(|_| anyhow::anyhow!("kfree_skb bench panicked"))??;
-    Ok(())
-}
-
-/// Deletes the bench's namespaces, also on error.
-struct Namespaces(Vec<String>);
-
-impl Drop for Namespaces {
-    fn drop(&mut self) {
-        for ns in &self.0 {
-            let _ = std::process::Command::new("ip")
-                .args(["netns", "del", ns])
-                .status();
-        }
-    }
-}
-
-fn sh(args: &[&str]) -> anyhow::Result<()> {
-    let status = std::process::Command::new(args[0])
-        .args(&args[1..])
-        .status()?;
-    anyhow::ensure!(status.success(), "{} failed", args.join(" "));
-    Ok(())
-}
-
-fn enter_netns(name: &str) -> anyhow::Result<()> {
-    let file = std::fs::File::open(format!("/run/netns/{name}"))?;
-    // SAFETY: valid fd; only this thread moves.
-    anyhow::ensure!(
-        unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } == 0,
-        "setns {name}: {}",
-        io::Error::last_os_error()
-    );
-    Ok(())
+    system::snapshot::run(&vxlan)?;
+    system::replay::run(&vxlan)?;
+    system::traffic::run(&vxlan)?;
+    system::write_table()
 }
 
 /// Average cost of the kfree_skb program per kernel drop event, from the
@@ -230,28 +211,28 @@ fn kfree_skb_cost() -> anyhow::Result<()> {
     const DROPS: u64 = 20_000;
     let tag = format!("obsb{}", std::process::id());
     let (a, b) = (format!("{tag}a"), format!("{tag}b"));
-    let _guard = Namespaces(vec![a.clone(), b.clone()]);
-    sh(&["ip", "netns", "add", &a])?;
-    sh(&["ip", "netns", "add", &b])?;
-    sh(&[
+    let _guard = system::Namespaces(vec![a.clone(), b.clone()]);
+    system::sh(&["ip", "netns", "add", &a])?;
+    system::sh(&["ip", "netns", "add", &b])?;
+    system::sh(&[
         "ip", "-n", &a, "link", "add", "va", "type", "veth", "peer", "name", "vb", "netns", &b,
     ])?;
-    sh(&["ip", "-n", &a, "addr", "add", "198.18.0.1/30", "dev", "va"])?;
-    sh(&["ip", "-n", &b, "addr", "add", "198.18.0.2/30", "dev", "vb"])?;
-    sh(&["ip", "-n", &a, "link", "set", "va", "up"])?;
-    sh(&["ip", "-n", &b, "link", "set", "vb", "up"])?;
-    sh(&[
+    system::sh(&["ip", "-n", &a, "addr", "add", "198.18.0.1/30", "dev", "va"])?;
+    system::sh(&["ip", "-n", &b, "addr", "add", "198.18.0.2/30", "dev", "vb"])?;
+    system::sh(&["ip", "-n", &a, "link", "set", "va", "up"])?;
+    system::sh(&["ip", "-n", &b, "link", "set", "vb", "up"])?;
+    system::sh(&[
         "ip", "netns", "exec", &a, "iptables", "-A", "INPUT", "-p", "udp", "--dport", "9", "-j",
         "DROP",
     ])?;
 
-    enter_netns(&a)?;
+    system::enter_netns(&a)?;
     let mut observer = Observer::load(&Default::default())?;
     observer.attach("va", observer::loader::XdpMode::Auto)?;
     let _stats = aya::sys::enable_stats(aya::sys::Stats::RunTime)?;
     let before = observer.drop_hook_info()?;
     let sender = std::thread::spawn(move || -> anyhow::Result<()> {
-        enter_netns(&b)?;
+        system::enter_netns(&b)?;
         let socket = std::net::UdpSocket::bind("198.18.0.2:0")?;
         for _ in 0..DROPS {
             socket.send_to(b"drop me", "198.18.0.1:9")?;
@@ -277,11 +258,12 @@ fn kfree_skb_cost() -> anyhow::Result<()> {
         counted == DROPS,
         "kfree_skb counted {counted} NETFILTER_DROP drops on va, expected {DROPS}"
     );
-    println!(
-        "bench kfree_skb_per_event {:.1} ns/event",
-        ns / events.max(1) as f64
+    system::report(
+        "kfree_skb_per_event",
+        format!("{:.1}", ns / events.max(1) as f64),
+        "ns/event",
     );
-    println!("bench kfree_skb_events {events} events");
+    system::report("kfree_skb_events", events, "events");
     Ok(())
 }
 
@@ -322,22 +304,13 @@ fn allow_set_cases(vxlan: &[u8]) -> anyhow::Result<()> {
                 "vxlan_allow_{size}: the member source was flagged; the bench measures the wrong path"
             );
         }
-        println!(
-            "bench vxlan_allow_{size} {:.1} ns/pkt",
-            median(&mut samples)
+        system::report(
+            &format!("vxlan_allow_{size}"),
+            format!("{:.1}", system::median(&mut samples)),
+            "ns/pkt",
         );
     }
     Ok(())
-}
-
-fn median(samples: &mut [f64]) -> f64 {
-    samples.sort_by(f64::total_cmp);
-    let mid = samples.len() / 2;
-    if samples.len() % 2 == 1 {
-        samples[mid]
-    } else {
-        (samples[mid - 1] + samples[mid]) / 2.0
-    }
 }
 
 /// Loads the smallest valid XDP program, `r0 = XDP_PASS; exit`, with a raw

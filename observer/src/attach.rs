@@ -442,25 +442,9 @@ impl<'a> Monitor<'a> {
         self.drop_aggregator
             .update(&drops::read(self.observer).map_err(io::Error::other)?);
         let rows = self.aggregator.finish_interval(seconds);
-        let drop_rows: Vec<DropRow> = self
-            .drop_aggregator
-            .finish_interval(seconds)
-            .into_iter()
-            .map(|row| {
-                let reason = row.id.reason_name(self.observer);
-                let message = drops::message(
-                    &row.id,
-                    row.packets,
-                    &reason,
-                    &self.checks.allow_set_names(row.id.proto),
-                );
-                DropRow {
-                    row,
-                    reason,
-                    message,
-                }
-            })
-            .collect();
+        let drop_rows = self
+            .checks
+            .drop_rows(self.observer, self.drop_aggregator.finish_interval(seconds));
         let netfilter = self.checks.netfilter(&drop_rows);
         let stats = self
             .observer

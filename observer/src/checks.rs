@@ -12,8 +12,9 @@ use observer_common::{ClassifierDrop, Proto};
 use serde::Serialize;
 
 use crate::{
+    aggregate::Row,
     allowsets::{self, AllowSetConfig, SetKind, Snapshot},
-    drops::Origin,
+    drops::{self, DropId, Origin},
     loader::Observer,
     localnet, mirror, netfilter,
     output::{DropRow, NetfilterCheck},
@@ -165,6 +166,27 @@ impl NodeChecks {
         } else {
             names.join(", ")
         }
+    }
+
+    /// Drop rows with their reason named (the kernel's names for kernel
+    /// reasons) and the sentence to act on.
+    pub fn drop_rows(&self, observer: &Observer, rows: Vec<Row<DropId>>) -> Vec<DropRow> {
+        rows.into_iter()
+            .map(|row| {
+                let reason = row.id.reason_name(observer);
+                let message = drops::message(
+                    &row.id,
+                    row.packets,
+                    &reason,
+                    &self.allow_set_names(row.id.proto),
+                );
+                DropRow {
+                    row,
+                    reason,
+                    message,
+                }
+            })
+            .collect()
     }
 
     /// Calico's drop-rule counters since attach beside the observer's

@@ -1,6 +1,6 @@
 //! Command-line interface.
 
-use std::time::Duration;
+use std::{net::IpAddr, path::PathBuf, time::Duration};
 
 use clap::{Args, Parser, Subcommand};
 
@@ -84,6 +84,31 @@ pub enum Command {
     ///          observer lab --output json --duration 8s | jq 'select(.type=="lab")'
     #[command(verbatim_doc_comment)]
     Lab(LabArgs),
+
+    /// Count the tunnel traffic of capture files, as attach would have.
+    ///
+    /// Every frame of each pcap or pcapng file (from `tcpdump -w`; link types
+    /// Ethernet, Linux cooked v1/v2 and raw IP) goes through the observer's
+    /// own eBPF classifier in the kernel with BPF_PROG_TEST_RUN: no interface
+    /// is touched, but loading the programs needs root or CAP_BPF,
+    /// CAP_NET_ADMIN and CAP_PERFMON. The rows are attach's (same table and
+    /// JSON lines), one set per capture with the file as `iface`; rates are
+    /// per second of capture time. Frames are received (rx, peer = outer
+    /// source) unless their outer source is a --local address: those were
+    /// sent by the capturing node (tx, peer = outer destination). Frames the
+    /// snap length cut are classified on what was captured and counted as
+    /// `truncated` (their bytes are the captured ones).
+    ///
+    /// Exit status: 0 every capture read to its end; 1 a capture is damaged
+    /// (the error names the file and frame; what was read before it is
+    /// printed); 2 usage or environment error (file missing, not a capture,
+    /// unsupported link type, no privileges).
+    ///
+    /// Example: observer replay node-a.pcap
+    ///          observer replay --local 10.0.0.5 eth0.pcap --output json
+    ///          observer replay --allow-cidr 10.0.0.0/24 a.pcapng b.pcap
+    #[command(verbatim_doc_comment)]
+    Replay(ReplayArgs),
 }
 
 /// Options of `observer diagnose`: those of `attach`.
@@ -224,6 +249,54 @@ pub struct AttachArgs {
     pub drop_spike_rate: Option<f64>,
 }
 
+/// Options of `observer replay`.
+#[derive(Debug, Args)]
+pub struct ReplayArgs {
+    /// Capture files: pcap or pcapng (e.g. `tcpdump -i eth0 -w FILE`).
+    #[arg(required = true, value_name = "FILE")]
+    pub files: Vec<PathBuf>,
+
+    /// An address of the node that captured (repeatable): frames from it
+    /// count as sent (tx, peer = outer destination) instead of received.
+    #[arg(long = "local", value_name = "ADDR")]
+    pub local: Vec<IpAddr>,
+
+    /// table (for people) or json (one object per line, attach's schema
+    /// plus a `replay` line per capture). Default: table on a terminal,
+    /// json otherwise.
+    #[arg(long, value_enum, value_name = "FORMAT")]
+    pub output: Option<Format>,
+
+    /// UDP destination port(s) carrying VXLAN [default: 4789, 8472].
+    #[arg(long = "vxlan-port", value_name = "PORT")]
+    pub vxlan_ports: Vec<u16>,
+
+    /// UDP port(s) carrying VXLAN-GPE [default: 4790].
+    #[arg(long = "vxlan-gpe-port", value_name = "PORT")]
+    pub vxlan_gpe_ports: Vec<u16>,
+
+    /// UDP port(s) carrying Geneve [default: 6081].
+    #[arg(long = "geneve-port", value_name = "PORT")]
+    pub geneve_ports: Vec<u16>,
+
+    /// UDP port(s) carrying WireGuard, matched as destination or source
+    /// [default: 51820, 51821].
+    #[arg(long = "wireguard-port", value_name = "PORT")]
+    pub wireguard_ports: Vec<u16>,
+
+    /// Allow-set (ipset or nftables set on this node) of sources allowed
+    /// to send VXLAN (`vxlan=NAME`, the default) or IPIP (`ipip=NAME`),
+    /// beside Calico's sets, read once at start. Received tunnel frames
+    /// from other sources count as drop reason calico_allow_set.
+    #[arg(long = "allow-set", value_name = "[PROTO=]NAME")]
+    pub allow_sets: Vec<Tagged<String>>,
+
+    /// Prefix allowed to send VXLAN (`vxlan=CIDR`, the default) or IPIP
+    /// (`ipip=CIDR`), e.g. the capturing cluster's node network. Repeatable.
+    #[arg(long = "allow-cidr", value_name = "[PROTO=]CIDR")]
+    pub allow_cidrs: Vec<Tagged<ipnet::IpNet>>,
+}
+
 /// Parses `500ms`, `2s`, `1m`, `1h30m`; a bare number means seconds.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let duration = match text.parse::<u64>() {
@@ -275,7 +348,7 @@ mod tests {
         ])
         .unwrap();
         let Command::Attach(args) = cli.command else {
-            panic!("not attach")
+            panic!("parsed as {:?}", cli.command);
         };
         assert_eq!(args.ifaces, ["eth0", "eth1"]);
         assert_eq!(args.vxlan_ports, [4789, 9000]);
@@ -300,5 +373,29 @@ mod tests {
         assert!(args.attach.ifaces.is_empty());
         assert_eq!(args.attach.netns.as_deref(), Some("gpu"));
         assert_eq!(args.attach.anomaly_window, Some(Duration::from_secs(3)));
+    }
+
+    #[test]
+    fn replay_takes_files_and_local_addresses() {
+        let cli = Cli::try_parse_from([
+            "observer",
+            "replay",
+            "a.pcap",
+            "b.pcapng",
+            "--local",
+            "10.0.0.5",
+            "--local",
+            "2001:db8::5",
+            "--allow-cidr",
+            "ipip=10.0.0.0/24",
+        ])
+        .unwrap();
+        let Command::Replay(args) = cli.command else {
+            panic!("parsed as {:?}", cli.command);
+        };
+        assert_eq!(args.files.len(), 2);
+        assert_eq!(args.local.len(), 2);
+        assert_eq!(args.allow_cidrs.len(), 1);
+        assert!(Cli::try_parse_from(["observer", "replay"]).is_err());
     }
 }

@@ -13,7 +13,8 @@
 //! - `anomalies` turns counters and the node's view into per-peer problems;
 //!   `diagnose` writes them up after a bounded run;
 //! - `kernel_btf` reads drop reason names and sk_buff offsets;
-//! - `testrun` runs programs on frames without a device;
+//! - `testrun` runs programs on frames without a device; `replay` feeds
+//!   capture files through them;
 //! - `lab` rebuilds the overlay incident in network namespaces and
 //!   diagnoses it with observers on every node.
 
@@ -38,6 +39,7 @@ pub mod netns;
 pub mod output;
 pub mod ports;
 pub mod preflight;
+pub mod replay;
 pub mod settings;
 pub mod testrun;
 pub mod tools;

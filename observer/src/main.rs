@@ -31,6 +31,8 @@ fn main() -> ExitCode {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => fail(e, ExitCode::FAILURE),
         },
+        // 0 ok, 1 damaged capture, 2 could not run (see `replay --help`).
+        Command::Replay(args) => observer::replay::run(args),
     }
 }
 

@@ -88,7 +88,8 @@ pub struct Settings {
     pub tunnel_devices: Vec<DeclaredTunnel>,
 }
 
-fn pick<T: Clone>(cli: &[T], file: Option<Vec<T>>, default: Vec<T>) -> Vec<T> {
+/// The command-line values when given, else the file's, else `default`.
+pub(crate) fn pick<T: Clone>(cli: &[T], file: Option<Vec<T>>, default: Vec<T>) -> Vec<T> {
     if !cli.is_empty() {
         cli.to_vec()
     } else {
@@ -251,8 +252,7 @@ mod tests {
         full.extend_from_slice(argv);
         match Cli::try_parse_from(full).unwrap().command {
             Command::Attach(a) => a,
-            Command::Diagnose(d) => d.attach,
-            Command::Lab(_) => unreachable!("parsed an attach command line"),
+            other => panic!("parsed as {other:?}"),
         }
     }
 

@@ -1,5 +1,5 @@
 //! BPF_PROG_TEST_RUN: runs a loaded program on a frame in the kernel,
-//! without a device. Used by tests, `cargo xtask bench` and (later) replay.
+//! without a device. Used by tests, `cargo xtask bench` and `observer replay`.
 //!
 //! Hand-written because aya 0.14 has no test-run API; the attribute layout
 //! is the kernel's `union bpf_attr` `test` member (include/uapi/linux/bpf.h).

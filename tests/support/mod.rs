@@ -8,6 +8,7 @@ pub mod frames;
 pub mod netns;
 pub mod overlay;
 pub mod storm;
+pub mod tcpdump;
 
 /// True when the test may use the kernel (root). Without root the test is
 /// skipped with a message, except under CI (`CI=true`), where it fails:

@@ -2,6 +2,7 @@
 //! alias lives in .cargo/config.toml). Every command except `setup` itself
 //! runs `setup` first, so a fresh machine needs nothing but `cargo xtask test`.
 
+mod fuzz;
 mod lab;
 mod setup;
 mod soak;
@@ -41,7 +42,8 @@ enum Task {
     /// Everything CI checks: rustfmt, clippy (-D warnings, all targets, eBPF
     /// crate included), the deploy/ files (promtool check and test of the
     /// alert rules, the PrometheusRule and the privileged DaemonSet in sync,
-    /// kubernetes-validate --strict of the manifests) and `cargo test
+    /// kubernetes-validate --strict of the manifests), `cargo fuzz build`
+    /// of the fuzz target (built, not run) and `cargo test
     /// --workspace`. The integration tests load eBPF programs and create
     /// network namespaces, so they need root; with CI=true in the environment
     /// they fail instead of skipping without it. Prints the time of each step; exits non-zero if any failed.
@@ -70,6 +72,11 @@ enum Task {
     /// rss_start_kib=.. rss_max_kib=.. rss_end_kib=.. file_bytes_max=..
     /// evictions=..` line. Namespaces are removed at the end, also on Ctrl-C.
     Soak(soak::SoakArgs),
+    /// Not in CI: fuzz the capture reader of `observer replay` (cargo-fuzz
+    /// target `capture`, with the nightly; installs cargo-fuzz when
+    /// missing) for --seconds (default 300). The corpus grows in
+    /// fuzz/corpus/capture, crashes land in fuzz/artifacts/capture.
+    Fuzz(fuzz::FuzzArgs),
 }
 
 fn main() {
@@ -100,6 +107,10 @@ fn run(task: Task) -> Result<()> {
             setup::setup()?;
             soak::soak(&args)
         }
+        Task::Fuzz(args) => {
+            setup::setup()?;
+            fuzz::fuzz(&args)
+        }
     }
 }
 
@@ -115,7 +126,7 @@ fn test(fail_fast: bool) -> Result<()> {
         Err(_) => println!("xtask: CI is not set (tests needing root skip without it)"),
     }
     type Step = (&'static str, fn() -> Result<()>);
-    let steps: [Step; 8] = [
+    let steps: [Step; 9] = [
         ("setup", setup::setup),
         ("fmt", || {
             util::run(util::cargo().args(["fmt", "--all", "--", "--check"]))
@@ -130,6 +141,8 @@ fn test(fail_fast: bool) -> Result<()> {
                 "warnings",
             ]))
         }),
+        // Builds (never runs) the fuzz target, so it cannot rot; ~40 s clean.
+        ("fuzz-build", fuzz::build),
         ("rules", || {
             util::run(deploy_command("promtool").args([
                 "check",

@@ -1,0 +1,98 @@
+//! Userspace cost of one interval with many peers in the kernel map: read
+//! the flow map (`read_flows`), fold it (`Aggregator`), judge it
+//! (`anomalies::Engine`), build and encode
+//! the textfile (`Exporter`, `export::encode`), with 1,000, 10,000 and
+//! 100,000 peers put there by XDP test runs of frames from distinct
+//! sources. Also the bench process's RSS afterwards.
+
+use std::{
+    collections::HashMap,
+    time::{Instant, SystemTime},
+};
+
+use anyhow::ensure;
+use observer::{
+    aggregate::Aggregator,
+    anomalies::{Engine, Known, Thresholds},
+    export::{self, ExportInput, Exporter},
+    loader::{Hook, LoadConfig, Observer},
+    testrun,
+};
+
+use super::{median, report, rss_kib};
+
+/// Offset of the outer IPv4 source in an untagged frame.
+const IPV4_SOURCE: std::ops::Range<usize> = 26..30;
+const ROUNDS: usize = 3;
+
+/// Runs the snapshot benches on copies of `vxlan` (an untagged IPv4 frame).
+pub fn run(vxlan: &[u8]) -> anyhow::Result<()> {
+    for peers in [1_000u32, 10_000, 100_000] {
+        // Twice the peers: the per-CPU LRU must evict nothing.
+        let observer = Observer::load(&LoadConfig {
+            max_flows: 2 * peers,
+            ..LoadConfig::default()
+        })?;
+        let xdp = observer.program_fd(Hook::Xdp)?;
+        let mut frame = vxlan.to_vec();
+        for i in 0..peers {
+            frame[IPV4_SOURCE].copy_from_slice(&(0x0a00_0000 + i).to_be_bytes());
+            testrun::run(xdp, &frame, None, 1)?;
+        }
+        let ifaces = HashMap::from([(1, "lo".to_string())]);
+        let mut aggregator = Aggregator::new(4 * 2 * peers as usize);
+        let mut exporter = Exporter::new(200);
+        let mut engine = Engine::new(Thresholds::default(), 0.0);
+        let known = Known::default();
+        let (mut read, mut encode) = (Vec::new(), Vec::new());
+        let mut bytes = 0;
+        // One round more than measured: the first creates every row.
+        for round in 0..=ROUNDS {
+            let start = Instant::now();
+            let flows = observer.read_flows()?;
+            ensure!(
+                flows.len() == peers as usize,
+                "{} rows in the flow map, {peers} expected",
+                flows.len()
+            );
+            aggregator.update(&flows);
+            let rows = aggregator.finish_interval(1.0);
+            engine.observe(round as f64 + 1.0, SystemTime::now(), &rows, &[], &known);
+            let read_done = Instant::now();
+            let input = ExportInput {
+                rows: &rows,
+                drops: &[],
+                ifaces: &ifaces,
+                stats: observer.stats_for(flows.len() as u64)?,
+                programs_attached: 3,
+                at: SystemTime::now(),
+                anomalies: &engine.active(),
+                anomalies_raised: engine.raised(),
+            };
+            let text = export::encode(&exporter.families(&input))?;
+            let done = Instant::now();
+            bytes = text.len();
+            if round > 0 {
+                read.push((read_done - start).as_secs_f64() * 1e3);
+                encode.push((done - read_done).as_secs_f64() * 1e3);
+            }
+        }
+        report(
+            &format!("snapshot_{peers}_peers"),
+            format!("{:.2}", median(&mut read)),
+            "ms",
+        );
+        report(
+            &format!("export_{peers}_peers"),
+            format!("{:.2}", median(&mut encode)),
+            "ms",
+        );
+        report(&format!("textfile_{peers}_peers"), bytes, "bytes");
+        report(
+            &format!("rss_{peers}_peers"),
+            format!("{:.1}", rss_kib() as f64 / 1024.0),
+            "MiB",
+        );
+    }
+    Ok(())
+}

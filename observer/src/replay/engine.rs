@@ -1,0 +1,236 @@
+//! Runs captured frames through the loaded programs with BPF_PROG_TEST_RUN
+//! and turns the flow and drop maps into per-capture rows.
+//!
+//! Every frame is classified in the kernel by the programs `attach` uses:
+//! `observer_xdp` for received frames, and `observer_tc_out` (the same
+//! parser, in the tx direction: the peer is the outer destination) for
+//! frames whose outer source is a `--local` address. The maps are read
+//! every [`FOLD_EVERY`] frames into the aggregators, which keep totals exact
+//! when the LRU evicts a row; each capture's rows are the growth of those
+//! totals while it was replayed, relabelled with the capture's number as
+//! their interface index.
+
+use std::{collections::HashMap, hash::Hash, net::IpAddr};
+
+use anyhow::{Context, Result};
+use observer_common::{Direction, Proto, Unclassified};
+
+use crate::{
+    aggregate::{Aggregator, DropAggregator, Row},
+    drops::{self, DropId},
+    flows::FlowId,
+    loader::{Hook, KernelStats, Observer},
+    replay::capture::{self, Frame},
+    testrun,
+};
+
+/// Frames between two reads of the maps: far fewer than the flow map
+/// holds ([`REPLAY_MAX_FLOWS`]), so no row is evicted before it was read.
+pub const FOLD_EVERY: usize = 4096;
+/// Capacity of the flow and drop maps for a replay.
+pub const REPLAY_MAX_FLOWS: u32 = 65_536;
+/// The kernel refuses test runs of frames shorter than an Ethernet header.
+const ETH_HLEN: usize = 14;
+/// Longest frame an XDP test run takes: one page plus 17 page fragments
+/// (MAX_SKB_FRAGS); 64 KiB keeps every header of a BIG TCP frame.
+pub const MAX_XDP_FRAME: usize = 64 * 1024;
+/// Longest frame an skb (tc) test run takes: a 4 KiB page minus
+/// NET_SKB_PAD (64), NET_IP_ALIGN (up to 2) and the skb_shared_info (320).
+pub const MAX_TC_FRAME: usize = 4096 - 64 - 2 - 320;
+
+/// What happened to one frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Outcome {
+    /// Counted as sent (its outer source is `--local`).
+    pub tx: bool,
+    /// Longer than a test run takes: classified on its first bytes, and
+    /// its bytes are counted up to the cut.
+    pub cut: bool,
+}
+
+/// Counters of one capture, beside its rows.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FileCounts {
+    /// Frames read.
+    pub frames: u64,
+    /// Frames counted as sent (`--local` source).
+    pub tx_frames: u64,
+    /// Frames cut by the snap length when captured.
+    pub truncated: u64,
+    /// Bytes the snap length cut off (original minus captured lengths).
+    pub truncated_bytes: u64,
+    /// Frames longer than a test run takes (see [`Outcome::cut`]).
+    pub cut: u64,
+    /// Frames shorter than an Ethernet header, counted as `truncated_l2`
+    /// without a test run (the kernel refuses those).
+    pub runts: u64,
+}
+
+/// The rows one capture added.
+pub struct FileRows {
+    /// Flow rows (interface index = the capture's number).
+    pub rows: Vec<Row>,
+    /// Drop rows, same labelling.
+    pub drops: Vec<Row<DropId>>,
+}
+
+/// A loaded observer fed with frames.
+pub struct Engine {
+    observer: Observer,
+    local: Vec<IpAddr>,
+    aggregator: Aggregator,
+    drop_aggregator: DropAggregator,
+    /// Totals at the end of the previous capture.
+    flow_seen: HashMap<FlowId, (u64, u64)>,
+    drop_seen: HashMap<DropId, (u64, u64)>,
+    unfolded: usize,
+    flow_entries: u64,
+}
+
+impl Engine {
+    /// Feeds `observer`; frames whose outer source is in `local` count as sent.
+    pub fn new(observer: Observer, local: Vec<IpAddr>) -> Engine {
+        Engine {
+            observer,
+            local,
+            // Replay keeps every row: forgetting one would lose counts.
+            aggregator: Aggregator::new(usize::MAX),
+            drop_aggregator: DropAggregator::new(usize::MAX),
+            flow_seen: HashMap::new(),
+            drop_seen: HashMap::new(),
+            unfolded: 0,
+            flow_entries: 0,
+        }
+    }
+
+    /// The observer, for drop reason names.
+    pub fn observer(&self) -> &Observer {
+        &self.observer
+    }
+
+    /// Runs one frame through its program. Frames shorter than an Ethernet
+    /// header are not run (see [`FileCounts::runts`]) and return `None`.
+    pub fn run(&mut self, frame: &Frame) -> Result<Option<Outcome>> {
+        if frame.data.len() < ETH_HLEN {
+            return Ok(None);
+        }
+        let tx = capture::outer_source(&frame.data).is_some_and(|src| self.local.contains(&src));
+        let (hook, max) = if tx {
+            (Hook::TcEgress, MAX_TC_FRAME)
+        } else {
+            (Hook::Xdp, MAX_XDP_FRAME)
+        };
+        let data = &frame.data[..frame.data.len().min(max)];
+        testrun::run(self.observer.program_fd(hook)?, data, None, 1).with_context(|| {
+            format!(
+                "BPF_PROG_TEST_RUN of {} on frame {} ({} bytes)",
+                hook.program_name(),
+                frame.number,
+                data.len()
+            )
+        })?;
+        self.unfolded += 1;
+        if self.unfolded >= FOLD_EVERY {
+            self.fold()?;
+        }
+        Ok(Some(Outcome {
+            tx,
+            cut: data.len() < frame.data.len(),
+        }))
+    }
+
+    /// Reads the maps into the aggregators.
+    fn fold(&mut self) -> Result<()> {
+        let flows = self.observer.read_flows()?;
+        self.flow_entries = flows.len() as u64;
+        self.aggregator.update(&flows);
+        self.drop_aggregator.update(&drops::read(&self.observer)?);
+        self.unfolded = 0;
+        Ok(())
+    }
+
+    /// Ends capture number `index`: its rows, with rates over `seconds`
+    /// (the capture's time span; rates are 0 when it is unknown), plus
+    /// `runts` frames as unclassified `truncated_l2`.
+    pub fn finish_file(&mut self, index: u32, seconds: f64, runts: u64) -> Result<FileRows> {
+        self.fold()?;
+        let mut rows = grown(
+            self.aggregator.finish_interval(1.0),
+            &mut self.flow_seen,
+            seconds,
+            |id| FlowId {
+                ifindex: index,
+                ..id
+            },
+        );
+        if runts > 0 {
+            rows.push(Row {
+                id: FlowId {
+                    ifindex: index,
+                    direction: Direction::Rx,
+                    proto: Proto::Other,
+                    reason: Unclassified::TruncatedL2,
+                    peer: None,
+                    vni: 0,
+                },
+                packets: runts,
+                bytes: 0,
+                pps: rate(runts, seconds),
+                bps: 0.0,
+                inner: None,
+                changed: true,
+            });
+        }
+        let drops = grown(
+            self.drop_aggregator.finish_interval(1.0),
+            &mut self.drop_seen,
+            seconds,
+            |id| DropId {
+                ifindex: index,
+                ..id
+            },
+        );
+        Ok(FileRows { rows, drops })
+    }
+
+    /// The kernel's self counters after the last read.
+    pub fn stats(&self) -> Result<KernelStats> {
+        self.observer.stats_for(self.flow_entries)
+    }
+}
+
+fn rate(count: u64, seconds: f64) -> f64 {
+    if seconds > 0.0 {
+        count as f64 / seconds
+    } else {
+        0.0
+    }
+}
+
+/// The rows whose totals grew since `seen`, as rows of the growth only
+/// (relabelled by `label`); updates `seen`.
+fn grown<K: Copy + Eq + Hash>(
+    totals: Vec<Row<K>>,
+    seen: &mut HashMap<K, (u64, u64)>,
+    seconds: f64,
+    label: impl Fn(K) -> K,
+) -> Vec<Row<K>> {
+    totals
+        .into_iter()
+        .filter_map(|row| {
+            let before = seen
+                .insert(row.id, (row.packets, row.bytes))
+                .unwrap_or((0, 0));
+            let (packets, bytes) = (row.packets - before.0, row.bytes - before.1);
+            (packets > 0 || bytes > 0).then(|| Row {
+                id: label(row.id),
+                packets,
+                bytes,
+                pps: rate(packets, seconds),
+                bps: rate(bytes * 8, seconds),
+                inner: row.inner,
+                changed: true,
+            })
+        })
+        .collect()
+}

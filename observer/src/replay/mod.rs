@@ -1,0 +1,306 @@
+//! `observer replay FILE...`: counts the tunnel traffic of capture files
+//! with the observer's own eBPF classifier, and prints attach's rows.
+//!
+//! - `capture` reads pcap/pcapng into Ethernet frames (pure, fuzzed);
+//! - `engine` runs the frames through the programs (BPF_PROG_TEST_RUN) and
+//!   makes per-capture rows from the maps;
+//! - this module checks the files and privileges, mirrors the allow-sets,
+//!   prints, and chooses the exit status ([`EXIT_DAMAGED`], [`EXIT_USAGE`]).
+
+pub mod capture;
+pub mod engine;
+
+use std::{
+    collections::HashMap,
+    fs::File,
+    io::{self, IsTerminal, Write},
+    path::Path,
+    process::ExitCode,
+    time::{Duration, SystemTime},
+};
+
+use anyhow::{Context, Result, anyhow};
+use serde::Serialize;
+
+use crate::{
+    aggregate::Row,
+    allowsets::AllowSetConfig,
+    checks::NodeChecks,
+    cli::ReplayArgs,
+    drops::DropId,
+    loader::{LoadConfig, Observer},
+    mirror,
+    output::{self, Format, Snapshot},
+    ports::PortConfig,
+    preflight,
+    settings::pick,
+};
+
+use capture::Frames;
+use engine::{Engine, FileCounts};
+
+/// Exit status when a capture is damaged; the counts read before the
+/// damage are printed.
+pub const EXIT_DAMAGED: u8 = 1;
+/// Exit status of usage and environment errors (missing file, not a
+/// capture, unsupported link type, missing privileges).
+pub const EXIT_USAGE: u8 = 2;
+
+/// `{"type":"replay",...}`: one capture's own counters.
+#[derive(Serialize)]
+struct ReplayLine<'a> {
+    r#type: &'static str,
+    /// The capture, as given on the command line; rows carry it as `iface`.
+    iface: &'a str,
+    /// The capture's number (from 1); rows carry it as `ifindex`.
+    ifindex: u32,
+    format: &'static str,
+    frames: u64,
+    tx_frames: u64,
+    truncated: u64,
+    truncated_bytes: u64,
+    cut: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    first_ts: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    last_ts: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<&'a str>,
+}
+
+/// One replayed capture.
+struct Replayed {
+    name: String,
+    format: &'static str,
+    counts: FileCounts,
+    first: Option<Duration>,
+    last: Option<Duration>,
+    /// The error that ended it early, and its exit status.
+    error: Option<(String, u8)>,
+}
+
+/// Runs the replay command; prints errors itself and returns the exit status.
+pub fn run(args: ReplayArgs) -> ExitCode {
+    match replay(&args) {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("observer: error: {e:#}");
+            ExitCode::from(EXIT_USAGE)
+        }
+    }
+}
+
+fn open(path: &Path) -> Result<Frames<File>> {
+    let name = path.display();
+    let file = File::open(path).with_context(|| format!("capture {name}: cannot open"))?;
+    capture::frames(file).map_err(|e| anyhow!("capture {name}: {e}"))
+}
+
+fn replay(args: &ReplayArgs) -> Result<u8> {
+    // Every file is checked before anything is loaded, so a typo in the
+    // last name costs nothing and prints nothing.
+    for path in &args.files {
+        open(path)?;
+    }
+    preflight::check_privileges().context(
+        "replay runs every frame through the eBPF classifier with BPF_PROG_TEST_RUN, which needs CAP_BPF",
+    )?;
+    let defaults = PortConfig::default();
+    let ports = PortConfig {
+        vxlan: pick(&args.vxlan_ports, None, defaults.vxlan),
+        vxlan_gpe: pick(&args.vxlan_gpe_ports, None, defaults.vxlan_gpe),
+        geneve: pick(&args.geneve_ports, None, defaults.geneve),
+        wireguard: pick(&args.wireguard_ports, None, defaults.wireguard),
+    };
+    let mut observer = Observer::load(&LoadConfig {
+        max_flows: engine::REPLAY_MAX_FLOWS,
+        ports,
+    })?;
+    let allow = AllowSetConfig {
+        sets: args.allow_sets.clone(),
+        cidrs: args.allow_cidrs.clone(),
+    };
+    let mut checks = NodeChecks::new(allow, Duration::MAX);
+    let reports = checks.refresh(&mut observer)?;
+    // The capture's VNIs belong to the node that captured, not to this
+    // one's vxlan devices: vni_unknown is not checked.
+    mirror::apply_local_vnis(&mut observer, &[])?;
+    let format = args.output.unwrap_or(if io::stdout().is_terminal() {
+        Format::Table
+    } else {
+        Format::Json
+    });
+
+    let mut engine = Engine::new(observer, args.local.clone());
+    let mut replayed = Vec::new();
+    let mut rows: Vec<Row> = Vec::new();
+    let mut drop_rows: Vec<Row<DropId>> = Vec::new();
+    for (i, path) in args.files.iter().enumerate() {
+        let index = u32::try_from(i + 1).context("too many captures")?;
+        let (one, file_rows) = replay_file(&mut engine, path, index)?;
+        rows.extend(file_rows.rows);
+        drop_rows.extend(file_rows.drops);
+        replayed.push(one);
+    }
+
+    let drops = checks.drop_rows(engine.observer(), drop_rows);
+    let ifaces: HashMap<u32, String> = replayed
+        .iter()
+        .enumerate()
+        .map(|(i, r)| (i as u32 + 1, r.name.clone()))
+        .collect();
+    let at = replayed
+        .iter()
+        .filter_map(|r| r.last)
+        .max()
+        .map_or_else(SystemTime::now, |last| SystemTime::UNIX_EPOCH + last);
+    let snapshot = Snapshot {
+        rows: &rows,
+        stats: engine.stats()?,
+        rows_forgotten: 0,
+        ifaces: &ifaces,
+        attachments: &[],
+        at,
+        is_final: true,
+        drops: &drops,
+        netfilter: &[],
+        // Anomalies need the capturing node's data plane, which a capture
+        // does not hold.
+        anomaly_events: &[],
+        anomalies: &[],
+    };
+    let printed = print(format, &reports, &replayed, &snapshot);
+    if let Err(e) = printed
+        && e.kind() != io::ErrorKind::BrokenPipe
+    {
+        return Err(e).context("writing output");
+    }
+    let mut code = 0;
+    for r in &replayed {
+        if let Some((error, status)) = &r.error {
+            eprintln!("observer: error: capture {}: {error}", r.name);
+            code = code.max(*status);
+        }
+    }
+    Ok(code)
+}
+
+/// Replays one capture as number `index`.
+fn replay_file(
+    engine: &mut Engine,
+    path: &Path,
+    index: u32,
+) -> Result<(Replayed, engine::FileRows)> {
+    let mut frames = open(path)?;
+    let mut one = Replayed {
+        name: path.display().to_string(),
+        format: frames.format(),
+        counts: FileCounts::default(),
+        first: None,
+        last: None,
+        error: None,
+    };
+    for frame in frames.by_ref() {
+        let frame = match frame {
+            Ok(frame) => frame,
+            Err(e) => {
+                let status = if e.is_damage() {
+                    EXIT_DAMAGED
+                } else {
+                    EXIT_USAGE
+                };
+                one.error = Some((e.to_string(), status));
+                break;
+            }
+        };
+        let counts = &mut one.counts;
+        counts.frames += 1;
+        if frame.truncated() {
+            counts.truncated += 1;
+            counts.truncated_bytes += u64::from(frame.original_len - frame.captured_len);
+        }
+        one.first.get_or_insert(frame.timestamp);
+        one.last = Some(frame.timestamp);
+        match engine.run(&frame)? {
+            None => counts.runts += 1,
+            Some(outcome) => {
+                counts.tx_frames += u64::from(outcome.tx);
+                counts.cut += u64::from(outcome.cut);
+            }
+        }
+    }
+    let seconds = match (one.first, one.last) {
+        (Some(first), Some(last)) => last.saturating_sub(first).as_secs_f64(),
+        _ => 0.0,
+    };
+    let rows = engine.finish_file(index, seconds, one.counts.runts)?;
+    Ok((one, rows))
+}
+
+fn timestamp(since_epoch: Duration) -> String {
+    humantime::format_rfc3339_micros(SystemTime::UNIX_EPOCH + since_epoch).to_string()
+}
+
+/// Prints the allow-set reports (JSON only, like attach), one summary per
+/// capture, then the rows.
+fn print(
+    format: Format,
+    reports: &[crate::checks::AllowSetReport],
+    replayed: &[Replayed],
+    snapshot: &Snapshot<'_>,
+) -> io::Result<()> {
+    let mut out = io::stdout().lock();
+    match format {
+        Format::Json => {
+            for report in reports {
+                writeln!(
+                    out,
+                    "{}",
+                    serde_json::to_string(report).map_err(io::Error::other)?
+                )?;
+            }
+            for (i, r) in replayed.iter().enumerate() {
+                let line = ReplayLine {
+                    r#type: "replay",
+                    iface: &r.name,
+                    ifindex: i as u32 + 1,
+                    format: r.format,
+                    frames: r.counts.frames,
+                    tx_frames: r.counts.tx_frames,
+                    truncated: r.counts.truncated,
+                    truncated_bytes: r.counts.truncated_bytes,
+                    cut: r.counts.cut,
+                    first_ts: r.first.map(timestamp),
+                    last_ts: r.last.map(timestamp),
+                    error: r.error.as_ref().map(|(e, _)| e.as_str()),
+                };
+                writeln!(
+                    out,
+                    "{}",
+                    serde_json::to_string(&line).map_err(io::Error::other)?
+                )?;
+            }
+            output::write_json(&mut out, snapshot)
+        }
+        Format::Table => {
+            for r in replayed {
+                let c = &r.counts;
+                writeln!(
+                    out,
+                    "replay {} ({}): {} frames, {} sent by --local, {} truncated by the snap length ({} bytes not captured), {} cut to the test-run limit{}",
+                    r.name,
+                    r.format,
+                    c.frames,
+                    c.tx_frames,
+                    c.truncated,
+                    c.truncated_bytes,
+                    c.cut,
+                    r.error
+                        .as_ref()
+                        .map_or(String::new(), |(e, _)| format!("; STOPPED: {e}"))
+                )?;
+            }
+            output::write_table(&mut out, snapshot, false)
+        }
+    }
+}

@@ -1,0 +1,735 @@
+//! `observer replay`, the built binary, against tcpdump's counts:
+//!
+//! - every reference capture (`support::pcaps_dir()`), in one run: per
+//!   capture, tunnel rows per (protocol, outer source, VNI) equal tcpdump's
+//!   decode (`support::tcpdump`), every frame counted once;
+//! - captures this test records itself with tcpdump between two network
+//!   namespaces (VXLAN pings through vxlan devices, crafted IPIP frames,
+//!   a snap length that cuts the VXLAN frames), replayed as pcap and as
+//!   pcapng / Linux cooked v1, v2 / raw IP conversions, with and without
+//!   `--local`, and with `--allow-cidr`;
+//! - damaged and foreign files: exact message, frame number and exit status.
+//!
+//! Replays run inside a namespace of their own, so allow-sets of other
+//! tests on the node cannot change their drop counts.
+
+mod support;
+
+use std::{
+    collections::BTreeMap,
+    fs,
+    path::{Path, PathBuf},
+    process::Command,
+    time::Duration,
+};
+
+use pcap_file::{
+    DataLink, Endianness, TsResolution,
+    pcap::{PcapHeader, PcapReader, PcapWriter, RawPcapPacket},
+    pcapng::{
+        PcapNgWriter,
+        blocks::{
+            enhanced_packet::EnhancedPacketBlock,
+            interface_description::{InterfaceDescriptionBlock, InterfaceDescriptionOption},
+        },
+    },
+};
+use serde_json::Value;
+use support::{
+    frames,
+    netns::{Netns, ObserverRun, Tcpdump, VethEnd, send_frames, temp_path, veth_pair},
+    tcpdump::{TunnelKey, count, describe},
+};
+
+const A_IP: &str = "198.18.0.1";
+const B_IP: &str = "198.18.0.2";
+/// A source B does not own (IPIP frames "from" a third node).
+const C_IP: &str = "198.18.0.3";
+const A_MAC: [u8; 6] = [2, 0, 0, 0, 0, 0x0a];
+const B_MAC: [u8; 6] = [2, 0, 0, 0, 0, 0x0b];
+const PINGS: u32 = 20;
+/// ICMP payload of the pings: VXLAN frames of 492 bytes, above the
+/// capture's snap length of 256 (see `support::netns::Tcpdump`).
+const PING_SIZE: &str = "400";
+const IPIP_FROM_A: u32 = 7;
+const IPIP_FROM_C: u32 = 5;
+const EXIT_DAMAGED: i32 = 1;
+const EXIT_USAGE: i32 = 2;
+
+/// Runs `observer replay --output json ARGS...` inside `ns`.
+fn replay(ns: &Netns, args: &[&str]) -> ObserverRun {
+    let output = Command::new("ip")
+        .args(["netns", "exec", ns.name()])
+        .arg(env!("CARGO_BIN_EXE_observer"))
+        .args(["replay", "--output", "json"])
+        .args(args)
+        .env("OBSERVER_LOG", "error")
+        .output()
+        .expect("running observer replay");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    ObserverRun {
+        lines: stdout
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad JSON {l:?}: {e}")))
+            .collect(),
+        status: output.status,
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+    }
+}
+
+/// The `replay` line of capture `iface`.
+fn summary<'a>(run: &'a ObserverRun, iface: &str) -> &'a Value {
+    run.lines
+        .iter()
+        .find(|l| l["type"] == "replay" && l["iface"] == iface)
+        .unwrap_or_else(|| panic!("no replay line for {iface}: {:#?}", run.lines))
+}
+
+/// Tunnel rows of capture `iface` as tcpdump keys, with packet counts.
+fn tunnel_counts(run: &ObserverRun, iface: &str) -> BTreeMap<TunnelKey, u64> {
+    let mut counts = BTreeMap::new();
+    for ((file, _, proto, peer, vni), row) in run.peers() {
+        if file != iface || proto == "other" {
+            continue;
+        }
+        let proto = observer_common::Proto::ALL
+            .into_iter()
+            .find(|p| p.name() == proto)
+            .unwrap_or_else(|| panic!("unknown proto {proto}"));
+        let peer = peer.expect("tunnel row without a peer").parse().unwrap();
+        *counts.entry((proto, peer, vni as u32)).or_insert(0) += row["packets"].as_u64().unwrap();
+    }
+    counts
+}
+
+/// Packets of every row (peer and unclassified) of capture `iface`.
+fn all_packets(run: &ObserverRun, iface: &str) -> u64 {
+    run.lines
+        .iter()
+        .filter(|l| (l["type"] == "peer" || l["type"] == "unclassified") && l["iface"] == iface)
+        .map(|l| l["packets"].as_u64().unwrap())
+        .sum()
+}
+
+/// The rows of capture `iface` without it: (direction, proto, peer, vni)
+/// -> (packets, bytes, drops), to compare two replays of the same frames.
+fn rows_of(run: &ObserverRun, iface: &str) -> BTreeMap<String, String> {
+    run.lines
+        .iter()
+        .filter(|l| l["iface"] == iface && l["type"] != "replay")
+        .map(|l| {
+            let key = format!(
+                "{} {} {} {} {} {}",
+                l["type"], l["direction"], l["proto"], l["peer"], l["vni"], l["reason"]
+            );
+            let value = format!("{} {} {}", l["packets"], l["bytes"], l["drops"]);
+            (key, value)
+        })
+        .collect()
+}
+
+#[test]
+fn reference_captures_replay_as_tcpdump_decodes_them() {
+    if !support::have_root("reference_captures_replay_as_tcpdump_decodes_them") {
+        return;
+    }
+    let dir = support::pcaps_dir();
+    if !dir.is_dir() {
+        assert!(
+            !std::env::var("CI").is_ok_and(|v| v == "true" || v == "1"),
+            "reference captures missing at {} and CI=true",
+            dir.display()
+        );
+        eprintln!("skipping: no captures at {}", dir.display());
+        return;
+    }
+    let mut captures: Vec<PathBuf> = fs::read_dir(&dir)
+        .expect("listing the captures")
+        .map(|e| e.expect("directory entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "pcap"))
+        .collect();
+    captures.sort();
+    assert!(!captures.is_empty(), "no *.pcap in {}", dir.display());
+    let ns = Netns::new("rpr");
+    let paths: Vec<&str> = captures.iter().map(|p| p.to_str().unwrap()).collect();
+    let run = replay(&ns, &paths);
+    assert!(run.status.success(), "{}: {}", run.status, run.stderr);
+    run.final_stats();
+
+    let mut failures = Vec::new();
+    for path in &captures {
+        let file = path.file_name().unwrap().to_str().unwrap();
+        let iface = path.to_str().unwrap();
+        let (out, verdicts) = support::tcpdump::expected(&dir, file);
+        let line = summary(&run, iface);
+        let frames = line["frames"].as_u64().unwrap();
+        // Frames the snap length cut, straight from the records.
+        let truncated = support::netns::pcap_records(path)
+            .iter()
+            .filter(|(data, orig)| (data.len() as u32) < *orig)
+            .count() as u64;
+        let want = count(verdicts.iter().flatten().copied());
+        let got = tunnel_counts(&run, iface);
+        eprintln!("{file:<32} {frames:>3} frames  {}", describe(&got));
+        if frames != verdicts.len() as u64 {
+            failures.push(format!(
+                "{file}: {frames} frames, {out} has {}",
+                verdicts.len()
+            ));
+        }
+        if want != got {
+            failures.push(format!(
+                "{file}: tcpdump {}; replay {}",
+                describe(&want),
+                describe(&got)
+            ));
+        }
+        if all_packets(&run, iface) != frames {
+            failures.push(format!("{file}: rows do not add up to {frames} frames"));
+        }
+        if line["truncated"] != truncated {
+            failures.push(format!(
+                "{file}: truncated {} != {truncated}",
+                line["truncated"]
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Two namespaces joined by va (A) <-> vb (B), with VXLAN devices (VNI
+/// 4096, port 4789) whose inner addresses are 198.19.0.1 and .2.
+struct Lab {
+    a: Netns,
+    b: Netns,
+}
+
+impl Lab {
+    fn new() -> Lab {
+        let a = Netns::new("rpa");
+        let b = Netns::new("rpb");
+        let end = |iface: &str, mac: &str, addr: &str| VethEnd {
+            iface: iface.to_string(),
+            mac: mac.to_string(),
+            addr: addr.to_string(),
+        };
+        veth_pair(
+            &a,
+            &end("va", "02:00:00:00:00:0a", A_IP),
+            &b,
+            &end("vb", "02:00:00:00:00:0b", B_IP),
+            24,
+        );
+        for (ns, dev, local, remote, mac, inner, peer_inner, peer_mac) in [
+            (
+                &a,
+                "va",
+                A_IP,
+                B_IP,
+                "02:00:00:00:01:0a",
+                "198.19.0.1",
+                "198.19.0.2",
+                "02:00:00:00:01:0b",
+            ),
+            (
+                &b,
+                "vb",
+                B_IP,
+                A_IP,
+                "02:00:00:00:01:0b",
+                "198.19.0.2",
+                "198.19.0.1",
+                "02:00:00:00:01:0a",
+            ),
+        ] {
+            ns.ip(&[
+                "link", "add", "vx0", "address", mac, "type", "vxlan", "id", "4096", "dstport",
+                "4789", "local", local, "remote", remote, "dev", dev,
+            ]);
+            ns.ip(&["addr", "add", &format!("{inner}/24"), "dev", "vx0"]);
+            ns.ip(&["link", "set", "vx0", "up"]);
+            ns.neigh(peer_inner, peer_mac, "vx0");
+        }
+        Lab { a, b }
+    }
+
+    /// Records on vb: PINGS VXLAN pings A -> B (and their replies), and
+    /// crafted IPIP frames from A and from C. Returns the capture.
+    fn record(&self) -> support::netns::Capture {
+        let tcpdump = Tcpdump::start(&self.b, "vb", "udp port 4789 or ip proto 4");
+        let count = PINGS.to_string();
+        let ping = self.a.exec(&[
+            "ping",
+            "-n",
+            "-q",
+            "-c",
+            &count,
+            "-i",
+            "0.01",
+            "-s",
+            PING_SIZE,
+            "-W",
+            "2",
+            "198.19.0.2",
+        ]);
+        let text = String::from_utf8_lossy(&ping.stdout);
+        assert!(
+            text.contains(&format!("{PINGS} packets transmitted, {PINGS} received")),
+            "ping through the tunnel: {text}"
+        );
+        let inner = frames::icmp4_packet(frames::addr4("198.19.0.1"), frames::addr4("198.19.0.2"));
+        let ipip = |src: &str| {
+            let mut frame = frames::ipip_frame(frames::addr(src), frames::addr(B_IP), &inner);
+            frames::set_macs(&mut frame, B_MAC, A_MAC);
+            frame
+        };
+        send_frames(
+            &self.a,
+            "va",
+            vec![(ipip(A_IP), IPIP_FROM_A), (ipip(C_IP), IPIP_FROM_C)],
+        );
+        tcpdump.stop_after((2 * PINGS + IPIP_FROM_A + IPIP_FROM_C) as usize)
+    }
+}
+
+/// The records of a pcap with their timestamps.
+fn raw_records(path: &Path) -> (PcapHeader, Vec<RawPcapPacket<'static>>) {
+    let mut reader = PcapReader::new(fs::File::open(path).unwrap()).unwrap();
+    let header = reader.header();
+    let mut records = Vec::new();
+    while let Some(record) = reader.next_raw_packet() {
+        let record = record.unwrap();
+        records.push(RawPcapPacket {
+            data: std::borrow::Cow::Owned(record.data.into_owned()),
+            ..record
+        });
+    }
+    (header, records)
+}
+
+/// The capture as pcapng (nanosecond timestamps), written with pcap-file's
+/// writer: tcpdump writes only pcap.
+fn to_pcapng(path: &Path) -> PathBuf {
+    let (header, records) = raw_records(path);
+    assert_eq!(header.ts_resolution, TsResolution::MicroSecond);
+    let out = temp_path("replay", "pcapng");
+    let mut writer = PcapNgWriter::new(fs::File::create(&out).unwrap()).unwrap();
+    writer
+        .write_pcapng_block(InterfaceDescriptionBlock {
+            linktype: DataLink::ETHERNET,
+            snaplen: header.snaplen,
+            options: vec![InterfaceDescriptionOption::IfTsResol(9)],
+        })
+        .unwrap();
+    for r in &records {
+        writer
+            .write_pcapng_block(EnhancedPacketBlock {
+                interface_id: 0,
+                // In the interface's units: nanoseconds.
+                timestamp: Duration::new(u64::from(r.ts_sec), r.ts_frac * 1000),
+                original_len: r.orig_len,
+                data: r.data.clone(),
+                options: vec![],
+            })
+            .unwrap();
+    }
+    out
+}
+
+/// The capture with its Ethernet headers replaced by `link_type`'s.
+fn relink(path: &Path, link_type: DataLink) -> PathBuf {
+    let (header, records) = raw_records(path);
+    let out = temp_path("replay", "pcap");
+    let mut writer = PcapWriter::with_header(
+        fs::File::create(&out).unwrap(),
+        PcapHeader {
+            datalink: link_type,
+            endianness: Endianness::Little,
+            ..header
+        },
+    )
+    .unwrap();
+    for r in &records {
+        let (ethertype, payload) = (&r.data[12..14], &r.data[14..]);
+        let link_header: Vec<u8> = match link_type {
+            // Packet type 0 (to us), ARPHRD_ETHER, 6-byte address, protocol.
+            DataLink::LINUX_SLL => {
+                [&[0, 0, 0, 1, 0, 6][..], &r.data[6..12], &[0, 0], ethertype].concat()
+            }
+            // Protocol, reserved, ifindex, ARPHRD_ETHER, type, address.
+            DataLink::LINUX_SLL2 => [
+                ethertype,
+                &[0, 0, 0, 0, 0, 2, 0, 1, 0, 6][..],
+                &r.data[6..12],
+                &[0, 0],
+            ]
+            .concat(),
+            DataLink::RAW => Vec::new(),
+            other => panic!("{other:?}"),
+        };
+        let data = [&link_header[..], payload].concat();
+        let grown = link_header.len() as u32;
+        writer
+            .write_raw_packet(&RawPcapPacket {
+                incl_len: data.len() as u32,
+                orig_len: r.orig_len - 14 + grown,
+                data: data.into(),
+                ..r.clone()
+            })
+            .unwrap();
+    }
+    out
+}
+
+/// Removes the files on drop.
+struct TempFiles(Vec<PathBuf>);
+
+impl Drop for TempFiles {
+    fn drop(&mut self) {
+        for f in &self.0 {
+            let _ = fs::remove_file(f);
+        }
+    }
+}
+
+#[test]
+fn recorded_vxlan_and_ipip_replay_as_tcpdump_counts_them() {
+    if !support::have_root("recorded_vxlan_and_ipip_replay_as_tcpdump_counts_them") {
+        return;
+    }
+    let lab = Lab::new();
+    let capture = lab.record();
+    let path = capture.path().to_str().unwrap().to_string();
+    let vxlan_from = |src: &str| capture.count(&format!("udp dst port 4789 and src host {src}"));
+    let ipip_from = |src: &str| capture.totals(&format!("ip proto 4 and src host {src}"));
+    let (from_a, from_b) = (vxlan_from(A_IP), vxlan_from(B_IP));
+    assert_eq!((from_a, from_b), (u64::from(PINGS), u64::from(PINGS)));
+    let frames = capture.count("ip");
+    let truncated = capture.count("greater 257");
+    assert_eq!(
+        truncated,
+        2 * u64::from(PINGS),
+        "the snap length cuts the pings"
+    );
+
+    // Received by B: every frame is rx, the peer is the outer source.
+    let ns = Netns::new("rpr");
+    let run = replay(&ns, &[&path]);
+    assert!(run.status.success(), "{}: {}", run.status, run.stderr);
+    let line = summary(&run, &path);
+    assert_eq!(line["frames"], frames);
+    assert_eq!(line["truncated"], truncated);
+    assert_eq!(line["tx_frames"], 0);
+    assert_eq!(
+        line["truncated_bytes"],
+        truncated * (492 - 256),
+        "original 492-byte frames cut to 256"
+    );
+    let rx = |peer: &str, proto: &str, vni: u64| run.counts(&path, "rx", proto, Some(peer), vni);
+    assert_eq!(rx(A_IP, "vxlan", 4096), (from_a, from_a * 256));
+    assert_eq!(rx(B_IP, "vxlan", 4096), (from_b, from_b * 256));
+    assert_eq!(rx(A_IP, "ipip", 0), ipip_from(A_IP));
+    assert_eq!(rx(C_IP, "ipip", 0), ipip_from(C_IP));
+    assert_eq!(ipip_from(C_IP).0, u64::from(IPIP_FROM_C));
+    assert_eq!(all_packets(&run, &path), frames);
+    let inner = &run.peers()[&(
+        path.clone(),
+        "rx".to_string(),
+        "vxlan".to_string(),
+        Some(A_IP.to_string()),
+        4096,
+    )];
+    assert_eq!(
+        (&inner["inner_src"], &inner["inner_dst"]),
+        (&"198.19.0.1".into(), &"198.19.0.2".into())
+    );
+
+    // --local B: B's own frames are tx, with the outer destination as peer.
+    let local = replay(&ns, &["--local", B_IP, &path]);
+    assert!(local.status.success(), "{}", local.stderr);
+    assert_eq!(summary(&local, &path)["tx_frames"], from_b);
+    assert_eq!(
+        local.counts(&path, "tx", "vxlan", Some(A_IP), 4096),
+        (from_b, from_b * 256)
+    );
+    assert_eq!(
+        local.counts(&path, "rx", "vxlan", Some(A_IP), 4096),
+        (from_a, from_a * 256)
+    );
+    assert_eq!(local.counts(&path, "rx", "vxlan", Some(B_IP), 4096), (0, 0));
+    assert_eq!(
+        local.counts(&path, "rx", "ipip", Some(C_IP), 0),
+        ipip_from(C_IP)
+    );
+    assert_eq!(all_packets(&local, &path), frames);
+
+    // Allow-sets: only B may send VXLAN, only A IPIP.
+    let allowed = replay(
+        &ns,
+        &[
+            "--allow-cidr",
+            &format!("{B_IP}/32"),
+            "--allow-cidr",
+            &format!("ipip={A_IP}/32"),
+            &path,
+        ],
+    );
+    assert!(allowed.status.success(), "{}", allowed.stderr);
+    let drops = |peer: &str, proto: &str, vni: u64| {
+        allowed.peers()[&(
+            path.clone(),
+            "rx".to_string(),
+            proto.to_string(),
+            Some(peer.to_string()),
+            vni,
+        )]["drops"]["calico_allow_set"]
+            .as_u64()
+            .unwrap_or(0)
+    };
+    assert_eq!(drops(A_IP, "vxlan", 4096), from_a);
+    assert_eq!(drops(B_IP, "vxlan", 4096), 0);
+    assert_eq!(drops(C_IP, "ipip", 0), u64::from(IPIP_FROM_C));
+    assert_eq!(drops(A_IP, "ipip", 0), 0);
+    let messages: Vec<&str> = allowed
+        .lines
+        .iter()
+        .filter(|l| l["type"] == "drop")
+        .map(|l| l["message"].as_str().unwrap())
+        .collect();
+    assert!(
+        messages.contains(
+            &format!("{from_a} VXLAN packets from {A_IP} dropped: source not in --allow-cidr")
+                .as_str()
+        ),
+        "{messages:?}"
+    );
+
+    // The same frames as pcapng, Linux cooked v1 and v2, and raw IP: the
+    // same rows (cooked and raw frames get a 14-byte Ethernet header back,
+    // so even the bytes agree) and the same times.
+    let converted = TempFiles(vec![
+        to_pcapng(capture.path()),
+        relink(capture.path(), DataLink::LINUX_SLL),
+        relink(capture.path(), DataLink::LINUX_SLL2),
+        relink(capture.path(), DataLink::RAW),
+    ]);
+    let mut args = vec![path.as_str()];
+    args.extend(converted.0.iter().map(|p| p.to_str().unwrap()));
+    let all = replay(&ns, &args);
+    assert!(all.status.success(), "{}", all.stderr);
+    let reference = rows_of(&all, &path);
+    assert_eq!(reference, rows_of(&run, &path));
+    for other in &converted.0 {
+        let other = other.to_str().unwrap();
+        assert_eq!(rows_of(&all, other), reference, "{other}");
+        let (a, b) = (summary(&all, &path), summary(&all, other));
+        for field in ["frames", "truncated", "first_ts", "last_ts"] {
+            assert_eq!(a[field], b[field], "{other}: {field}");
+        }
+    }
+    assert_eq!(
+        summary(&all, converted.0[0].to_str().unwrap())["format"],
+        "pcapng"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// Damaged and foreign files.
+
+/// Frames of the hand-made capture.
+const FRAMES: usize = 10;
+
+/// A little-endian pcap of FRAMES VXLAN frames from 198.18.0.2 (VNI 42),
+/// every record the same length; and that length.
+fn small_pcap() -> (Vec<u8>, usize) {
+    let inner = frames::icmp_eth_frame(frames::addr("198.19.0.2"), frames::addr("198.19.0.1"));
+    let frame = frames::vxlan_frame(frames::addr(B_IP), frames::addr(A_IP), 42, &inner);
+    let mut file = Vec::new();
+    for word in [0xa1b2_c3d4u32, 0x0004_0002, 0, 0, 65535, 1] {
+        file.extend_from_slice(&word.to_le_bytes());
+    }
+    for i in 0..FRAMES as u32 {
+        for word in [1_700_000_000 + i, 0, frame.len() as u32, frame.len() as u32] {
+            file.extend_from_slice(&word.to_le_bytes());
+        }
+        file.extend_from_slice(&frame);
+    }
+    (file, 16 + frame.len())
+}
+
+/// Offset of record `n` (from 1) in [`small_pcap`].
+fn record_offset(n: usize, record: usize) -> usize {
+    24 + (n - 1) * record
+}
+
+/// Replays `bytes` written to a file; returns the run and the file's path.
+fn replay_bytes(ns: &Netns, bytes: &[u8], ext: &str) -> (ObserverRun, TempFiles) {
+    let path = temp_path("damaged", ext);
+    fs::write(&path, bytes).unwrap();
+    let run = replay(ns, &[path.to_str().unwrap()]);
+    (run, TempFiles(vec![path]))
+}
+
+/// Asserts exit `status`, that stderr is exactly `observer: error:
+/// capture PATH: MESSAGE`, and returns the VXLAN packets printed.
+fn check_failure(run: &ObserverRun, files: &TempFiles, status: i32, message: &str) -> u64 {
+    let path = files.0[0].to_str().unwrap();
+    assert_eq!(run.status.code(), Some(status), "{}", run.stderr);
+    assert_eq!(
+        run.stderr.trim_end(),
+        format!("observer: error: capture {path}: {message}")
+    );
+    run.counts(path, "rx", "vxlan", Some(B_IP), 42).0
+}
+
+#[test]
+fn damaged_and_foreign_files_name_the_file_frame_and_exit_status() {
+    if !support::have_root("damaged_and_foreign_files_name_the_file_frame_and_exit_status") {
+        return;
+    }
+    let ns = Netns::new("rpd");
+    let (good, record) = small_pcap();
+    let (run, files) = replay_bytes(&ns, &good, "pcap");
+    assert!(run.status.success(), "{}", run.stderr);
+    assert_eq!(
+        run.counts(files.0[0].to_str().unwrap(), "rx", "vxlan", Some(B_IP), 42)
+            .0,
+        FRAMES as u64
+    );
+
+    let truncated_record =
+        "record truncated (the file ends inside it, or its length field is damaged)";
+    // The file ends in the middle of frame 7: frames 1-6 are printed.
+    let cut = &good[..record_offset(7, record) + 30];
+    let (run, files) = replay_bytes(&ns, cut, "pcap");
+    let counted = check_failure(
+        &run,
+        &files,
+        EXIT_DAMAGED,
+        &format!("frame 7: {truncated_record}"),
+    );
+    assert_eq!(counted, 6);
+    let line = summary(&run, files.0[0].to_str().unwrap());
+    assert_eq!(line["frames"], 6);
+    assert_eq!(line["error"], format!("frame 7: {truncated_record}"));
+    run.final_stats();
+
+    // Frame 4 claims 2 GB: a length beyond the end of the file.
+    let mut long = good.clone();
+    let at = record_offset(4, record) + 8;
+    long[at..at + 4].copy_from_slice(&0x7fff_0000u32.to_le_bytes());
+    let (run, files) = replay_bytes(&ns, &long, "pcap");
+    assert_eq!(
+        check_failure(
+            &run,
+            &files,
+            EXIT_DAMAGED,
+            &format!("frame 4: {truncated_record}")
+        ),
+        3
+    );
+
+    // Not captures at all: nothing is printed.
+    let hint = "; record one with `tcpdump -i IFACE -w FILE`";
+    let usage = |bytes: &[u8], message: &str| {
+        let (run, files) = replay_bytes(&ns, bytes, "pcap");
+        check_failure(&run, &files, EXIT_USAGE, message);
+        assert!(run.lines.is_empty(), "{:?}", run.lines);
+    };
+    usage(
+        b"GET / HTTP/1.1\r\n",
+        &format!("not a pcap or pcapng capture (unknown magic number 47455420){hint}"),
+    );
+    let mut wrong_magic = good.clone();
+    wrong_magic[..4].copy_from_slice(&[0xd4, 0xc3, 0xb2, 0xa0]);
+    usage(
+        &wrong_magic,
+        &format!("not a pcap or pcapng capture (unknown magic number d4c3b2a0){hint}"),
+    );
+    usage(
+        &good[..20],
+        &format!("not a pcap or pcapng capture (pcap file header truncated){hint}"),
+    );
+    usage(
+        b"",
+        &format!("not a pcap or pcapng capture (shorter than a capture header){hint}"),
+    );
+    let mut token_ring = good.clone();
+    token_ring[20..24].copy_from_slice(&6u32.to_le_bytes());
+    usage(
+        &token_ring,
+        "link type 6 is not supported (supported: Ethernet (1), Linux cooked v1 (113) and v2 (276), raw IP (12, 14, 101, 228, 229)); capture on the underlay interface itself (`tcpdump -i eth0`)",
+    );
+    let missing = replay(&ns, &["/nonexistent/x.pcap"]);
+    assert_eq!(missing.status.code(), Some(EXIT_USAGE));
+    assert_eq!(
+        missing.stderr.trim_end(),
+        "observer: error: capture /nonexistent/x.pcap: cannot open: No such file or directory (os error 2)"
+    );
+
+    // Snap length cuts and runts are counted, not errors: frame 2 cut to 46
+    // bytes (inside its VXLAN header), frame 3 to 10 (less than an Ethernet header).
+    let mut snapped = good[..record_offset(4, record)].to_vec();
+    let third = snapped.split_off(record_offset(3, record));
+    let second = snapped.split_off(record_offset(2, record));
+    for (record_bytes, keep) in [(second, 46usize), (third, 10)] {
+        let mut header = record_bytes[..16].to_vec();
+        header[8..12].copy_from_slice(&(keep as u32).to_le_bytes());
+        snapped.extend_from_slice(&header);
+        snapped.extend_from_slice(&record_bytes[16..16 + keep]);
+    }
+    let (run, files) = replay_bytes(&ns, &snapped, "pcap");
+    let path = files.0[0].to_str().unwrap();
+    assert!(run.status.success(), "{}", run.stderr);
+    let line = summary(&run, path);
+    assert_eq!(
+        (line["frames"].as_u64(), line["truncated"].as_u64()),
+        (Some(3), Some(2))
+    );
+    assert_eq!(run.counts(path, "rx", "vxlan", Some(B_IP), 42).0, 1);
+    let unclassified = run.unclassified();
+    let reason = |r: &str| {
+        unclassified
+            .get(&(path.to_string(), "rx".to_string(), r.to_string()))
+            .map(|l| l["packets"].as_u64().unwrap())
+    };
+    assert_eq!(reason("truncated_encap"), Some(1), "{unclassified:#?}");
+    assert_eq!(reason("truncated_l2"), Some(1), "{unclassified:#?}");
+
+    // pcapng: a packet of an interface no block declares.
+    let mut writer = PcapNgWriter::with_endianness(Vec::new(), Endianness::Little).unwrap();
+    let inner = frames::icmp_eth_frame(frames::addr("198.19.0.2"), frames::addr("198.19.0.1"));
+    let frame = frames::vxlan_frame(frames::addr(B_IP), frames::addr(A_IP), 42, &inner);
+    writer
+        .write_pcapng_block(InterfaceDescriptionBlock {
+            linktype: DataLink::ETHERNET,
+            snaplen: 0,
+            options: vec![],
+        })
+        .unwrap();
+    let mut third = 0;
+    for _ in 0..3 {
+        third = writer.get_ref().len();
+        writer
+            .write_pcapng_block(EnhancedPacketBlock {
+                interface_id: 0,
+                timestamp: Duration::from_secs(1),
+                original_len: frame.len() as u32,
+                data: frame.as_slice().into(),
+                options: vec![],
+            })
+            .unwrap();
+    }
+    // The writer refuses unknown interfaces: patch the third block's
+    // interface id (after the block type and length).
+    let mut ng = writer.into_inner();
+    ng[third + 8..third + 12].copy_from_slice(&5u32.to_le_bytes());
+    let (run, files) = replay_bytes(&ns, &ng, "pcapng");
+    let counted = check_failure(
+        &run,
+        &files,
+        EXIT_DAMAGED,
+        "frame 3: packet of interface 5, which no interface description block declares",
+    );
+    assert_eq!(counted, 2);
+}
