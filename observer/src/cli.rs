@@ -4,7 +4,7 @@ use std::{net::IpAddr, path::PathBuf, time::Duration};
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::{allowsets::Tagged, loader::XdpMode, output::Format};
+use crate::{allowsets::Tagged, loader::XdpMode, output::Format, ports::PortConfig, settings::pick};
 
 /// See, at the wire, what happens to overlay traffic: encapsulated packets
 /// (VXLAN, VXLAN-GPE, Geneve, IPIP, IPv6-in-IP, GRE, WireGuard) counted per
@@ -186,22 +186,9 @@ pub struct AttachArgs {
     #[arg(long, value_enum, value_name = "MODE")]
     pub xdp_mode: Option<XdpMode>,
 
-    /// UDP destination port(s) carrying VXLAN [default: 4789, 8472].
-    #[arg(long = "vxlan-port", value_name = "PORT")]
-    pub vxlan_ports: Vec<u16>,
-
-    /// UDP port(s) carrying VXLAN-GPE [default: 4790].
-    #[arg(long = "vxlan-gpe-port", value_name = "PORT")]
-    pub vxlan_gpe_ports: Vec<u16>,
-
-    /// UDP port(s) carrying Geneve [default: 6081].
-    #[arg(long = "geneve-port", value_name = "PORT")]
-    pub geneve_ports: Vec<u16>,
-
-    /// UDP port(s) carrying WireGuard, matched as destination or source
-    /// [default: 51820, 51821].
-    #[arg(long = "wireguard-port", value_name = "PORT")]
-    pub wireguard_ports: Vec<u16>,
+    /// Which UDP ports mean which encapsulation.
+    #[command(flatten)]
+    pub ports: PortArgs,
 
     /// Capacity of the kernel flow map (rows shared by all CPUs). When
     /// full, the least recently used row is evicted and counted.
@@ -267,6 +254,26 @@ pub struct ReplayArgs {
     #[arg(long, value_enum, value_name = "FORMAT")]
     pub output: Option<Format>,
 
+    /// Which UDP ports mean which encapsulation.
+    #[command(flatten)]
+    pub ports: PortArgs,
+
+    /// Allow-set (ipset or nftables set on this node) of sources allowed
+    /// to send VXLAN (`vxlan=NAME`, the default) or IPIP (`ipip=NAME`),
+    /// beside Calico's sets, read once at start. Received tunnel frames
+    /// from other sources count as drop reason calico_allow_set.
+    #[arg(long = "allow-set", value_name = "[PROTO=]NAME")]
+    pub allow_sets: Vec<Tagged<String>>,
+
+    /// Prefix allowed to send VXLAN (`vxlan=CIDR`, the default) or IPIP
+    /// (`ipip=CIDR`), e.g. the capturing cluster's node network. Repeatable.
+    #[arg(long = "allow-cidr", value_name = "[PROTO=]CIDR")]
+    pub allow_cidrs: Vec<Tagged<ipnet::IpNet>>,
+}
+
+/// UDP ports that mean an encapsulation (attach, diagnose, replay).
+#[derive(Debug, Clone, Default, Args)]
+pub struct PortArgs {
     /// UDP destination port(s) carrying VXLAN [default: 4789, 8472].
     #[arg(long = "vxlan-port", value_name = "PORT")]
     pub vxlan_ports: Vec<u16>,
@@ -283,18 +290,22 @@ pub struct ReplayArgs {
     /// [default: 51820, 51821].
     #[arg(long = "wireguard-port", value_name = "PORT")]
     pub wireguard_ports: Vec<u16>,
+}
 
-    /// Allow-set (ipset or nftables set on this node) of sources allowed
-    /// to send VXLAN (`vxlan=NAME`, the default) or IPIP (`ipip=NAME`),
-    /// beside Calico's sets, read once at start. Received tunnel frames
-    /// from other sources count as drop reason calico_allow_set.
-    #[arg(long = "allow-set", value_name = "[PROTO=]NAME")]
-    pub allow_sets: Vec<Tagged<String>>,
-
-    /// Prefix allowed to send VXLAN (`vxlan=CIDR`, the default) or IPIP
-    /// (`ipip=CIDR`), e.g. the capturing cluster's node network. Repeatable.
-    #[arg(long = "allow-cidr", value_name = "[PROTO=]CIDR")]
-    pub allow_cidrs: Vec<Tagged<ipnet::IpNet>>,
+impl PortArgs {
+    /// The ports given here, else `file`'s, else the defaults, per
+    /// encapsulation; `file` holds the config file's VXLAN, VXLAN-GPE,
+    /// Geneve and WireGuard lists.
+    pub fn resolve(&self, file: [Option<Vec<u16>>; 4]) -> PortConfig {
+        let defaults = PortConfig::default();
+        let [vxlan, vxlan_gpe, geneve, wireguard] = file;
+        PortConfig {
+            vxlan: pick(&self.vxlan_ports, vxlan, defaults.vxlan),
+            vxlan_gpe: pick(&self.vxlan_gpe_ports, vxlan_gpe, defaults.vxlan_gpe),
+            geneve: pick(&self.geneve_ports, geneve, defaults.geneve),
+            wireguard: pick(&self.wireguard_ports, wireguard, defaults.wireguard),
+        }
+    }
 }
 
 /// Parses `500ms`, `2s`, `1m`, `1h30m`; a bare number means seconds.
@@ -351,7 +362,7 @@ mod tests {
             panic!("parsed as {:?}", cli.command);
         };
         assert_eq!(args.ifaces, ["eth0", "eth1"]);
-        assert_eq!(args.vxlan_ports, [4789, 9000]);
+        assert_eq!(args.ports.vxlan_ports, [4789, 9000]);
         assert_eq!(args.xdp_mode, Some(XdpMode::Off));
         assert_eq!(args.output, Some(Format::Json));
     }

@@ -120,7 +120,6 @@ fn duration(key: &str, value: Option<String>) -> Result<Option<Duration>> {
 impl Settings {
     /// The command line over `file` over defaults.
     pub fn resolve(args: &AttachArgs, file: FileConfig) -> Result<Settings> {
-        let defaults = PortConfig::default();
         let xdp_mode = match (args.xdp_mode, file.xdp_mode) {
             (Some(mode), _) => mode,
             (None, Some(text)) => {
@@ -146,20 +145,12 @@ impl Settings {
                 .max_flows
                 .or(file.max_flows)
                 .unwrap_or(observer_common::DEFAULT_MAX_FLOWS),
-            ports: PortConfig {
-                vxlan: pick(&args.vxlan_ports, file.vxlan_ports, defaults.vxlan),
-                vxlan_gpe: pick(
-                    &args.vxlan_gpe_ports,
-                    file.vxlan_gpe_ports,
-                    defaults.vxlan_gpe,
-                ),
-                geneve: pick(&args.geneve_ports, file.geneve_ports, defaults.geneve),
-                wireguard: pick(
-                    &args.wireguard_ports,
-                    file.wireguard_ports,
-                    defaults.wireguard,
-                ),
-            },
+            ports: args.ports.resolve([
+                file.vxlan_ports,
+                file.vxlan_gpe_ports,
+                file.geneve_ports,
+                file.wireguard_ports,
+            ]),
             allow_sets: pick(
                 &args.allow_sets,
                 parse_all("allow_sets", file.allow_sets)?,

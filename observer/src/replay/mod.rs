@@ -31,9 +31,7 @@ use crate::{
     loader::{LoadConfig, Observer},
     mirror,
     output::{self, Format, Snapshot},
-    ports::PortConfig,
     preflight,
-    settings::pick,
 };
 
 use capture::Frames;
@@ -105,13 +103,7 @@ fn replay(args: &ReplayArgs) -> Result<u8> {
     preflight::check_privileges().context(
         "replay runs every frame through the eBPF classifier with BPF_PROG_TEST_RUN, which needs CAP_BPF",
     )?;
-    let defaults = PortConfig::default();
-    let ports = PortConfig {
-        vxlan: pick(&args.vxlan_ports, None, defaults.vxlan),
-        vxlan_gpe: pick(&args.vxlan_gpe_ports, None, defaults.vxlan_gpe),
-        geneve: pick(&args.geneve_ports, None, defaults.geneve),
-        wireguard: pick(&args.wireguard_ports, None, defaults.wireguard),
-    };
+    let ports = args.ports.resolve(Default::default());
     let mut observer = Observer::load(&LoadConfig {
         max_flows: engine::REPLAY_MAX_FLOWS,
         ports,
