@@ -98,6 +98,31 @@ fn leftovers(pid: u32) -> Vec<String> {
     left
 }
 
+/// (kind, peer) of the findings in `node`'s own diagnosis.
+fn node_findings(lines: &[Value], node: &str) -> std::collections::BTreeSet<(String, String)> {
+    let own = lines
+        .iter()
+        .find(|l| l["node"] == node && l["type"] == "diagnosis")
+        .unwrap_or_else(|| panic!("no diagnosis from {node}"));
+    own["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| {
+            (
+                f["kind"].as_str().unwrap().to_string(),
+                f["peer"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+fn pairs(list: &[(&str, &str)]) -> std::collections::BTreeSet<(String, String)> {
+    list.iter()
+        .map(|(k, p)| (k.to_string(), p.to_string()))
+        .collect()
+}
+
 fn lab_pid(lines: &[Value]) -> u32 {
     let start = fact(lines, "start", &[]);
     let gpu = start["namespaces"]["gpu"].as_str().unwrap();
@@ -185,6 +210,25 @@ fn incident_lab_reports_the_incident_exactly() {
         assert!(own["text"].as_str().is_some_and(|t| !t.is_empty()), "{own}");
     }
 
+    // The nodes' own anomalies: on gpu, VXLAN to cp1 one way, and the
+    // rewritten source flagged four ways; on cp1, VXLAN to gpu one way;
+    // cp2 (no VXLAN with gpu) healthy. IPIP raises nothing.
+    assert_eq!(
+        node_findings(&lines, "gpu"),
+        pairs(&[
+            ("one_way", "10.10.60.127"),
+            ("snat_suspected", "10.10.10.244"),
+            ("allow_set_drop", "10.10.10.244"),
+            ("unknown_peer", "10.10.10.244"),
+            ("drop_spike", "10.10.10.244"),
+        ])
+    );
+    assert_eq!(
+        node_findings(&lines, "cp1"),
+        pairs(&[("one_way", "10.10.10.62")])
+    );
+    assert!(node_findings(&lines, "cp2").is_empty());
+
     let diagnosis = fact(&lines, "diagnosis", &[("scenario", "incident")]);
     assert_eq!(diagnosis["healthy"], false);
     let findings: Vec<&str> = diagnosis["findings"]
@@ -232,8 +276,87 @@ fn healthy_lab_delivers_everything_both_ways() {
         }
     }
     assert!(facts(&lines, "foreign_source").is_empty());
+    // No node's observer raised anything.
+    for node in ["gpu", "cp1", "cp2"] {
+        assert!(node_findings(&lines, node).is_empty(), "{node}");
+    }
     let diagnosis = fact(&lines, "diagnosis", &[("scenario", "healthy")]);
     assert_eq!(diagnosis["healthy"], true, "{diagnosis}");
+}
+
+#[test]
+fn udp_block_lab_is_one_way_without_snat() {
+    if !support::have_root("udp_block_lab_is_one_way_without_snat") {
+        return;
+    }
+    let (output, lines) = run_lab("udp-block");
+    assert!(output.status.success(), "{}", output.status);
+    let (gpu_sent, _) = ping(&lines, "gpu", "cp1", "vxlan");
+    let (cp1_sent, _) = ping(&lines, "cp1", "gpu", "vxlan");
+    assert_eq!(n(path(&lines, "vxlan", "gpu", "cp1"), "received"), 0);
+    // The other way arrives with cp1's own address: nothing to flag there.
+    assert_eq!(n(path(&lines, "vxlan", "cp1", "gpu"), "received"), cp1_sent);
+    assert!(gpu_sent > 0);
+    assert!(facts(&lines, "foreign_source").is_empty());
+    // gpu sends (its requests, its replies) and receives (cp1's requests):
+    // from gpu both directions look alive. cp1 sends and never receives
+    // anything from gpu: only cp1 sees the one-way tunnel.
+    assert!(node_findings(&lines, "gpu").is_empty());
+    assert_eq!(
+        node_findings(&lines, "cp1"),
+        pairs(&[("one_way", "10.10.10.62")])
+    );
+    assert!(node_findings(&lines, "cp2").is_empty());
+}
+
+#[test]
+fn mtu_and_encap_mismatch_labs_raise_their_kinds() {
+    if !support::have_root("mtu_and_encap_mismatch_labs_raise_their_kinds") {
+        return;
+    }
+    let (output, lines) = run_lab("mtu");
+    assert!(output.status.success(), "{}", output.status);
+    let kinds = |node: &str| -> Vec<String> {
+        node_findings(&lines, node)
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect()
+    };
+    assert!(
+        kinds("gpu").contains(&"mtu".to_string()),
+        "{:?}",
+        kinds("gpu")
+    );
+    // The router's "fragmentation needed" for cp1's IPIP (DF set) to gpu.
+    assert!(
+        node_findings(&lines, "cp1").contains(&("mtu".to_string(), "10.10.10.62".to_string())),
+        "{:?}",
+        node_findings(&lines, "cp1")
+    );
+    assert!(node_findings(&lines, "cp2").iter().all(|(k, _)| k != "mtu"));
+
+    let (output, lines) = run_lab("encap-mismatch");
+    assert!(output.status.success(), "{}", output.status);
+    let gpu = node_findings(&lines, "gpu");
+    assert!(
+        gpu.contains(&("encap_mismatch".to_string(), "10.10.60.127".to_string())),
+        "{gpu:?}"
+    );
+    let mismatch = lines
+        .iter()
+        .find(|l| {
+            l["node"] == "gpu"
+                && l["type"] == "anomaly"
+                && l["kind"] == "encap_mismatch"
+                && l["state"] == "raised"
+        })
+        .expect("an encap_mismatch line from gpu");
+    assert_eq!(mismatch["evidence"]["on_wire"], "vxlan", "{mismatch}");
+    assert_eq!(
+        mismatch["evidence"]["routes_prescribe"],
+        serde_json::json!(["ipip"]),
+        "{mismatch}"
+    );
 }
 
 #[test]

@@ -4,7 +4,9 @@ use std::{net::IpAddr, path::PathBuf, time::Duration};
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::{allowsets::Tagged, loader::XdpMode, output::Format, ports::PortConfig, settings::pick};
+use crate::{
+    allowsets::Tagged, loader::XdpMode, output::Format, ports::PortConfig, settings::pick,
+};
 
 /// See, at the wire, what happens to overlay traffic: encapsulated packets
 /// (VXLAN, VXLAN-GPE, Geneve, IPIP, IPv6-in-IP, GRE, WireGuard) counted per
