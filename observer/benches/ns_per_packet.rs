@@ -192,6 +192,10 @@ fn run() -> anyhow::Result<()> {
         format!("{:.1}", system::median(&mut floor) - medians[0]),
         "ns/pkt",
     );
+    if std::env::var("OBSERVER_BENCH_ONLY").as_deref() == Ok("traffic") {
+        system::traffic::run(&vxlan, pass.as_fd())?;
+        return system::write_table();
+    }
     allow_set_cases(&vxlan)?;
     // The kfree_skb cost is measured on real drops in namespaces, on a
     // thread of its own because it enters a network namespace.
@@ -200,7 +204,7 @@ fn run() -> anyhow::Result<()> {
         .map_err(|_| anyhow::anyhow!("kfree_skb bench panicked"))??;
     system::snapshot::run(&vxlan)?;
     system::replay::run(&vxlan)?;
-    system::traffic::run(&vxlan)?;
+    system::traffic::run(&vxlan, pass.as_fd())?;
     system::write_table()
 }
 

@@ -75,20 +75,26 @@ pub fn enter_netns(name: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// CPU time (user + system) of process `pid` so far, in seconds.
+/// CPU time (user + system, all threads) of process `pid` so far, in
+/// seconds, from its CPU-time clock (nanosecond resolution, unlike the
+/// tick-sampled utime/stime of /proc/PID/stat).
 pub fn process_cpu(pid: u32) -> anyhow::Result<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    // Fields after the command name (which may hold spaces) in parentheses.
-    let rest = stat
-        .rsplit_once(')')
-        .map(|(_, r)| r)
-        .ok_or_else(|| anyhow::anyhow!("odd /proc/{pid}/stat"))?;
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    // utime and stime are fields 14 and 15 of stat(5): 12 and 13 here.
-    let ticks: f64 = fields[11].parse::<f64>()? + fields[12].parse::<f64>()?;
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    Ok(ticks / hz)
+    let mut clock: libc::clockid_t = 0;
+    // SAFETY: valid out pointer.
+    let err = unsafe { libc::clock_getcpuclockid(pid as libc::pid_t, &mut clock) };
+    anyhow::ensure!(
+        err == 0,
+        "clock_getcpuclockid {pid}: {}",
+        io::Error::from_raw_os_error(err)
+    );
+    // SAFETY: zeroed timespec is valid; valid out pointer.
+    let mut now: libc::timespec = unsafe { std::mem::zeroed() };
+    anyhow::ensure!(
+        unsafe { libc::clock_gettime(clock, &mut now) } == 0,
+        "CPU clock of {pid}: {}",
+        io::Error::last_os_error()
+    );
+    Ok(now.tv_sec as f64 + now.tv_nsec as f64 * 1e-9)
 }
 
 /// Resident set size of this process, in KiB.
@@ -110,4 +116,79 @@ pub fn median(samples: &mut [f64]) -> f64 {
     } else {
         (samples[mid - 1] + samples[mid]) / 2.0
     }
+}
+
+/// Busy time of all online CPUs together since boot, in ns: for each CPU,
+/// its monotonic clock minus its idle residency (cpuidle `state*/time`,
+/// microseconds) minus its steal time (/proc/stat, what the hypervisor
+/// gave to others). Each CPU is read while this thread runs on it, so its
+/// idle figure is up to date (an idle CPU only adds an idle period when it
+/// leaves it). Without cpuidle, falls back to /proc/stat's busy fields
+/// (USER_HZ ticks). Only differences are meaningful.
+pub fn cpu_busy_ns() -> anyhow::Result<f64> {
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    let stat = std::fs::read_to_string("/proc/stat")?;
+    // cpuN user nice system idle iowait irq softirq steal ...
+    let per_cpu: Vec<(usize, Vec<f64>)> = stat
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            let cpu = f.next()?.strip_prefix("cpu")?.parse().ok()?;
+            Some((cpu, f.filter_map(|v| v.parse().ok()).collect()))
+        })
+        .collect();
+    let tick_ns = 1e9 / hz;
+    let cpuidle = |cpu: usize| -> Option<f64> {
+        let dir = std::fs::read_dir(format!("/sys/devices/system/cpu/cpu{cpu}/cpuidle")).ok()?;
+        let mut us = 0.0;
+        let mut states = 0;
+        for state in dir.flatten() {
+            let time = std::fs::read_to_string(state.path().join("time")).ok()?;
+            us += time.trim().parse::<f64>().ok()?;
+            states += 1;
+        }
+        (states > 0).then_some(us * 1e3)
+    };
+    if per_cpu.iter().any(|(cpu, _)| cpuidle(*cpu).is_none()) {
+        return Ok(per_cpu
+            .iter()
+            .map(|(_, f)| {
+                let busy: f64 = [0, 1, 2, 5, 6].iter().map(|&i| f[i]).sum();
+                busy * tick_ns
+            })
+            .sum());
+    }
+    // SAFETY: zeroed cpu_set_t is valid; the calls get/set this thread's.
+    let mut saved: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    let size = std::mem::size_of::<libc::cpu_set_t>();
+    anyhow::ensure!(
+        unsafe { libc::sched_getaffinity(0, size, &mut saved) } == 0,
+        "sched_getaffinity: {}",
+        io::Error::last_os_error()
+    );
+    let mut busy = 0.0;
+    let mut result = Ok(());
+    for (cpu, fields) in &per_cpu {
+        // SAFETY: as above.
+        let mut one: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        unsafe { libc::CPU_SET(*cpu, &mut one) };
+        // SAFETY: as above.
+        if unsafe { libc::sched_setaffinity(0, size, &one) } != 0 {
+            result = Err(anyhow::anyhow!(
+                "sched_setaffinity cpu {cpu}: {}",
+                io::Error::last_os_error()
+            ));
+            break;
+        }
+        let mut now: libc::timespec = unsafe { std::mem::zeroed() };
+        // SAFETY: valid timespec.
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
+        let now = now.tv_sec as f64 * 1e9 + now.tv_nsec as f64;
+        let idle = cpuidle(*cpu).unwrap_or(0.0);
+        busy += now - idle - fields[7] * tick_ns;
+    }
+    // SAFETY: as above.
+    unsafe { libc::sched_setaffinity(0, size, &saved) };
+    result.map(|()| busy)
 }

@@ -1,40 +1,89 @@
-//! The observer on real traffic: VXLAN frames flooded through a veth pair
-//! between two namespaces (S sends; in R a UDP socket on port 4789 drains
-//! them with recvmmsg, so packets are consumed, not dropped: a drop per
-//! packet would also run the kfree_skb program on each), with the built
-//! observer attached to R's end or not.
+//! The observer on real traffic: VXLAN frames sent through a veth pair
+//! between two namespaces, with something attached to R's end `vr` or not.
+//! S sends with sendmmsg on AF_PACKET (`tests/support/storm.rs`, 16 outer
+//! sources); in R a UDP socket on port 4789 (64 MiB receive buffer) reads
+//! every frame with recvmmsg, napping 1 ms whenever it has caught up. Every
+//! flood is checked: frames sent but not read by R, UDP receive-buffer
+//! errors, veth and backlog drops (a drop would run the observer's
+//! kfree_skb program, a cost the bench would cause itself). A frame the
+//! veth ring refuses is resent by the sender and counted in the drops.
 //!
-//! - `throughput_ratio`: received packets per second with the observer
-//!   attached over without, rounds interleaved (order alternating), median;
-//! - `tcpdump_cpu_ratio`: CPU per packet of `tcpdump -w /dev/null` with the
-//!   equivalent filter (its process CPU) over the observer's (its process
-//!   CPU plus its programs' `run_time_ns`, with kernel.bpf_stats_enabled on
-//!   only for that measurement), on the same flood.
+//! Throughput: the sender saturates, with at most [`WINDOW`] frames sent
+//! and not yet read by R (so nothing overflows), for [`THROUGHPUT_FLOOD`];
+//! the figure is frames per second read by R.
+//! - `throughput_ratio`: `observer attach vr` as built (default
+//!   `--xdp-mode auto`, which picks `traffic_rx_hook`) over nothing;
+//! - `throughput_xdp_pass_ratio`: a program that only returns XDP_PASS,
+//!   attached in the mode the observer picked, over nothing: what turning
+//!   XDP on costs by itself (on veth, native XDP moves receive to veth's
+//!   NAPI + ptr_ring path and copies each frame that lacks XDP headroom
+//!   into a page-pool page);
+//! - `throughput_ratio_vs_xdp_pass`: the observer over that XDP_PASS: what
+//!   the observer's programs and process add;
+//! - `throughput_ratio_generic`, `throughput_ratio_xdp_off`: the observer
+//!   with `--xdp-mode generic` / `--xdp-mode off` (tc ingress) over nothing.
 //!
-//! The sender is `tests/support/storm.rs` (sendmmsg on AF_PACKET, 16 outer
-//! sources); packets are counted by R's interface counters.
+//! All settings run once in each of [`ROUNDS`] rounds (after a warm-up
+//! round), the order rotating from round to round. A ratio is the median
+//! of the per-round ratios (the two floods of a round are seconds apart,
+//! so drift of the shared host cancels); a pps figure is the median of its
+//! rounds.
+//!
+//! CPU: the sender is paced at [`CPU_RATE`] frames/s (bursts of 256),
+//! which R reads without drops in every setting, so every setting
+//! processes the same frames. Rounds as above.
+//! - Machine-wide: busy time of all CPUs ([`cpu_busy_ns`]: monotonic clock
+//!   minus cpuidle residency minus steal, per CPU) per frame read. With
+//!   nothing attached that is `cpu_baseline`; a setting's cost is the
+//!   median over rounds of (its busy - the same round's baseline busy) per
+//!   frame: `tcpdump_cpu` (`tcpdump -w /dev/null` with the equivalent
+//!   filter: its process plus AF_PACKET's tpacket_rcv in softirq, which
+//!   runs the cBPF filter and copies each frame into the ring, plus its
+//!   wake-ups), `observer_cpu` (the observer as built: its programs, its
+//!   process and what native XDP changes in veth's receive path),
+//!   `xdp_pass_cpu` (XDP_PASS in the same mode: that change alone),
+//!   `observer_generic_cpu` and `observer_xdp_off_cpu` (the other modes).
+//!   `tcpdump_process_cpu` and `observer_process_cpu` are the processes'
+//!   own CPU-time clocks.
+//! - The observer's own work, precisely: `observer_process_cpu` plus its
+//!   programs' `run_time_ns` per frame from BPF run-time stats (separate
+//!   floods with kernel.bpf_stats_enabled on, so the stats never inflate
+//!   the machine-wide figures), MINUS the stats' own cost: they read the
+//!   clock twice per run, tens of ns on this kind of VM. That cost is
+//!   XDP_PASS's run time per run under the same stats and flood
+//!   (`bpf_stats_per_run`; the program itself is one instruction) and is
+//!   subtracted per run of each observer program. `observer_bpf_cpu_raw`
+//!   is before, `observer_bpf_cpu` after; `runs_per_packet_*` says which
+//!   programs ran per frame. The sum is `observer_program_cpu`.
+//! - `tcpdump_cpu_ratio` = `tcpdump_cpu` / `observer_cpu`, both
+//!   machine-wide, when the observer's machine-wide cost stands out of the
+//!   round-to-round noise (more than twice `observer_cpu_mad`, the median
+//!   absolute deviation of its per-round values); otherwise the difference
+//!   is not measurable and `observer_program_cpu` is the divisor.
+//!   `observer_cpu_basis` says which (`machine` or `programs`).
+//!   `tcpdump_cpu_ratio_programs` = `tcpdump_cpu` / `observer_program_cpu`
+//!   is always printed: tcpdump against the observer's own work, without
+//!   what XDP changes in veth's receive path.
 
 use std::{
     fs,
     io::{BufRead, BufReader},
-    os::fd::AsRawFd,
+    os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd},
     path::PathBuf,
     process::{Child, Command, Stdio},
     sync::{
         Arc,
-        atomic::{AtomicBool, Ordering},
+        atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering},
     },
     time::{Duration, Instant},
 };
 
 use anyhow::{Context, anyhow, ensure};
 
-use super::{Namespaces, enter_netns, median, process_cpu, report, sh, storm::Storm, target_dir};
+use super::{
+    Namespaces, cpu_busy_ns, enter_netns, median, process_cpu, report, sh, storm::Storm, target_dir,
+};
 
-/// Length of one measured flood.
-const FLOOD: Duration = Duration::from_secs(2);
-/// Measured rounds per setting (plus one warm-up round).
-const ROUNDS: usize = 5;
 /// Outer sources 198.18.0.16 - 198.18.0.31.
 const FIRST_SOURCE: u32 = 0xc612_0010;
 const SOURCES: u32 = 16;
@@ -42,6 +91,60 @@ const SOURCES: u32 = 16;
 const TCPDUMP_FILTER: &str = "udp port 4789 or udp port 8472 or udp port 4790 or udp port 6081 \
      or udp port 51820 or udp port 51821 or ip proto 4 or ip proto 41 or ip proto 47 \
      or ip6 proto 4 or ip6 proto 41 or ip6 proto 47";
+/// R's socket receive buffer (SO_RCVBUFFORCE).
+const RCVBUF: i32 = 64 << 20;
+/// Throughput: frames sent and not yet read by R at most (far below what
+/// [`RCVBUF`] holds, page-sized frames included).
+const WINDOW: u64 = 8192;
+/// Measured rounds per setting (plus one warm-up round).
+const ROUNDS: usize = 7;
+/// Length of one throughput flood.
+const THROUGHPUT_FLOOD: Duration = Duration::from_millis(1500);
+/// The CPU floods' rate and length.
+const CPU_RATE: f64 = 120_000.0;
+const CPU_FLOOD: Duration = Duration::from_millis(2000);
+/// Rounds of the floods with BPF run-time stats on.
+const STATS_ROUNDS: usize = 2;
+
+/// How an XDP program is attached to vr.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Mode {
+    Native,
+    Generic,
+}
+
+impl Mode {
+    /// The mode of an `rx_hook` in the observer's `attach` line.
+    fn of_rx_hook(hook: &str) -> Option<Mode> {
+        match hook {
+            "xdp-native" => Some(Mode::Native),
+            "xdp-generic" => Some(Mode::Generic),
+            _ => None,
+        }
+    }
+}
+
+/// What runs on R's vr during a flood.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Setting {
+    Nothing,
+    /// `r0 = XDP_PASS; exit` attached with a bpf link.
+    XdpPass(Mode),
+    /// The built `observer attach`, with `--xdp-mode` this if given.
+    Observer(Option<&'static str>),
+    /// `tcpdump -w /dev/null` with the equivalent filter.
+    Tcpdump,
+}
+
+/// How fast S sends.
+#[derive(Clone, Copy, Debug)]
+enum Pace {
+    /// As fast as it can with at most this many frames sent and not yet
+    /// read by R's socket.
+    Window(u64),
+    /// This many frames per second.
+    Rate(f64),
+}
 
 /// Sender S (vs, 198.18.0.2, 02:..:02) and receiver R (vr, 198.18.0.1,
 /// 02:..:01, a socket on UDP 4789): the addresses of `frames::vxlan()`.
@@ -49,6 +152,10 @@ struct Lab {
     s: String,
     r: String,
     stop: Arc<AtomicBool>,
+    /// Datagrams R's socket has read.
+    delivered: Arc<AtomicU64>,
+    /// Thread id of the drain thread (its /proc/.../net is R's).
+    drain_tid: i32,
     drain: Option<std::thread::JoinHandle<anyhow::Result<()>>>,
     _guard: Namespaces,
 }
@@ -62,8 +169,9 @@ impl Drop for Lab {
     }
 }
 
-/// Reads and discards datagrams on `socket` until `stop`, in batches.
-fn drain(socket: &std::net::UdpSocket, stop: &AtomicBool) -> anyhow::Result<()> {
+/// Reads and discards datagrams on `socket` until `stop`, in batches,
+/// counting them in `delivered`.
+fn drain(socket: &std::net::UdpSocket, stop: &AtomicBool, delivered: &AtomicU64) {
     const BATCH: usize = 256;
     let mut buffers = vec![[0u8; 2048]; BATCH];
     let mut iovecs: Vec<libc::iovec> = buffers
@@ -85,17 +193,81 @@ fn drain(socket: &std::net::UdpSocket, stop: &AtomicBool) -> anyhow::Result<()> 
         .collect();
     while !stop.load(Ordering::Relaxed) {
         // SAFETY: messages point to live buffers; a read timeout bounds the wait.
-        unsafe {
+        let n = unsafe {
             libc::recvmmsg(
                 socket.as_raw_fd(),
                 messages.as_mut_ptr(),
                 BATCH as u32,
-                0,
+                libc::MSG_WAITFORONE,
                 std::ptr::null_mut(),
             )
         };
+        if n > 0 {
+            delivered.fetch_add(n as u64, Ordering::Relaxed);
+        }
+        // Caught up: nap, so R wakes about once per millisecond instead of
+        // once per few frames (wake-ups dominate the baseline's CPU and its
+        // noise otherwise; the buffer holds far more than a millisecond).
+        if (n as usize) < BATCH {
+            std::thread::sleep(Duration::from_millis(1));
+        }
     }
-    Ok(())
+}
+
+/// Drop counters that matter for a flood (all cumulative).
+#[derive(Clone, Copy, Default, Debug)]
+struct Drops {
+    /// UDP receive-buffer overflows in R.
+    rcvbuf: u64,
+    /// rx_dropped of vr plus tx_dropped of vs.
+    veth: u64,
+    /// Backlog drops (/proc/net/softnet_stat, all CPUs).
+    backlog: u64,
+}
+
+impl Drops {
+    fn total(&self) -> u64 {
+        self.rcvbuf + self.veth + self.backlog
+    }
+    fn minus(&self, before: &Drops) -> Drops {
+        Drops {
+            rcvbuf: self.rcvbuf - before.rcvbuf,
+            veth: self.veth - before.veth,
+            backlog: self.backlog - before.backlog,
+        }
+    }
+}
+
+/// One measured flood.
+#[derive(Clone, Copy, Debug)]
+struct Flood {
+    sent: u64,
+    /// Read by R's socket, including after S stopped.
+    delivered: u64,
+    /// Read by R's socket while S was sending (`seconds`).
+    read_in_time: u64,
+    seconds: f64,
+    /// Busy time of all CPUs together, from S's start until R read the
+    /// last frame.
+    busy_ns: f64,
+    drops: Drops,
+}
+
+impl Flood {
+    /// Frames per second read by R while S was sending.
+    fn pps(&self) -> f64 {
+        self.read_in_time as f64 / self.seconds
+    }
+}
+
+fn link_stat(ns: &str, dev: &str, dir: &str, field: &str) -> anyhow::Result<u64> {
+    let out = Command::new("ip")
+        .args(["-n", ns, "-s", "-j", "link", "show", "dev", dev])
+        .output()?;
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    json[0]["stats64"][dir][field]
+        .as_u64()
+        .ok_or_else(|| anyhow!("no {dir} {field} in `ip -s -j link show {dev}`"))
 }
 
 impl Lab {
@@ -129,16 +301,22 @@ impl Lab {
         sh(&["ip", "-n", &s, "link", "set", "vs", "up"])?;
         sh(&["ip", "-n", &r, "link", "set", "vr", "up"])?;
         let stop = Arc::new(AtomicBool::new(false));
-        let (ns, flag) = (r.clone(), stop.clone());
+        let delivered = Arc::new(AtomicU64::new(0));
+        let tid = Arc::new(AtomicI32::new(0));
+        let (ns, flag, count, tid_out) = (r.clone(), stop.clone(), delivered.clone(), tid.clone());
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let drainer = std::thread::spawn(move || -> anyhow::Result<()> {
+            // SAFETY: gettid has no preconditions.
+            tid_out.store(unsafe { libc::gettid() }, Ordering::Relaxed);
             let socket = enter_netns(&ns).and_then(|()| {
                 let socket = std::net::UdpSocket::bind("198.18.0.1:4789")?;
                 socket.set_read_timeout(Some(Duration::from_millis(100)))?;
+                set_rcvbuf(&socket, RCVBUF)?;
                 Ok(socket)
             });
             let _ = ready_tx.send(socket.as_ref().map(|_| ()).map_err(|e| e.to_string()));
-            drain(&socket?, &flag)
+            drain(&socket?, &flag, &count);
+            Ok(())
         });
         ready_rx
             .recv()?
@@ -147,44 +325,178 @@ impl Lab {
             s,
             r,
             stop,
+            delivered,
+            drain_tid: tid.load(Ordering::Relaxed),
             drain: Some(drainer),
             _guard: guard,
         })
     }
 
-    /// Packets R's vr received so far.
-    fn received(&self) -> anyhow::Result<u64> {
-        let out = Command::new("ip")
-            .args(["-n", &self.r, "-s", "-j", "link", "show", "dev", "vr"])
-            .output()?;
-        let json: serde_json::Value = serde_json::from_slice(&out.stdout)?;
-        json[0]["stats64"]["rx"]["packets"]
-            .as_u64()
-            .ok_or_else(|| anyhow!("no rx counter in `ip -s -j link` output"))
+    fn drops(&self) -> anyhow::Result<Drops> {
+        let snmp = fs::read_to_string(format!("/proc/self/task/{}/net/snmp", self.drain_tid))?;
+        let mut udp = snmp.lines().filter(|l| l.starts_with("Udp:"));
+        let (names, values) = (udp.next(), udp.next());
+        let rcvbuf = names
+            .zip(values)
+            .and_then(|(n, v)| {
+                let i = n.split_whitespace().position(|f| f == "RcvbufErrors")?;
+                v.split_whitespace().nth(i)?.parse().ok()
+            })
+            .ok_or_else(|| anyhow!("no Udp RcvbufErrors in R's /proc/net/snmp"))?;
+        let veth =
+            link_stat(&self.r, "vr", "rx", "dropped")? + link_stat(&self.s, "vs", "tx", "dropped")?;
+        let backlog = fs::read_to_string("/proc/net/softnet_stat")?
+            .lines()
+            .filter_map(|l| u64::from_str_radix(l.split_whitespace().nth(1)?, 16).ok())
+            .sum();
+        Ok(Drops {
+            rcvbuf,
+            veth,
+            backlog,
+        })
     }
 
-    /// Floods `template` from S for `duration`; returns (received by R, seconds).
-    fn flood(&self, template: &[u8], duration: Duration) -> anyhow::Result<(u64, f64)> {
-        let before = self.received()?;
-        let (s, template) = (self.s.clone(), template.to_vec());
+    /// Floods `template` from S for `duration` at `pace`.
+    fn flood(&self, template: &[u8], duration: Duration, pace: Pace) -> anyhow::Result<Flood> {
+        let drops0 = self.drops()?;
+        let delivered0 = self.delivered.load(Ordering::Relaxed);
+        let busy0 = cpu_busy_ns()?;
+        let (s, template, delivered) = (self.s.clone(), template.to_vec(), self.delivered.clone());
         let start = Instant::now();
-        std::thread::spawn(move || -> anyhow::Result<()> {
+        let sent = std::thread::spawn(move || -> anyhow::Result<u64> {
             enter_netns(&s)?;
             let mut storm = Storm::open("vs", template)?;
             let stop = AtomicBool::new(false);
             let mut sent = 0;
             while start.elapsed() < duration {
-                sent += storm.send(FIRST_SOURCE, sent, 4096, SOURCES, &stop)?.0;
+                let batch = match pace {
+                    Pace::Window(window) => {
+                        let read = delivered.load(Ordering::Relaxed) - delivered0;
+                        let room = window.saturating_sub(sent - read.min(sent));
+                        if room < 32 {
+                            std::thread::yield_now();
+                            continue;
+                        }
+                        room.min(256)
+                    }
+                    Pace::Rate(pps) => {
+                        let due = start + Duration::from_secs_f64(sent as f64 / pps);
+                        let now = Instant::now();
+                        if due > now {
+                            std::thread::sleep(due - now);
+                        }
+                        256
+                    }
+                };
+                sent += storm.send(FIRST_SOURCE, sent, batch, SOURCES, &stop)?.0;
             }
-            Ok(())
+            Ok(sent)
         })
         .join()
         .map_err(|_| anyhow!("sender panicked"))??;
         let seconds = start.elapsed().as_secs_f64();
-        // Let R's softirq drain what is queued before reading.
-        std::thread::sleep(Duration::from_millis(50));
-        Ok((self.received()? - before, seconds))
+        let read_in_time = self.delivered.load(Ordering::Relaxed) - delivered0;
+        // Let R drain what is queued (bounded: some frames may be dropped).
+        let settle = Instant::now();
+        let mut last = u64::MAX;
+        loop {
+            std::thread::sleep(Duration::from_millis(20));
+            let now = self.delivered.load(Ordering::Relaxed) - delivered0;
+            if now >= sent || now == last || settle.elapsed() > Duration::from_secs(1) {
+                break;
+            }
+            last = now;
+        }
+        let busy1 = cpu_busy_ns()?;
+        let delivered = self.delivered.load(Ordering::Relaxed) - delivered0;
+        let drops = self.drops()?.minus(&drops0);
+        Ok(Flood {
+            sent,
+            delivered,
+            read_in_time,
+            seconds,
+            busy_ns: busy1 - busy0,
+            drops,
+        })
     }
+
+    /// Puts `setting` in place on vr; dropping the result removes it.
+    fn arm(&self, setting: Setting, xdp_pass: BorrowedFd) -> anyhow::Result<Armed> {
+        Ok(match setting {
+            Setting::Nothing => Armed::Nothing,
+            Setting::XdpPass(mode) => Armed::XdpPass(self.attach_xdp(xdp_pass, mode)?),
+            Setting::Observer(mode) => Armed::Observer(Attached::start(self, mode)?),
+            Setting::Tcpdump => Armed::Tcpdump(Tcpdump::start(self)?),
+        })
+    }
+
+    /// Attaches `prog` to vr with a bpf link (detached when it is closed).
+    fn attach_xdp(&self, prog: BorrowedFd, mode: Mode) -> anyhow::Result<OwnedFd> {
+        const BPF_LINK_CREATE: libc::c_long = 28;
+        const BPF_XDP: u32 = 37;
+        const XDP_FLAGS_SKB_MODE: u32 = 2;
+        const XDP_FLAGS_DRV_MODE: u32 = 4;
+        let (r, prog) = (self.r.clone(), prog.as_raw_fd());
+        std::thread::spawn(move || -> anyhow::Result<OwnedFd> {
+            enter_netns(&r)?;
+            // SAFETY: NUL-terminated literal.
+            let ifindex = unsafe { libc::if_nametoindex(c"vr".as_ptr()) };
+            ensure!(ifindex != 0, "no vr in {r}");
+            // union bpf_attr for BPF_LINK_CREATE: prog_fd, target_ifindex,
+            // attach_type, flags; the rest zero.
+            let mut attr = [0u32; 16];
+            attr[0] = prog as u32;
+            attr[1] = ifindex;
+            attr[2] = BPF_XDP;
+            attr[3] = match mode {
+                Mode::Native => XDP_FLAGS_DRV_MODE,
+                Mode::Generic => XDP_FLAGS_SKB_MODE,
+            };
+            // SAFETY: attr outlives the call; the size passed is its own.
+            let fd = unsafe {
+                libc::syscall(
+                    libc::SYS_bpf,
+                    BPF_LINK_CREATE,
+                    attr.as_ptr(),
+                    std::mem::size_of_val(&attr) as u32,
+                )
+            };
+            ensure!(
+                fd >= 0,
+                "attaching xdp_pass to vr: {}",
+                std::io::Error::last_os_error()
+            );
+            // SAFETY: a new descriptor nothing else owns.
+            Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+        })
+        .join()
+        .map_err(|_| anyhow!("xdp attach panicked"))?
+    }
+}
+
+/// What [`Lab::arm`] put in place.
+enum Armed {
+    Nothing,
+    XdpPass(#[allow(dead_code)] OwnedFd),
+    Observer(Attached),
+    Tcpdump(Tcpdump),
+}
+
+fn set_rcvbuf(socket: &std::net::UdpSocket, bytes: i32) -> std::io::Result<()> {
+    // SAFETY: valid fd and a c_int option value of the size passed.
+    let ret = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUFFORCE,
+            (&bytes as *const i32).cast(),
+            std::mem::size_of::<i32>() as u32,
+        )
+    };
+    if ret != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// The built observer attached to R's vr.
@@ -194,10 +506,12 @@ struct Attached {
 }
 
 impl Attached {
-    fn start(lab: &Lab) -> anyhow::Result<Attached> {
+    /// `xdp_mode`: the `--xdp-mode` value, if any (else the default, auto).
+    fn start(lab: &Lab, xdp_mode: Option<&str>) -> anyhow::Result<Attached> {
         let out = target_dir().join(format!("bench-observer-{}.jsonl", std::process::id()));
         let child = Command::new(env!("CARGO_BIN_EXE_observer"))
             .args(["attach", "--netns", &lab.r, "vr", "--output", "json"])
+            .args(xdp_mode.iter().flat_map(|m| ["--xdp-mode", m]))
             .env("OBSERVER_LOG", "error")
             .stdout(fs::File::create(&out)?)
             .spawn()?;
@@ -217,22 +531,19 @@ impl Attached {
         self.child.id()
     }
 
+    /// The `attach` line the observer printed.
+    fn attach_line(&self) -> anyhow::Result<serde_json::Value> {
+        let text = fs::read_to_string(&self.out)?;
+        let line = text
+            .lines()
+            .find(|l| l.contains(r#""type":"attach""#))
+            .ok_or_else(|| anyhow!("no attach line"))?;
+        Ok(serde_json::from_str(line)?)
+    }
+
     /// Ids of the eBPF programs the process holds (from its fds' fdinfo).
     fn program_ids(&self) -> anyhow::Result<Vec<u32>> {
-        let mut ids = Vec::new();
-        for entry in fs::read_dir(format!("/proc/{}/fdinfo", self.pid()))? {
-            let text = fs::read_to_string(entry?.path()).unwrap_or_default();
-            if let Some(id) = text
-                .lines()
-                .find_map(|l| l.strip_prefix("prog_id:"))
-                .and_then(|v| v.trim().parse().ok())
-            {
-                ids.push(id);
-            }
-        }
-        ids.sort_unstable();
-        ids.dedup();
-        Ok(ids)
+        fd_program_ids(self.pid())
     }
 }
 
@@ -245,129 +556,443 @@ impl Drop for Attached {
     }
 }
 
-/// Total `run_time_ns` of the programs `ids`.
-fn bpf_run_ns(ids: &[u32]) -> u64 {
+/// Ids of the eBPF programs process `pid` holds (from its fds' fdinfo).
+fn fd_program_ids(pid: u32) -> anyhow::Result<Vec<u32>> {
+    let mut ids = Vec::new();
+    for entry in fs::read_dir(format!("/proc/{pid}/fdinfo"))? {
+        let text = fs::read_to_string(entry?.path()).unwrap_or_default();
+        if let Some(id) = text
+            .lines()
+            .find_map(|l| l.strip_prefix("prog_id:"))
+            .and_then(|v| v.trim().parse().ok())
+        {
+            ids.push(id);
+        }
+    }
+    ids.sort_unstable();
+    ids.dedup();
+    Ok(ids)
+}
+
+/// `tcpdump -w /dev/null` on vr with the equivalent filter.
+struct Tcpdump {
+    child: Child,
+    stderr: BufReader<std::process::ChildStderr>,
+}
+
+impl Tcpdump {
+    fn start(lab: &Lab) -> anyhow::Result<Tcpdump> {
+        let mut child = Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &lab.r,
+                "tcpdump",
+                "-n",
+                "-i",
+                "vr",
+                "-w",
+                "/dev/null",
+            ])
+            .arg(TCPDUMP_FILTER)
+            .stderr(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .context("starting tcpdump")?;
+        let mut stderr = BufReader::new(child.stderr.take().expect("piped"));
+        let mut line = String::new();
+        while !line.contains("listening on") {
+            line.clear();
+            ensure!(stderr.read_line(&mut line)? > 0, "tcpdump exited: {line}");
+        }
+        Ok(Tcpdump { child, stderr })
+    }
+
+    /// `ip netns exec` execs tcpdump: same process.
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Stops tcpdump; returns its "dropped by kernel" count.
+    fn stop(mut self) -> anyhow::Result<u64> {
+        // SAFETY: plain kill(2) of our own child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
+        let mut summary = String::new();
+        std::io::Read::read_to_string(&mut self.stderr, &mut summary)?;
+        self.child.wait()?;
+        Ok(summary
+            .lines()
+            .find(|l| l.contains("dropped by kernel"))
+            .and_then(|l| l.split_whitespace().next()?.parse().ok())
+            .unwrap_or(0))
+    }
+}
+
+impl Drop for Tcpdump {
+    fn drop(&mut self) {
+        // SAFETY: plain kill(2) of our own child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
+        let _ = self.child.wait();
+    }
+}
+
+/// (id, name, run count, run time ns) of the programs `ids`.
+fn program_stats(ids: &[u32]) -> Vec<(u32, String, u64, u64)> {
     aya::programs::loaded_programs()
         .filter_map(Result::ok)
         .filter(|p| ids.contains(&p.id()))
-        .map(|p| p.run_time().as_nanos() as u64)
+        .map(|p| {
+            (
+                p.id(),
+                p.name_as_str().unwrap_or("?").to_string(),
+                p.run_count(),
+                p.run_time().as_nanos() as u64,
+            )
+        })
+        .collect()
+}
+
+/// Id of the program behind `fd` (this process's fdinfo).
+fn prog_id(fd: BorrowedFd) -> anyhow::Result<u32> {
+    let text = fs::read_to_string(format!("/proc/self/fdinfo/{}", fd.as_raw_fd()))?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("prog_id:"))
+        .and_then(|v| v.trim().parse().ok())
+        .ok_or_else(|| anyhow!("fd {} is no eBPF program", fd.as_raw_fd()))
+}
+
+/// One setting's flood and what was measured beside it.
+struct Measured {
+    flood: Flood,
+    /// CPU time of the observer's or tcpdump's process during the flood, ns.
+    process_ns: f64,
+    /// (name, runs, run time ns) of the setting's programs during the
+    /// flood; zero unless kernel.bpf_stats_enabled is on.
+    programs: Vec<(String, u64, u64)>,
+    /// tcpdump's "dropped by kernel".
+    tcpdump_dropped: u64,
+}
+
+impl Measured {
+    fn per_packet(&self, ns: f64) -> f64 {
+        ns / self.flood.delivered.max(1) as f64
+    }
+    fn busy_per_packet(&self) -> f64 {
+        self.per_packet(self.flood.busy_ns)
+    }
+}
+
+/// Floods once per setting in each of `rounds` rounds plus a warm-up round
+/// (not kept), the order rotating by one each round. Returns the rounds of
+/// each setting, in the order of `settings`.
+fn interleave(
+    lab: &Lab,
+    vxlan: &[u8],
+    xdp_pass: BorrowedFd,
+    settings: &[Setting],
+    rounds: usize,
+    duration: Duration,
+    pace: Pace,
+) -> anyhow::Result<Vec<Vec<Measured>>> {
+    let pass_id = prog_id(xdp_pass)?;
+    let mut out: Vec<Vec<Measured>> = settings.iter().map(|_| Vec::new()).collect();
+    for round in 0..=rounds {
+        for k in 0..settings.len() {
+            let i = (round + k) % settings.len();
+            let armed = lab.arm(settings[i], xdp_pass)?;
+            let (ids, pid) = match &armed {
+                Armed::Nothing => (vec![], None),
+                Armed::XdpPass(_) => (vec![pass_id], None),
+                Armed::Observer(a) => (a.program_ids()?, Some(a.pid())),
+                Armed::Tcpdump(t) => (vec![], Some(t.pid())),
+            };
+            let programs0 = program_stats(&ids);
+            let cpu0 = pid.map(process_cpu).transpose()?.unwrap_or(0.0);
+            let flood = lab.flood(vxlan, duration, pace)?;
+            let cpu1 = pid.map(process_cpu).transpose()?.unwrap_or(0.0);
+            let programs = program_stats(&ids)
+                .into_iter()
+                .map(|(id, name, runs, ns)| {
+                    let (runs0, ns0) = programs0
+                        .iter()
+                        .find(|p| p.0 == id)
+                        .map_or((0, 0), |p| (p.2, p.3));
+                    (name, runs - runs0, ns - ns0)
+                })
+                .collect();
+            let tcpdump_dropped = match armed {
+                Armed::Tcpdump(t) => t.stop()?,
+                _ => 0,
+            };
+            let unread = flood.sent.saturating_sub(flood.delivered);
+            if flood.drops.total() > 0 || unread > 0 {
+                eprintln!(
+                    "bench: note: {:?} round {round}: {unread} of {} frames not read by R, drops {:?}",
+                    settings[i], flood.sent, flood.drops
+                );
+            }
+            if round > 0 {
+                out[i].push(Measured {
+                    flood,
+                    process_ns: (cpu1 - cpu0) * 1e9,
+                    programs,
+                    tcpdump_dropped,
+                });
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Median of `f` over `rounds`.
+fn median_of(rounds: &[Measured], f: impl Fn(&Measured) -> f64) -> f64 {
+    median(&mut rounds.iter().map(f).collect::<Vec<_>>())
+}
+
+/// Median over rounds of `f(a's round, b's round)`.
+fn median_paired(a: &[Measured], b: &[Measured], f: impl Fn(&Measured, &Measured) -> f64) -> f64 {
+    median(&mut a.iter().zip(b).map(|(a, b)| f(a, b)).collect::<Vec<_>>())
+}
+
+/// Median absolute deviation of `values` from their median.
+fn mad(values: &[f64]) -> f64 {
+    let mid = median(&mut values.to_vec());
+    median(&mut values.iter().map(|v| (v - mid).abs()).collect::<Vec<_>>())
+}
+
+/// Frames dropped, or sent and never read by R, in all of `measured`.
+fn total_drops(measured: &[Vec<Measured>]) -> u64 {
+    measured
+        .iter()
+        .flatten()
+        .map(|m| {
+            let unread = m.flood.sent.saturating_sub(m.flood.delivered);
+            m.flood.drops.total().max(unread)
+        })
         .sum()
 }
 
 /// Runs the traffic benches with copies of `vxlan` (outer 198.18.0.2 ->
-/// 198.18.0.1, VNI 4096).
-pub fn run(vxlan: &[u8]) -> anyhow::Result<()> {
+/// 198.18.0.1, VNI 4096); `xdp_pass` is the trivial XDP program.
+pub fn run(vxlan: &[u8], xdp_pass: BorrowedFd) -> anyhow::Result<()> {
     let lab = Lab::new()?;
-    throughput(&lab, vxlan)?;
-    cpu(&lab, vxlan)
+    // The mode `observer attach` picks by itself on vr; XDP_PASS is
+    // compared in the same mode.
+    let rx_hook = Attached::start(&lab, None)?.attach_line()?["rx_hook"]
+        .as_str()
+        .unwrap_or("?")
+        .to_string();
+    let picked = Mode::of_rx_hook(&rx_hook).ok_or_else(|| {
+        anyhow!("the observer attached to veth vr with rx_hook {rx_hook}, not XDP; the traffic bench compares it with XDP_PASS in the same mode")
+    })?;
+    report("traffic_rx_hook", &rx_hook, "");
+    throughput(&lab, vxlan, xdp_pass, picked)?;
+    cpu(&lab, vxlan, xdp_pass, picked)
 }
 
-fn throughput(lab: &Lab, vxlan: &[u8]) -> anyhow::Result<()> {
-    let (mut without, mut with) = (Vec::new(), Vec::new());
-    for round in 0..=ROUNDS {
-        // Alternate which setting goes first, so drift favours neither.
-        let order = if round % 2 == 0 {
-            [false, true]
-        } else {
-            [true, false]
-        };
-        for attached in order {
-            let observer = attached.then(|| Attached::start(lab)).transpose()?;
-            let (packets, seconds) = lab.flood(vxlan, FLOOD)?;
-            drop(observer);
-            if round > 0 {
-                let pps = packets as f64 / seconds;
-                if attached { &mut with } else { &mut without }.push(pps);
-            }
-        }
-    }
-    let (without, with) = (median(&mut without), median(&mut with));
-    report("throughput_without", format!("{without:.0}"), "pps");
-    report("throughput_with", format!("{with:.0}"), "pps");
-    report("throughput_ratio", format!("{:.3}", with / without), "x");
+fn throughput(lab: &Lab, vxlan: &[u8], xdp_pass: BorrowedFd, picked: Mode) -> anyhow::Result<()> {
+    let settings = [
+        Setting::Nothing,
+        Setting::XdpPass(picked),
+        Setting::Observer(None),
+        Setting::Observer(Some("generic")),
+        Setting::Observer(Some("off")),
+    ];
+    let m = interleave(
+        lab,
+        vxlan,
+        xdp_pass,
+        &settings,
+        ROUNDS,
+        THROUGHPUT_FLOOD,
+        Pace::Window(WINDOW),
+    )?;
+    let [nothing, pass, observer, generic, off] = &m[..] else {
+        unreachable!("five settings")
+    };
+    let pps = |rounds: &[Measured]| format!("{:.0}", median_of(rounds, |r| r.flood.pps()));
+    let ratio = |a: &[Measured], b: &[Measured]| {
+        format!(
+            "{:.3}",
+            median_paired(a, b, |a, b| a.flood.pps() / b.flood.pps())
+        )
+    };
+    report("throughput_without", pps(nothing), "pps");
+    report("throughput_with", pps(observer), "pps");
+    report("throughput_ratio", ratio(observer, nothing), "x");
+    report("throughput_xdp_pass", pps(pass), "pps");
+    report("throughput_xdp_pass_ratio", ratio(pass, nothing), "x");
+    report("throughput_ratio_vs_xdp_pass", ratio(observer, pass), "x");
+    report("throughput_with_generic", pps(generic), "pps");
+    report("throughput_ratio_generic", ratio(generic, nothing), "x");
+    report("throughput_ratio_xdp_off", ratio(off, nothing), "x");
+    report("throughput_drops", total_drops(&m), "frames");
     Ok(())
 }
 
-fn cpu(lab: &Lab, vxlan: &[u8]) -> anyhow::Result<()> {
-    let duration = Duration::from_secs(3);
+fn cpu(lab: &Lab, vxlan: &[u8], xdp_pass: BorrowedFd, picked: Mode) -> anyhow::Result<()> {
+    let settings = [
+        Setting::Nothing,
+        Setting::Observer(None),
+        Setting::XdpPass(picked),
+        Setting::Tcpdump,
+        Setting::Observer(Some("generic")),
+        Setting::Observer(Some("off")),
+    ];
+    let m = interleave(
+        lab,
+        vxlan,
+        xdp_pass,
+        &settings,
+        ROUNDS,
+        CPU_FLOOD,
+        Pace::Rate(CPU_RATE),
+    )?;
+    let [nothing, observer, pass, tcpdump, generic, off] = &m[..] else {
+        unreachable!("five settings")
+    };
+    // A setting's cost in each round: its busy time per frame minus the
+    // same round's baseline.
+    let costs = |rounds: &[Measured]| -> Vec<f64> {
+        rounds
+            .iter()
+            .zip(nothing)
+            .map(|(s, base)| s.busy_per_packet() - base.busy_per_packet())
+            .collect()
+    };
+    let observer_costs = costs(observer);
+    let observer_cpu = median(&mut observer_costs.clone());
+    let tcpdump_cpu = median(&mut costs(tcpdump));
+    let pass_cpu = median(&mut costs(pass));
+    let generic_cpu = median(&mut costs(generic));
+    let observer_process = median_of(observer, |r| r.per_packet(r.process_ns));
+    let tcpdump_process = median_of(tcpdump, |r| r.per_packet(r.process_ns));
 
-    let observer = Attached::start(lab)?;
+    // The observer's programs with BPF run-time stats on, beside XDP_PASS
+    // under the same stats: its run time per run is the stats' own cost
+    // (two clock reads) plus a one-instruction program.
     let stats = aya::sys::enable_stats(aya::sys::Stats::RunTime)
         .context("enabling kernel.bpf_stats_enabled")?;
-    let ids = observer.program_ids()?;
-    ensure!(!ids.is_empty(), "the observer holds no eBPF programs");
-    let (cpu0, bpf0) = (process_cpu(observer.pid())?, bpf_run_ns(&ids));
-    let (packets, _) = lab.flood(vxlan, duration)?;
-    // One more interval, so the reads of the flood are in the process time.
-    std::thread::sleep(Duration::from_millis(1100));
-    let (cpu1, bpf1) = (process_cpu(observer.pid())?, bpf_run_ns(&ids));
+    let s = interleave(
+        lab,
+        vxlan,
+        xdp_pass,
+        &[Setting::XdpPass(picked), Setting::Observer(None)],
+        STATS_ROUNDS,
+        CPU_FLOOD,
+        Pace::Rate(CPU_RATE),
+    )?;
     drop(stats);
-    drop(observer);
-    let user_ns = (cpu1 - cpu0) * 1e9;
-    let bpf_ns = (bpf1 - bpf0) as f64;
-    let observer_per_packet = (user_ns + bpf_ns) / packets.max(1) as f64;
+    let [pass_stats, observer_stats] = &s[..] else {
+        unreachable!("two settings")
+    };
+    let stats_per_run = median_of(pass_stats, |r| {
+        let (runs, ns) = r
+            .programs
+            .iter()
+            .fold((0, 0), |(a, b), p| (a + p.1, b + p.2));
+        ns as f64 / runs.max(1) as f64
+    });
+    let raw = median_of(observer_stats, |r| {
+        r.per_packet(r.programs.iter().map(|p| p.2 as f64).sum())
+    });
+    let corrected = median_of(observer_stats, |r| {
+        r.per_packet(
+            r.programs
+                .iter()
+                .map(|p| p.2 as f64 - p.1 as f64 * stats_per_run)
+                .sum(),
+        )
+    });
+    let mut names: Vec<&str> = observer_stats[0]
+        .programs
+        .iter()
+        .map(|p| p.0.as_str())
+        .collect();
+    names.sort_unstable();
+    let program_cpu = observer_process + corrected;
 
-    let mut tcpdump = Command::new("ip")
-        .args([
-            "netns",
-            "exec",
-            &lab.r,
-            "tcpdump",
-            "-n",
-            "-i",
-            "vr",
-            "-w",
-            "/dev/null",
-        ])
-        .arg(TCPDUMP_FILTER)
-        .stderr(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .context("starting tcpdump")?;
-    let mut stderr = BufReader::new(tcpdump.stderr.take().expect("piped"));
-    let mut line = String::new();
-    while !line.contains("listening on") {
-        line.clear();
-        ensure!(stderr.read_line(&mut line)? > 0, "tcpdump exited: {line}");
+    // Machine-wide when it stands out of the round-to-round noise.
+    let machine = observer_cpu > 2.0 * mad(&observer_costs) && observer_cpu > 0.0;
+    let observer_basis = if machine { observer_cpu } else { program_cpu };
+
+    report("cpu_rate", format!("{CPU_RATE:.0}"), "pps");
+    report(
+        "cpu_packets",
+        format!("{:.0}", median_of(nothing, |r| r.flood.delivered as f64)),
+        "packets/flood",
+    );
+    report("cpu_drops", total_drops(&m) + total_drops(&s), "frames");
+    report(
+        "cpu_baseline",
+        format!("{:.0}", median_of(nothing, Measured::busy_per_packet)),
+        "ns/pkt",
+    );
+    report("tcpdump_cpu", format!("{tcpdump_cpu:.0}"), "ns/pkt");
+    report(
+        "tcpdump_process_cpu",
+        format!("{tcpdump_process:.0}"),
+        "ns/pkt",
+    );
+    report(
+        "tcpdump_dropped",
+        tcpdump.iter().map(|r| r.tcpdump_dropped).sum::<u64>(),
+        "packets",
+    );
+    report("observer_cpu", format!("{observer_cpu:.0}"), "ns/pkt");
+    report(
+        "observer_cpu_mad",
+        format!("{:.0}", mad(&observer_costs)),
+        "ns/pkt",
+    );
+    report("xdp_pass_cpu", format!("{pass_cpu:.0}"), "ns/pkt");
+    report(
+        "observer_generic_cpu",
+        format!("{generic_cpu:.0}"),
+        "ns/pkt",
+    );
+    report(
+        "observer_xdp_off_cpu",
+        format!("{:.0}", median(&mut costs(off))),
+        "ns/pkt",
+    );
+    report(
+        "observer_process_cpu",
+        format!("{observer_process:.1}"),
+        "ns/pkt",
+    );
+    for name in names {
+        let runs = median_of(observer_stats, |r| {
+            let runs = r.programs.iter().find(|p| p.0 == name).map_or(0, |p| p.1);
+            r.per_packet(runs as f64)
+        });
+        report(
+            &format!("runs_per_packet_{name}"),
+            format!("{runs:.3}"),
+            "x",
+        );
     }
-    // `ip netns exec` execs tcpdump: same process.
-    let pid = tcpdump.id();
-    let cpu0 = process_cpu(pid)?;
-    let (tcpdump_packets, _) = lab.flood(vxlan, duration)?;
-    std::thread::sleep(Duration::from_millis(200));
-    let cpu1 = process_cpu(pid)?;
-    // SAFETY: plain kill(2) of our own child.
-    unsafe { libc::kill(pid as i32, libc::SIGINT) };
-    let mut summary = String::new();
-    std::io::Read::read_to_string(&mut stderr, &mut summary)?;
-    tcpdump.wait()?;
-    let dropped: u64 = summary
-        .lines()
-        .find(|l| l.contains("dropped by kernel"))
-        .and_then(|l| l.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0);
-    let tcpdump_per_packet = (cpu1 - cpu0) * 1e9 / tcpdump_packets.max(1) as f64;
-
+    report("bpf_stats_per_run", format!("{stats_per_run:.1}"), "ns/run");
+    report("observer_bpf_cpu_raw", format!("{raw:.1}"), "ns/pkt");
+    report("observer_bpf_cpu", format!("{corrected:.1}"), "ns/pkt");
     report(
-        "observer_user_cpu",
-        format!("{:.1}", user_ns / packets.max(1) as f64),
+        "observer_program_cpu",
+        format!("{program_cpu:.1}"),
         "ns/pkt",
     );
     report(
-        "observer_bpf_cpu",
-        format!("{:.1}", bpf_ns / packets.max(1) as f64),
-        "ns/pkt",
+        "observer_cpu_basis",
+        if machine { "machine" } else { "programs" },
+        "",
     );
-    report(
-        "observer_cpu",
-        format!("{observer_per_packet:.1}"),
-        "ns/pkt",
-    );
-    report("tcpdump_cpu", format!("{tcpdump_per_packet:.1}"), "ns/pkt");
-    report("tcpdump_dropped", dropped, "packets");
     report(
         "tcpdump_cpu_ratio",
-        format!("{:.1}", tcpdump_per_packet / observer_per_packet),
+        format!("{:.1}", tcpdump_cpu / observer_basis),
+        "x",
+    );
+    report(
+        "tcpdump_cpu_ratio_programs",
+        format!("{:.1}", tcpdump_cpu / program_cpu),
         "x",
     );
     Ok(())
