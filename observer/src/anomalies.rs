@@ -212,6 +212,11 @@ pub enum Event {
     },
 }
 
+/// Anomalies active at once; beyond it new ones are only counted, so a
+/// flood of spoofed sources cannot flood the output (each would be an
+/// `unknown_peer`).
+pub const MAX_ACTIVE: usize = 1024;
+
 /// Findings kept for one write-up; beyond it they are only counted.
 pub const MAX_FINDINGS: usize = 256;
 
@@ -382,6 +387,7 @@ pub struct Engine {
     previous: f64,
     forgotten_peers: u64,
     raised: BTreeMap<Kind, u64>,
+    suppressed: u64,
 }
 
 impl Engine {
@@ -396,6 +402,7 @@ impl Engine {
             previous: start,
             forgotten_peers: 0,
             raised: BTreeMap::new(),
+            suppressed: 0,
         }
     }
 
@@ -412,6 +419,11 @@ impl Engine {
     /// Anomalies raised so far, by kind.
     pub fn raised(&self) -> &BTreeMap<Kind, u64> {
         &self.raised
+    }
+
+    /// Anomalies not raised because [`MAX_ACTIVE`] were active.
+    pub fn suppressed(&self) -> u64 {
+        self.suppressed
     }
 
     /// Peers forgotten because more than [`MAX_TRACKED_PEERS`] were seen.
@@ -510,11 +522,21 @@ impl Engine {
         }
         for (key, finding) in std::mem::take(&mut conditions) {
             let (kind, peer, proto) = key;
+            let full = self.active.len() >= MAX_ACTIVE;
             match self.active.get_mut(&key) {
                 Some(active) => {
                     active.anomaly.evidence = finding.evidence;
                     active.anomaly.summary = finding.summary;
                     active.anomaly.hint = finding.hint;
+                }
+                None if full => {
+                    if self.suppressed == 0 {
+                        tracing::warn!(
+                            max = MAX_ACTIVE,
+                            "too many anomalies at once; further ones are only counted (spoofed sources?)"
+                        );
+                    }
+                    self.suppressed += 1;
                 }
                 None => {
                     let anomaly = Anomaly {
@@ -1312,6 +1334,23 @@ mod tests {
             vec![(Kind::DropSpike, "10.10.60.127".into())]
         );
         assert!(matches!(events.last(), Some(Event::Cleared { .. })));
+    }
+
+    #[test]
+    fn active_anomalies_are_bounded() {
+        let mut e = Engine::new(th(), 0.0);
+        let rows: Vec<Row> = (0..(MAX_ACTIVE as u32 + 10))
+            .map(|i| {
+                let mut r = flow("10.0.0.0", Proto::Vxlan, Direction::Rx, 1);
+                r.id.peer = Some(IpAddr::from(std::net::Ipv4Addr::from(0x0b00_0000 + i)));
+                r
+            })
+            .collect();
+        // Each source is neither a node nor allowed: unknown_peer for all.
+        let events = e.observe(1.0, SystemTime::UNIX_EPOCH, &rows, &[], &known());
+        assert_eq!(events.len(), MAX_ACTIVE);
+        assert_eq!(e.active().len(), MAX_ACTIVE);
+        assert_eq!(e.suppressed(), 10);
     }
 
     #[test]
