@@ -136,6 +136,8 @@ pub struct Exporter {
     drop_splits: SplitFamily<DropKey>,
     /// Export failures so far (reported in the next successful file).
     pub errors: u64,
+    /// Highest eviction count exported so far.
+    evictions_exported: u64,
 }
 
 impl Exporter {
@@ -146,6 +148,7 @@ impl Exporter {
             encap: SplitFamily::new(),
             drop_splits: SplitFamily::new(),
             errors: 0,
+            evictions_exported: 0,
         }
     }
 
@@ -259,6 +262,12 @@ impl Exporter {
         );
         let [drops] = drop_series;
 
+        // The kernel's figure is an estimate (inserts minus the entries a
+        // walk found, which races with traffic) and may dip; the counter
+        // never goes back.
+        let evictions = input.stats.flow_evictions.max(self.evictions_exported);
+        self.evictions_exported = evictions;
+
         let seconds = input
             .at
             .duration_since(SystemTime::UNIX_EPOCH)
@@ -322,7 +331,7 @@ impl Exporter {
                 "observer_map_evictions_total",
                 "Entries the kernel flow map evicted because it was full (raise --max-flows).",
                 MetricType::COUNTER,
-                vec![(vec![("map", "flows".to_string())], input.stats.flow_evictions as f64)],
+                vec![(vec![("map", "flows".to_string())], evictions as f64)],
             ),
             family(
                 "observer_lost_events_total",

@@ -649,10 +649,16 @@ impl Observer {
     pub fn read_flows(&self) -> Result<Vec<(FlowId, FlowCounters)>> {
         let map = self.flow_map()?;
         let mut rows = Vec::new();
+        // A key evicted while the walk stands on it makes the kernel restart
+        // the walk from the first bucket: keys already listed come again.
+        let mut seen = std::collections::HashSet::new();
         for item in map.iter() {
             match item {
                 Ok((key, values)) => {
-                    rows.push((FlowId::from_key(&key), FlowCounters::sum(values.iter())))
+                    let id = FlowId::from_key(&key);
+                    if seen.insert(id) {
+                        rows.push((id, FlowCounters::sum(values.iter())));
+                    }
                 }
                 // The LRU may evict a key between listing and reading it.
                 Err(aya::maps::MapError::KeyNotFound) => continue,
