@@ -785,7 +785,7 @@ pub fn run(vxlan: &[u8], xdp_pass: BorrowedFd) -> anyhow::Result<()> {
     let picked = Mode::of_rx_hook(&rx_hook).ok_or_else(|| {
         anyhow!("the observer attached to veth vr with rx_hook {rx_hook}, not XDP; the traffic bench compares it with XDP_PASS in the same mode")
     })?;
-    report("traffic_rx_hook", &rx_hook, "");
+    report("traffic_rx_hook", &rx_hook, "hook");
     throughput(&lab, vxlan, xdp_pass, picked)?;
     cpu(&lab, vxlan, xdp_pass, picked)
 }
@@ -983,7 +983,7 @@ fn cpu(lab: &Lab, vxlan: &[u8], xdp_pass: BorrowedFd, picked: Mode) -> anyhow::R
     report(
         "observer_cpu_basis",
         if machine { "machine" } else { "programs" },
-        "",
+        "basis",
     );
     report(
         "tcpdump_cpu_ratio",
