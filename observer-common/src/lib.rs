@@ -110,6 +110,11 @@ impl Proto {
             Proto::Wireguard => "wireguard",
         }
     }
+
+    /// The protocol named `name` (see [`Proto::name`]).
+    pub fn from_name(name: &str) -> Option<Proto> {
+        Proto::ALL.into_iter().find(|p| p.name() == name)
+    }
 }
 
 /// Why a frame could not be classified. `None` marks a classified frame.

@@ -21,7 +21,7 @@ use serde_json::{Value, json};
 use crate::{
     aggregate::Row,
     allowsets::{self, SetKind},
-    dataplane::ExpectedPeer,
+    dataplane::{ExpectedPeer, longest_prefix},
     drops::Origin,
     output::DropRow,
 };
@@ -143,11 +143,12 @@ pub struct Known {
 impl Known {
     /// The node whose pod block holds `addr` (longest prefix), with the block.
     pub fn node_owning(&self, addr: IpAddr) -> Option<(IpAddr, IpNet)> {
-        self.nodes
-            .iter()
-            .flat_map(|(node, n)| n.blocks.iter().map(move |b| (*node, *b)))
-            .filter(|(_, block)| block.contains(&addr))
-            .max_by_key(|(_, block)| block.prefix_len())
+        longest_prefix(
+            self.nodes
+                .iter()
+                .flat_map(|(node, n)| n.blocks.iter().map(move |b| (*b, (*node, *b)))),
+            addr,
+        )
     }
 
     /// Whether `addr` may send `proto` here: `None` when no allow-set is
@@ -158,7 +159,14 @@ impl Known {
         if !set.active() {
             return None;
         }
-        Some(set.prefixes.iter().any(|p| p.contains(&addr)))
+        // One set lookup per prefix length rather than a scan of every
+        // prefix: sets hold one entry per node, possibly thousands.
+        let max_len = if addr.is_ipv4() { 32 } else { 128 };
+        Some(
+            (0..=max_len).any(|len| {
+                IpNet::new(addr, len).is_ok_and(|net| set.prefixes.contains(&net.trunc()))
+            }),
+        )
     }
 
     fn is_node(&self, addr: IpAddr) -> bool {
@@ -181,8 +189,9 @@ pub struct Anomaly {
     pub kind: Kind,
     /// The peer it is about (outer address).
     pub peer: IpAddr,
-    /// Encapsulation concerned.
-    pub proto: &'static str,
+    /// Encapsulation concerned (its name in JSON).
+    #[serde(serialize_with = "crate::dataplane::proto_name")]
+    pub proto: Proto,
     /// When the condition was first seen.
     #[serde(serialize_with = "rfc3339")]
     pub since: SystemTime,
@@ -251,7 +260,7 @@ impl Findings {
                 Event::Raised(a) => (a, true, None),
                 Event::Cleared { anomaly, duration } => (anomaly, false, Some(*duration)),
             };
-            let key = (anomaly.kind, anomaly.peer, proto_of(anomaly.proto));
+            let key = (anomaly.kind, anomaly.peer, anomaly.proto);
             if !self.entries.contains_key(&key) && self.entries.len() >= MAX_FINDINGS {
                 self.overflow += 1;
                 continue;
@@ -274,7 +283,7 @@ impl Findings {
     /// Refreshes the evidence of the anomalies active now.
     pub fn still_active(&mut self, active: &[&Anomaly]) {
         for a in active {
-            if let Some(entry) = self.entries.get_mut(&(a.kind, a.peer, proto_of(a.proto))) {
+            if let Some(entry) = self.entries.get_mut(&(a.kind, a.peer, a.proto)) {
                 entry.anomaly.evidence = a.evidence.clone();
                 entry.anomaly.summary = a.summary.clone();
                 entry.anomaly.hint = a.hint.clone();
@@ -293,13 +302,6 @@ impl Findings {
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty() && self.overflow == 0
     }
-}
-
-fn proto_of(name: &str) -> Proto {
-    Proto::ALL
-        .into_iter()
-        .find(|p| p.name() == name)
-        .unwrap_or(Proto::Other)
 }
 
 /// Totals of one (peer, encapsulation) at one read; all since attach.
@@ -542,7 +544,7 @@ impl Engine {
                     let anomaly = Anomaly {
                         kind,
                         peer,
-                        proto: proto.name(),
+                        proto,
                         since: wall,
                         evidence: finding.evidence,
                         summary: finding.summary,
@@ -610,6 +612,24 @@ struct Finding {
     evidence: BTreeMap<&'static str, Value>,
     summary: String,
     hint: String,
+}
+
+/// Packets sent, received and dropped per tunnel (peer, encapsulation)
+/// since attach, counted as the rules count them: this node's own
+/// addresses left out, and a packet both flagged by the classifier and
+/// dropped by the kernel counted once.
+pub fn peer_totals(
+    rows: &[Row],
+    drops: &[DropRow],
+    local: &BTreeSet<IpAddr>,
+) -> BTreeMap<(IpAddr, Proto), (u64, u64, u64)> {
+    collect(rows, drops, local)
+        .0
+        .into_iter()
+        .filter(|((_, proto), _)| *proto != Proto::Other)
+        .map(|(key, t)| (key, (t.tx, t.rx, t.drops())))
+        .filter(|(_, counts)| *counts != (0, 0, 0))
+        .collect()
 }
 
 /// Sums rows and drop rows per (peer, encapsulation), skipping rows
@@ -726,7 +746,6 @@ fn rules(
     let p = upper(proto);
     let secs = seconds.round().max(1.0) as u64;
     let is_node = known.is_node(peer);
-    let allowed = known.allowed(proto, peer);
 
     // one_way: needs a whole window of evidence. Received-only traffic from
     // an address that is no node is left to snat_suspected / unknown_peer.
@@ -881,9 +900,13 @@ fn rules(
         });
     }
 
-    // unknown_peer: neither a node nor allowed, when either is known.
-    let knows_something = !known.nodes.is_empty() || allowed.is_some();
-    if d.rx > 0 && !is_node && allowed != Some(true) && knows_something {
+    // unknown_peer: neither a node nor allowed, when either is known. The
+    // allow-set is only looked up for sources that are no node.
+    let allowed = (d.rx > 0 && !is_node).then(|| known.allowed(proto, peer));
+    if let Some(allowed) = allowed
+        && allowed != Some(true)
+        && (!known.nodes.is_empty() || allowed.is_some())
+    {
         found.push(Finding {
             kind: Kind::UnknownPeer,
             evidence: BTreeMap::from([

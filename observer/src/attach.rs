@@ -18,7 +18,7 @@ use crate::{
     aggregate::{Aggregator, DropAggregator},
     allowsets::AllowSetConfig,
     anomalies::{Engine, Event, Findings, Known},
-    checks::NodeChecks,
+    checks::{AllowSetReport, NodeChecks},
     cli::AttachArgs,
     dataplane::{ChangeWatcher, DataPlane, DeclaredTunnel},
     drops,
@@ -151,7 +151,7 @@ pub fn monitor(args: &AttachArgs, mode: Mode) -> Result<Outcome> {
     let outcome = Outcome {
         findings: std::mem::take(&mut monitor.findings),
         interfaces: monitor.settings.interfaces.clone(),
-        known: monitor.known(),
+        known: std::mem::take(&mut monitor.known),
         seconds: monitor.started.elapsed().as_secs_f64(),
         format: Some(format),
         ..std::mem::take(&mut monitor.last)
@@ -206,6 +206,9 @@ struct Monitor<'a> {
     started: Instant,
     /// The node's data plane, re-read when netlink reports a change.
     dataplane: DataPlaneState,
+    /// What the anomaly rules know of the peers: rebuilt when the data
+    /// plane or the allow-sets change.
+    known: Known,
 }
 
 /// The data-plane view and what keeps it current.
@@ -272,7 +275,8 @@ struct DataPlaneLine<'a> {
     ts: String,
     devices: &'a [crate::dataplane::TunnelDevice],
     underlay: &'a [crate::dataplane::UnderlayInterface],
-    expected_peers: std::collections::BTreeMap<std::net::IpAddr, crate::dataplane::ExpectedPeer>,
+    expected_peers:
+        &'a std::collections::BTreeMap<std::net::IpAddr, crate::dataplane::ExpectedPeer>,
     unresolved_routes: Vec<&'a crate::dataplane::TunnelRoute>,
 }
 
@@ -310,17 +314,18 @@ impl<'a> Monitor<'a> {
             last: Outcome::default(),
             started: Instant::now(),
             dataplane: DataPlaneState::new(settings_tunnels),
+            known: Known::default(),
         }
     }
 
-    /// What the node knows about its peers now.
-    fn known(&self) -> Known {
-        let view = self.dataplane.view.as_ref();
-        Known {
-            nodes: view.map(|v| v.expected_peers()).unwrap_or_default(),
-            local: view.map(|v| v.local_addresses()).unwrap_or_default(),
-            allow: self.checks.allow_sets().cloned(),
+    /// Re-reads the allow-sets when due; `known` follows when they changed
+    /// (it is rebuilt on change, not every interval). Returns the reports.
+    fn refresh_allow_sets(&mut self) -> Result<Vec<AllowSetReport>> {
+        let reports = self.checks.refresh(self.observer)?;
+        if !reports.is_empty() {
+            self.known.allow = self.checks.allow_sets().cloned();
         }
+        Ok(reports)
     }
 
     /// Re-reads the data plane when netlink says it changed, printing the
@@ -332,12 +337,14 @@ impl<'a> Monitor<'a> {
         let Some(view) = self.dataplane.view.as_ref() else {
             return Ok(());
         };
+        let expected_peers = view.expected_peers();
+        let local = view.local_addresses();
         let line = DataPlaneLine {
             r#type: "dataplane",
             ts: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
             devices: &view.devices,
             underlay: &view.underlay,
-            expected_peers: view.expected_peers(),
+            expected_peers: &expected_peers,
             unresolved_routes: view.unresolved_routes(),
         };
         tracing::info!(
@@ -349,6 +356,8 @@ impl<'a> Monitor<'a> {
         if self.prints_intervals() {
             self.print_lines(&[line])?;
         }
+        self.known.nodes = expected_peers;
+        self.known.local = local;
         Ok(())
     }
 
@@ -378,7 +387,7 @@ impl<'a> Monitor<'a> {
     }
 
     async fn run(&mut self, mut signals: Signals) -> Result<()> {
-        let reports = self.checks.refresh(self.observer)?;
+        let reports = self.refresh_allow_sets()?;
         if stop_on_closed_stdout(self.print_lines(&reports))? {
             return Ok(());
         }
@@ -432,10 +441,7 @@ impl<'a> Monitor<'a> {
     fn tick(&mut self, is_final: bool, seconds: f64) -> io::Result<()> {
         let events = self.observer.follow_interfaces();
         self.report_interface_events(&events)?;
-        let reports = self
-            .checks
-            .refresh(self.observer)
-            .map_err(io::Error::other)?;
+        let reports = self.refresh_allow_sets().map_err(io::Error::other)?;
         self.refresh_dataplane()?;
         let flows = self.observer.read_flows().map_err(io::Error::other)?;
         self.aggregator.update(&flows);
@@ -451,13 +457,12 @@ impl<'a> Monitor<'a> {
             .stats_for(flows.len() as u64)
             .map_err(io::Error::other)?;
         let at = SystemTime::now();
-        let known = self.known();
         let events = self.engine.observe(
             self.started.elapsed().as_secs_f64(),
             at,
             &rows,
             &drop_rows,
-            &known,
+            &self.known,
         );
         for event in &events {
             log_event(event);
@@ -643,14 +648,14 @@ fn log_event(event: &Event) {
         Event::Raised(a) => tracing::warn!(
             kind = a.kind.name(),
             peer = %a.peer,
-            proto = a.proto,
+            proto = a.proto.name(),
             "anomaly: {}",
             a.summary
         ),
         Event::Cleared { anomaly, duration } => tracing::info!(
             kind = anomaly.kind.name(),
             peer = %anomaly.peer,
-            proto = anomaly.proto,
+            proto = anomaly.proto.name(),
             duration = %humantime::format_duration(std::time::Duration::from_secs(duration.as_secs())),
             "anomaly cleared"
         ),

@@ -3,7 +3,6 @@
 //! next) and an exit status scripts can use.
 
 use std::{
-    collections::BTreeMap,
     fmt::Write as _,
     io::{self, Write},
     net::IpAddr,
@@ -11,11 +10,10 @@ use std::{
 };
 
 use anyhow::{Result, bail};
-use observer_common::{Direction, Proto};
 use serde::Serialize;
 
 use crate::{
-    anomalies::{FindingRecord, Known},
+    anomalies::{self, FindingRecord, Known},
     attach::{self, Mode, Outcome},
     cli::DiagnoseArgs,
     dataplane::{DataPlane, DeclaredTunnel},
@@ -104,27 +102,7 @@ struct Measured {
 }
 
 fn measured(outcome: &Outcome) -> Vec<Measured> {
-    let mut by_peer: BTreeMap<(IpAddr, Proto), (u64, u64, u64)> = BTreeMap::new();
-    for row in &outcome.rows {
-        let (Some(peer), proto) = (row.id.peer, row.id.proto) else {
-            continue;
-        };
-        if proto == Proto::Other {
-            continue;
-        }
-        let entry = by_peer.entry((peer, proto)).or_default();
-        match row.id.direction {
-            Direction::Tx => entry.0 += row.packets,
-            Direction::Rx => entry.1 += row.packets,
-        }
-    }
-    for drop in &outcome.drops {
-        if let Some(peer) = drop.row.id.peer
-            && drop.row.id.proto != Proto::Other
-        {
-            by_peer.entry((peer, drop.row.id.proto)).or_default().2 += drop.row.packets;
-        }
-    }
+    let by_peer = anomalies::peer_totals(&outcome.rows, &outcome.drops, &outcome.known.local);
     by_peer
         .into_iter()
         .map(|((peer, proto), (sent, received, dropped))| Measured {

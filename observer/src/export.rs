@@ -616,7 +616,7 @@ mod tests {
         let anomaly = Anomaly {
             kind: Kind::OneWay,
             peer: "10.10.60.127".parse().unwrap(),
-            proto: "vxlan",
+            proto: Proto::Vxlan,
             since: SystemTime::UNIX_EPOCH,
             evidence: BTreeMap::new(),
             summary: String::new(),

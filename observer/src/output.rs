@@ -597,7 +597,7 @@ pub fn write_anomalies(out: &mut impl Write, anomalies: &[&Anomaly]) -> io::Resu
             out,
             "  {:<15} {:<6} {:<16} since {}  {}",
             a.kind.name(),
-            a.proto,
+            a.proto.name(),
             a.peer.to_string(),
             humantime::format_rfc3339_seconds(a.since),
             a.summary

@@ -24,6 +24,7 @@ use ipnet::IpNet;
 use observer_common::Proto;
 use serde::{Serialize, Serializer};
 
+pub(crate) use resolve::longest_prefix;
 pub use watch::ChangeWatcher;
 
 /// An Ethernet address, printed and serialized as `aa:bb:cc:dd:ee:ff`.
@@ -241,26 +242,24 @@ impl std::str::FromStr for DeclaredTunnel {
     type Err = String;
 
     fn from_str(text: &str) -> Result<Self, String> {
-        let names = || {
-            Proto::ALL[1..]
-                .iter()
-                .map(|p| p.name())
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
         let (device, proto) = text
             .split_once('=')
             .ok_or_else(|| format!("{text:?}: use NAME=PROTO, e.g. tunl0=ipip"))?;
-        let proto = Proto::ALL[1..]
-            .iter()
-            .find(|p| p.name() == proto)
-            .ok_or_else(|| format!("{proto:?} is no encapsulation: use one of {}", names()))?;
+        let proto = Proto::from_name(proto)
+            .filter(|p| *p != Proto::Other)
+            .ok_or_else(|| {
+                let names: Vec<&str> = Proto::ALL[1..].iter().map(|p| p.name()).collect();
+                format!(
+                    "{proto:?} is no encapsulation: use one of {}",
+                    names.join(", ")
+                )
+            })?;
         if device.is_empty() {
             return Err(format!("{text:?}: the device name is empty"));
         }
         Ok(DeclaredTunnel {
             device: device.to_string(),
-            proto: *proto,
+            proto,
         })
     }
 }
@@ -400,7 +399,8 @@ pub fn vxlan_vnis() -> Result<Vec<u32>> {
     Ok(resolve::vxlan_vnis(&devices))
 }
 
-fn proto_name<S: Serializer>(proto: &Proto, serializer: S) -> Result<S::Ok, S::Error> {
+/// Serializes a [`Proto`] as its name (`"vxlan"`); observer-common has no serde.
+pub(crate) fn proto_name<S: Serializer>(proto: &Proto, serializer: S) -> Result<S::Ok, S::Error> {
     serializer.serialize_str(proto.name())
 }
 

@@ -135,7 +135,7 @@ pub(super) fn expected_peers(
 
 /// The item of the longest prefix that contains `addr` (the first one
 /// among equally long prefixes).
-pub(super) fn longest_prefix<T>(
+pub(crate) fn longest_prefix<T>(
     items: impl IntoIterator<Item = (IpNet, T)>,
     addr: IpAddr,
 ) -> Option<T> {
