@@ -377,11 +377,7 @@ impl<'a> Monitor<'a> {
         }
         let mut out = io::stdout().lock();
         for line in lines {
-            writeln!(
-                out,
-                "{}",
-                serde_json::to_string(line).map_err(io::Error::other)?
-            )?;
+            output::write_line(&mut out, line)?;
         }
         out.flush()
     }

@@ -315,37 +315,42 @@ pub fn write_json(out: &mut impl Write, snap: &Snapshot<'_>) -> io::Result<()> {
     for row in snap.rows.iter().filter(|r| r.changed || snap.is_final) {
         let iface = iface_name(snap.ifaces, row.id.ifindex);
         let direction = direction_name(row.id.direction);
-        let line = if row.id.reason == Unclassified::None {
-            serde_json::to_string(&PeerLine {
-                r#type: "peer",
-                ts: &ts,
-                iface: &iface,
-                ifindex: row.id.ifindex,
-                direction,
-                proto: row.id.proto.name(),
-                peer: row.id.peer,
-                vni: row.id.vni,
-                packets: row.packets,
-                bytes: row.bytes,
-                pps: round2(row.pps),
-                bps: round2(row.bps),
-                inner_src: row.inner.map(|i| i.0),
-                inner_dst: row.inner.map(|i| i.1),
-                drops: drops_of(row, &drop_index),
-            })
+        if row.id.reason == Unclassified::None {
+            write_line(
+                out,
+                &PeerLine {
+                    r#type: "peer",
+                    ts: &ts,
+                    iface: &iface,
+                    ifindex: row.id.ifindex,
+                    direction,
+                    proto: row.id.proto.name(),
+                    peer: row.id.peer,
+                    vni: row.id.vni,
+                    packets: row.packets,
+                    bytes: row.bytes,
+                    pps: round2(row.pps),
+                    bps: round2(row.bps),
+                    inner_src: row.inner.map(|i| i.0),
+                    inner_dst: row.inner.map(|i| i.1),
+                    drops: drops_of(row, &drop_index),
+                },
+            )?;
         } else {
-            serde_json::to_string(&UnclassifiedLine {
-                r#type: "unclassified",
-                ts: &ts,
-                iface: &iface,
-                ifindex: row.id.ifindex,
-                direction,
-                reason: row.id.reason.name(),
-                packets: row.packets,
-                bytes: row.bytes,
-            })
-        };
-        writeln!(out, "{}", line.map_err(io::Error::other)?)?;
+            write_line(
+                out,
+                &UnclassifiedLine {
+                    r#type: "unclassified",
+                    ts: &ts,
+                    iface: &iface,
+                    ifindex: row.id.ifindex,
+                    direction,
+                    reason: row.id.reason.name(),
+                    packets: row.packets,
+                    bytes: row.bytes,
+                },
+            )?;
+        }
     }
     for d in snap.drops.iter().filter(|d| d.row.changed || snap.is_final) {
         let line = DropLine {
@@ -362,11 +367,7 @@ pub fn write_json(out: &mut impl Write, snap: &Snapshot<'_>) -> io::Result<()> {
             bytes: d.row.bytes,
             message: &d.message,
         };
-        writeln!(
-            out,
-            "{}",
-            serde_json::to_string(&line).map_err(io::Error::other)?
-        )?;
+        write_line(out, &line)?;
     }
     for ((origin, reason), (packets, peers, changed)) in drop_summary(snap.drops) {
         if changed || snap.is_final {
@@ -378,19 +379,11 @@ pub fn write_json(out: &mut impl Write, snap: &Snapshot<'_>) -> io::Result<()> {
                 packets,
                 peers,
             };
-            writeln!(
-                out,
-                "{}",
-                serde_json::to_string(&line).map_err(io::Error::other)?
-            )?;
+            write_line(out, &line)?;
         }
     }
     for event in snap.anomaly_events {
-        writeln!(
-            out,
-            "{}",
-            serde_json::to_string(&AnomalyLine::new(event, &ts)).map_err(io::Error::other)?
-        )?;
+        write_line(out, &AnomalyLine::new(event, &ts))?;
     }
     for check in snap.netfilter {
         let line = NetfilterLine {
@@ -398,11 +391,7 @@ pub fn write_json(out: &mut impl Write, snap: &Snapshot<'_>) -> io::Result<()> {
             ts: &ts,
             check,
         };
-        writeln!(
-            out,
-            "{}",
-            serde_json::to_string(&line).map_err(io::Error::other)?
-        )?;
+        write_line(out, &line)?;
     }
     let stats = StatsLine {
         r#type: "stats",
@@ -413,12 +402,14 @@ pub fn write_json(out: &mut impl Write, snap: &Snapshot<'_>) -> io::Result<()> {
         flow_insert_failures: snap.stats.flow_insert_failures,
         rows_forgotten: snap.rows_forgotten,
     };
-    writeln!(
-        out,
-        "{}",
-        serde_json::to_string(&stats).map_err(io::Error::other)?
-    )?;
+    write_line(out, &stats)?;
     out.flush()
+}
+
+/// Writes `line` as one JSON line.
+pub fn write_line(out: &mut impl Write, line: &impl Serialize) -> io::Result<()> {
+    serde_json::to_writer(&mut *out, line).map_err(io::Error::other)?;
+    out.write_all(b"\n")
 }
 
 fn round2(value: f64) -> f64 {

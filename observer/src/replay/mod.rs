@@ -245,11 +245,7 @@ fn print(
     match format {
         Format::Json => {
             for report in reports {
-                writeln!(
-                    out,
-                    "{}",
-                    serde_json::to_string(report).map_err(io::Error::other)?
-                )?;
+                output::write_line(&mut out, report)?;
             }
             for (i, r) in replayed.iter().enumerate() {
                 let line = ReplayLine {
@@ -266,11 +262,7 @@ fn print(
                     last_ts: r.last.map(timestamp),
                     error: r.error.as_ref().map(|(e, _)| e.as_str()),
                 };
-                writeln!(
-                    out,
-                    "{}",
-                    serde_json::to_string(&line).map_err(io::Error::other)?
-                )?;
+                output::write_line(&mut out, &line)?;
             }
             output::write_json(&mut out, snapshot)
         }
