@@ -364,9 +364,9 @@ fn too_big_errors_about_tunnel_packets_count_as_path_mtu() {
     let node6 = addr("fd00:7::1");
     let peer6 = addr("fd00:7::7");
     let vxlan6 = vxlan_frame(node6, peer6, 4096, &inner())[ETH_HLEN..].to_vec();
-    // XDP only (tc ingress does not look at ICMP errors; see xdp_ingress.rs).
-    let hook = Hook::Xdp;
-    {
+    // Both ingress hooks: tc ingress reaches the check through its
+    // tail-called checks program.
+    for hook in [Hook::Xdp, Hook::TcIngress] {
         let obs = observer();
         // About other traffic, an echo request, an ICMP of another kind: nothing.
         assert!(
@@ -413,7 +413,8 @@ fn too_big_errors_about_tunnel_packets_count_as_path_mtu() {
             .collect();
         assert_eq!(
             mtus,
-            BTreeSet::from([("198.18.7.7".into(), 1400), ("fd00:7::7".into(), 1280)])
+            BTreeSet::from([("198.18.7.7".into(), 1400), ("fd00:7::7".into(), 1280)]),
+            "{hook:?}"
         );
     }
 }

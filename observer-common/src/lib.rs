@@ -278,6 +278,8 @@ pub const IFACE_MTU_MAP: &str = "IFACE_MTU";
 pub const WATCHED_MAP: &str = "WATCHED";
 /// Capacity of [`WATCHED_MAP`] and [`IFACE_MTU_MAP`].
 pub const WATCHED_MAX: u32 = 256;
+/// Name of the program array tc ingress tail-calls its drop checks from.
+pub const CHECKS_MAP: &str = "CHECKS";
 /// Name of the global holding the [`SkbLayout`].
 pub const SKB_LAYOUT_GLOBAL: &str = "SKB_LAYOUT";
 
@@ -304,6 +306,11 @@ pub mod drop_origin {
     /// Freed by the kernel with a drop reason (skb:kfree_skb).
     pub const KERNEL: u8 = 1;
 }
+
+/// [`DropKey::reason`] of a kernel drop on a kernel whose `skb:kfree_skb`
+/// tracepoint has no reason argument (before 5.17). No kernel reason has
+/// this value: subsystem reasons use at most a few subsystem numbers.
+pub const REASON_NOT_REPORTED: u32 = u32::MAX;
 
 /// Reasons the ingress classifier flags (origin [`drop_origin::CLASSIFIER`]).
 #[repr(u16)]

@@ -5,50 +5,38 @@
 //! the same object runs on kernels whose sk_buff differs.
 
 use aya_ebpf::{
-    helpers::bpf_probe_read_kernel,
-    macros::{btf_tracepoint, raw_tracepoint},
-    programs::{BtfTracePointContext, RawTracePointContext},
+    helpers::{
+        bpf_probe_read_kernel, generated::bpf_probe_read_kernel as bpf_probe_read_kernel_buf,
+    },
+    macros::btf_tracepoint,
+    programs::BtfTracePointContext,
 };
-use observer_common::{Direction, SkbLayout, WatchedIface, drop_origin};
+use observer_common::{Direction, REASON_NOT_REPORTED, SkbLayout, WatchedIface, drop_origin};
 
 use crate::{
     drops,
-    maps::{SKB_LAYOUT, WATCHED},
+    maps::{SCRATCH, SCRATCH_DROPS, SKB_LAYOUT, WATCHED},
     parse,
 };
 
 /// `sk_buff.mac_header` value meaning "not set".
 const MAC_HEADER_UNSET: u16 = 0xffff;
 
-/// Preferred entry (tp_btf): typed arguments (skb, location, reason, ...).
+/// Entry on kernels whose tracepoint reports a drop reason (5.17+):
+/// typed arguments (skb, location, reason, ...).
 #[btf_tracepoint(function = "kfree_skb")]
 pub fn observer_kfree(ctx: BtfTracePointContext) -> i32 {
     observe_drop(ctx.arg(0), ctx.arg(2));
     0
 }
 
-/// Fallback entry on kernels without tp_btf: same argument order.
-#[raw_tracepoint(tracepoint = "kfree_skb")]
-pub fn observer_kfree_raw(ctx: RawTracePointContext) -> i32 {
-    observe_drop(ctx.arg(0), ctx.arg(2));
+/// Entry on older kernels, whose tracepoint has two arguments (skb,
+/// location): the verifier refuses a read of a third. Drops are counted
+/// with reason [`REASON_NOT_REPORTED`].
+#[btf_tracepoint(function = "kfree_skb")]
+pub fn observer_kfree2(ctx: BtfTracePointContext) -> i32 {
+    observe_drop(ctx.arg(0), REASON_NOT_REPORTED);
     0
-}
-
-/// Kernel memory of a dropped skb, from its MAC header to its tail.
-struct KernelFrame {
-    start: usize,
-    len: usize,
-}
-
-impl parse::Frame for KernelFrame {
-    #[inline(always)]
-    fn read<T: Copy>(&self, off: usize) -> Option<T> {
-        if off + core::mem::size_of::<T>() > self.len {
-            return None;
-        }
-        // SAFETY: a probe read; a bad address makes the helper fail.
-        unsafe { bpf_probe_read_kernel((self.start + off) as *const T).ok() }
-    }
 }
 
 #[inline(always)]
@@ -87,10 +75,16 @@ fn try_observe_drop(skb: usize, reason: u32) -> Option<()> {
     let data: usize = field(skb, layout.skb_data)?;
     let len: u32 = field(skb, layout.skb_len)?;
     let start = head + mac as usize;
-    let frame = KernelFrame {
-        start,
-        len: (tail - mac as u32) as usize,
-    };
+    // One copy of the header window out of kernel memory, then plain loads.
+    let copy = parse::copy_len((tail - mac as u32) as usize)?;
+    let buf = SCRATCH.get_ptr_mut(SCRATCH_DROPS)?;
+    // SAFETY: a probe read of `copy` (at most HEADER_WINDOW) bytes into the
+    // scratch buffer, which holds more; a bad address makes it fail.
+    let ret = unsafe { bpf_probe_read_kernel_buf(buf as *mut _, copy as u32, start as *const _) };
+    if ret != 0 {
+        return None;
+    }
+    let frame = parse::CopiedFrame { buf, len: copy };
     let c = parse::classify(&frame, Direction::Rx);
     // skb->len counts from skb->data, which has moved past the headers
     // already parsed by the stack; add them back for wire bytes.

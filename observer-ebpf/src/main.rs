@@ -2,12 +2,15 @@
 //! the counter update they share live in `parse` and `count`.
 #![cfg_attr(target_arch = "bpf", no_std)]
 #![cfg_attr(target_arch = "bpf", no_main)]
+// Inline asm on BPF: `parse::window_offset` hides offsets from LLVM.
+#![cfg_attr(target_arch = "bpf", feature(asm_experimental_arch))]
 
 mod count;
 mod drops;
 mod kfree_skb;
 mod maps;
 mod parse;
+mod tc_checks;
 mod tc_egress;
 mod tc_ingress;
 mod tc_skb;

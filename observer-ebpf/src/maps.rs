@@ -1,9 +1,10 @@
 //! The maps the programs write (layouts in `observer-common`).
 
+use crate::parse::{Classified, Scratch};
 use aya_ebpf::{
     bindings::BPF_F_NO_PREALLOC,
     macros::map,
-    maps::{Array, HashMap, LpmTrie, LruPerCpuHashMap, PerCpuArray},
+    maps::{Array, HashMap, LpmTrie, LruPerCpuHashMap, PerCpuArray, ProgramArray},
 };
 use observer_common::{
     ALLOW_SET_MAX_PREFIXES, DEFAULT_MAX_FLOWS, DropKey, DropValue, FlowKey, FlowValue,
@@ -81,6 +82,38 @@ pub static SKB_LAYOUT: SkbLayout = SkbLayout {
     net_inum: 0,
     valid: 0,
 };
+
+/// Per-CPU buffers that header windows are copied into, one per kind of
+/// hook, so that a kfree_skb run interrupting a tc run on the same CPU
+/// cannot overwrite its copy.
+#[map(name = "SCRATCH")]
+pub static SCRATCH: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(2, 0);
+/// [`SCRATCH`] slot of the tc hooks.
+pub const SCRATCH_TC: u32 = 0;
+/// [`SCRATCH`] slot of the kfree_skb hook.
+pub const SCRATCH_DROPS: u32 = 1;
+
+/// tc ingress's checks program (slot 0), reached by a tail call.
+#[map(name = "CHECKS")]
+pub static CHECKS: ProgramArray = ProgramArray::with_max_entries(1, 0);
+
+/// What tc ingress hands its checks program, per CPU.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct Pending {
+    /// The frame's classification.
+    pub classified: Classified,
+    /// skb length.
+    pub wire_len: u64,
+    /// Interface index.
+    pub ifindex: u32,
+    /// Bytes copied into the tc scratch buffer; 0: read the packet directly.
+    pub copied: u32,
+}
+
+/// The [`Pending`] slot of each CPU.
+#[map(name = "PENDING")]
+pub static PENDING: PerCpuArray<Pending> = PerCpuArray::with_max_entries(1, 0);
 
 /// Reads a `CONFIG` switch.
 #[inline(always)]

@@ -44,9 +44,129 @@ const MAX_IPV6_EXT: usize = 4;
 /// Byte access to a frame; each hook provides its own (direct packet
 /// access for XDP, direct access or `bpf_skb_load_bytes` for tc).
 pub trait Frame {
-    /// Reads a `T` at byte offset `off`; `None` when the frame is shorter.
-    /// Offsets need not be aligned for `T`.
+    /// Reads a `T` at byte offset `off`; `None` when the frame is shorter
+    /// or the bytes lie beyond [`HEADER_WINDOW`]. Offsets need not be
+    /// aligned for `T`. Implementations pass `off` through
+    /// [`window_offset`] before using it as a pointer offset.
     fn read<T: Copy>(&self, off: usize) -> Option<T>;
+}
+
+/// Direct packet access (XDP, and tc when the linear part of the skb holds
+/// the headers): reads bounded by `data_end`.
+pub struct PacketFrame {
+    /// `data`.
+    pub start: usize,
+    /// `data_end`.
+    pub end: usize,
+}
+
+impl Frame for PacketFrame {
+    #[inline(always)]
+    fn read<T: Copy>(&self, off: usize) -> Option<T> {
+        let at = self.start + window_offset(off, core::mem::size_of::<T>())?;
+        if at + core::mem::size_of::<T>() > self.end {
+            return None;
+        }
+        // SAFETY: bounds checked against data_end just above. The pointer may
+        // be misaligned for T: BPF allows misaligned packet loads on the
+        // architectures the observer supports (x86_64, arm64), and an
+        // aligned read lets LLVM emit word loads instead of byte loads.
+        Some(unsafe { core::ptr::read(at as *const T) })
+    }
+}
+
+/// The first bytes of a frame copied into a [`Scratch`] buffer (skb data
+/// beyond the linear part, a dropped skb in kernel memory): one copy, then
+/// plain loads, instead of a helper call per header field.
+pub struct CopiedFrame {
+    /// The buffer.
+    pub buf: *const Scratch,
+    /// Bytes copied (at most [`HEADER_WINDOW`]).
+    pub len: usize,
+}
+
+impl Frame for CopiedFrame {
+    #[inline(always)]
+    fn read<T: Copy>(&self, off: usize) -> Option<T> {
+        let off = window_offset(off, core::mem::size_of::<T>())?;
+        if off + core::mem::size_of::<T>() > self.len {
+            return None;
+        }
+        // SAFETY: `off` < HEADER_WINDOW and T is at most SCRATCH_SLACK
+        // bytes, so the read stays inside the buffer (the verifier checks
+        // the same bound); the first `len` bytes were written by the copy.
+        Some(unsafe { core::ptr::read_unaligned((self.buf as *const u8).add(off) as *const T) })
+    }
+}
+
+/// Bytes after [`HEADER_WINDOW`] in a [`Scratch`] buffer, so that any read
+/// at a window offset (the largest is an IPv6 header, 40 bytes) stays
+/// inside it.
+pub const SCRATCH_SLACK: usize = 64;
+
+/// A per-CPU copy buffer.
+#[repr(C)]
+pub struct Scratch {
+    /// The copied bytes.
+    pub bytes: [u8; HEADER_WINDOW + SCRATCH_SLACK],
+}
+
+/// `len` clamped to `1..=HEADER_WINDOW` in a form the verifier bounds (a
+/// copy length must be a bounded register); `None` for 0.
+#[inline(always)]
+pub fn copy_len(len: usize) -> Option<usize> {
+    if len == 0 {
+        return None;
+    }
+    let len = if len > HEADER_WINDOW {
+        HEADER_WINDOW
+    } else {
+        len
+    };
+    Some((opaque(len - 1) & (HEADER_WINDOW - 1)) + 1)
+}
+
+/// The parser only reads the first `HEADER_WINDOW` bytes of a frame. 512
+/// holds the deepest stack the observer parses (two VLAN tags, IPv6 with
+/// extension headers, UDP, Geneve with options, inner Ethernet, inner IPv6,
+/// inner TCP with options) with room to spare; a header past it makes the
+/// frame `truncated`/`unsupported` like a short one.
+pub const HEADER_WINDOW: usize = 512;
+
+/// `off` checked to leave `size` bytes inside [`HEADER_WINDOW`], in a form
+/// every supported kernel's verifier can bound.
+///
+/// Why the mask: verifiers before about 6.3 forget the bounds of a value
+/// that went through OR, XOR or a shift by a register, which is how LLVM
+/// assembles multi-byte header fields, so a computed offset reached the
+/// pointer addition as "any 64-bit value" and 6.1 rejected the program.
+/// An AND with a constant is bounded by every verifier; the asm move hides
+/// the value from LLVM, which would otherwise drop the AND as redundant
+/// after the range check.
+#[inline(always)]
+pub fn window_offset(off: usize, size: usize) -> Option<usize> {
+    if off + size > HEADER_WINDOW {
+        return None;
+    }
+    Some(opaque(off) & (HEADER_WINDOW - 1))
+}
+
+/// `x`, unknown to the optimizer (a register move in asm on BPF).
+#[inline(always)]
+fn opaque(x: usize) -> usize {
+    #[cfg(target_arch = "bpf")]
+    {
+        let mut x = x;
+        // The asm must emit an instruction: an empty one leaves two
+        // line_info records on one instruction, which 6.1 refuses.
+        // SAFETY: one register move; it reads and writes only `x`.
+        unsafe {
+            core::arch::asm!("{0} = {0}", inout(reg) x, options(pure, nomem, nostack, preserves_flags));
+        }
+        x
+    }
+    #[cfg(not(target_arch = "bpf"))]
+    x
 }
 
 #[repr(C)]
@@ -92,7 +212,10 @@ enum Inner {
     Ipv6,
 }
 
-/// What the parser learnt about one frame.
+/// What the parser learnt about one frame. `repr(C)` and `Copy`: tc
+/// ingress hands it to its checks program through a per-CPU map.
+#[repr(C)]
+#[derive(Clone, Copy)]
 pub struct Classified {
     /// Encapsulation (or `Other` for plain IP / unclassified frames).
     pub proto: Proto,
@@ -492,6 +615,17 @@ fn inner_headers<F: Frame>(f: &F, mut inner: Inner, mut off: usize, c: &mut Clas
         }
         _ => {}
     }
+}
+
+/// Whether the drop checks concern a classified frame: a tunnel packet
+/// (classifier reasons), or an ICMP / ICMPv6 packet that may quote one
+/// (`path_mtu`).
+#[inline(always)]
+pub fn needs_checks(c: &Classified) -> bool {
+    c.proto != Proto::Other
+        || (c.reason == Unclassified::None
+            && c.l4_off != 0
+            && (c.l4_proto == IPPROTO_ICMP || c.l4_proto == IPPROTO_ICMPV6))
 }
 
 /// Length of all headers up to the innermost L4 payload, used to count the

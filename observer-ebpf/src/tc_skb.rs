@@ -1,76 +1,116 @@
-//! What both tc hooks share: skb byte access and wire accounting of GSO skbs.
+//! What both tc hooks share: header access (direct when the linear part of
+//! the skb holds the header window, else one copy into a scratch buffer)
+//! and wire accounting of GSO skbs.
 
 use aya_ebpf::{helpers::generated::bpf_skb_load_bytes, programs::TcContext};
 use observer_common::Direction;
 
-use crate::{count, drops, parse};
+use crate::{
+    count,
+    maps::{CHECKS, PENDING, Pending, SCRATCH, SCRATCH_TC},
+    parse::{self, CopiedFrame, Frame, HEADER_WINDOW, PacketFrame},
+};
 
 /// tc's pass verdict that lets the next program (tcx) or the default
 /// action (clsact) decide: the observer never takes a decision itself.
 pub const TC_PASS: i32 = -1; // TC_ACT_UNSPEC == TCX_NEXT
 
-/// skb access: direct for the linear part, `bpf_skb_load_bytes` beyond it
-/// (headers of a GSO skb may sit in fragments).
-struct SkbFrame<'a> {
-    ctx: &'a TcContext,
-    start: usize,
-    end: usize,
-}
-
-impl parse::Frame for SkbFrame<'_> {
-    #[inline(always)]
-    fn read<T: Copy>(&self, off: usize) -> Option<T> {
-        let size = core::mem::size_of::<T>();
-        let at = self.start + off;
-        if at + size <= self.end {
-            // SAFETY: bounds checked against data_end just above. The pointer may
-            // be misaligned for T: BPF allows misaligned packet loads on the
-            // architectures the observer supports (x86_64, arm64), and an
-            // aligned read lets LLVM emit word loads instead of byte loads.
-            return Some(unsafe { core::ptr::read(at as *const T) });
-        }
-        let mut value = core::mem::MaybeUninit::<T>::uninit();
-        // SAFETY: the helper writes exactly `size` bytes into `value` or fails.
-        let ret = unsafe {
-            bpf_skb_load_bytes(
-                self.ctx.skb.skb as *const _,
-                off as u32,
-                value.as_mut_ptr() as *mut _,
-                size as u32,
-            )
-        };
-        if ret == 0 {
-            // SAFETY: fully written by the helper.
-            Some(unsafe { value.assume_init() })
-        } else {
-            None
-        }
-    }
-}
-
-/// Classifies and counts one skb seen by a tc hook in `direction`.
+/// Classifies and counts one skb seen by a tc hook in `direction`; on
+/// ingress, a frame the drop checks concern continues in the checks
+/// program (`tc_checks`) by a tail call, which does not return.
+///
+/// Why two whole paths instead of one frame that falls back per read: a
+/// read with two access paths doubles the verifier's states at every
+/// header field; here each path is verified once.
 #[inline(always)]
 pub fn observe(ctx: &TcContext, direction: Direction) {
-    let frame = SkbFrame {
-        ctx,
-        start: ctx.data(),
-        end: ctx.data_end(),
-    };
-    let c = parse::classify(&frame, direction);
     let skb = ctx.skb.skb;
     // SAFETY: reads of the program's own __sk_buff context.
     let (len, segs, ifindex) =
-        unsafe { ((*skb).len as u64, (*skb).gso_segs as u64, (*skb).ifindex) };
+        unsafe { ((*skb).len as usize, (*skb).gso_segs as u64, (*skb).ifindex) };
+    let direct = PacketFrame {
+        start: ctx.data(),
+        end: ctx.data_end(),
+    };
+    let window = if len > HEADER_WINDOW {
+        HEADER_WINDOW
+    } else {
+        len
+    };
+    if direct.end - direct.start >= window {
+        let c = count_frame(&direct, direction, ifindex, len as u64, segs);
+        hand_over(ctx, direction, &c, ifindex, len as u64, 0);
+        return;
+    }
+    let Some(copy) = parse::copy_len(window) else {
+        return;
+    };
+    let Some(buf) = SCRATCH.get_ptr_mut(SCRATCH_TC) else {
+        return;
+    };
+    // SAFETY: the helper writes `copy` (at most HEADER_WINDOW) bytes into
+    // the scratch buffer, which holds more.
+    let ret = unsafe { bpf_skb_load_bytes(skb as *const _, 0, buf as *mut _, copy as u32) };
+    if ret != 0 {
+        return;
+    }
+    let copied = CopiedFrame { buf, len: copy };
+    let c = count_frame(&copied, direction, ifindex, len as u64, segs);
+    hand_over(ctx, direction, &c, ifindex, len as u64, copy as u32);
+}
+
+/// On ingress, passes a frame the drop checks concern (a tunnel packet, or
+/// ICMP that may quote one) to the checks program. Why a second program:
+/// verified together with the classifier and the GSO accounting, the
+/// checks made tc ingress exceed the verifier's 1M-instruction limit;
+/// verified alone, from values read out of a map, they are cheap.
+#[inline(always)]
+fn hand_over(
+    ctx: &TcContext,
+    direction: Direction,
+    c: &parse::Classified,
+    ifindex: u32,
+    len: u64,
+    copied: u32,
+) {
+    if direction != Direction::Rx || !parse::needs_checks(c) {
+        return;
+    }
+    let Some(pending) = PENDING.get_ptr_mut(0) else {
+        return;
+    };
+    // SAFETY: this CPU's slot; the checks program reads it right after,
+    // on the same CPU, before anything else can run here.
+    unsafe {
+        *pending = Pending {
+            classified: *c,
+            wire_len: len,
+            ifindex,
+            copied,
+        };
+        // Returns only when the slot is empty (no checks program loaded).
+        CHECKS.tail_call(ctx, 0);
+    }
+}
+
+/// Classifies and counts the frame; returns the classification.
+#[inline(always)]
+fn count_frame<F: Frame>(
+    frame: &F,
+    direction: Direction,
+    ifindex: u32,
+    len: u64,
+    segs: u64,
+) -> parse::Classified {
+    let c = parse::classify(frame, direction);
     let (packets, bytes) = if segs > 1 {
         // Each segment repeats the headers; without an inner L4 header we
         // can only count the skb's own bytes.
-        let headers = parse::headers_len(&frame, &c).unwrap_or(0) as u64;
+        let headers = parse::headers_len(frame, &c).unwrap_or(0) as u64;
         (segs, len + (segs - 1) * headers)
     } else {
         (1, len)
     };
     count::record(ifindex, direction, &c, packets, bytes);
-    if direction == Direction::Rx {
-        drops::classifier_checks(ifindex, &c, len);
-    }
+    c
 }

@@ -9,38 +9,34 @@ use observer_common::Direction;
 
 use crate::{count, drops, parse};
 
-/// Direct packet access to the linear part of the frame.
-struct XdpFrame {
-    start: usize,
-    end: usize,
-}
-
-impl parse::Frame for XdpFrame {
-    #[inline(always)]
-    fn read<T: Copy>(&self, off: usize) -> Option<T> {
-        let at = self.start + off;
-        if at + core::mem::size_of::<T>() > self.end {
-            return None;
-        }
-        // SAFETY: bounds checked against data_end just above. The pointer may
-        // be misaligned for T: BPF allows misaligned packet loads on the
-        // architectures the observer supports (x86_64, arm64), and an
-        // aligned read lets LLVM emit word loads instead of byte loads.
-        Some(unsafe { core::ptr::read(at as *const T) })
-    }
-}
-
-/// Entry point; `frags` so that it also attaches to multi-buffer (jumbo
-/// MTU) devices, where only the first buffer is parsed.
+/// Entry point on kernels with multi-buffer XDP (5.18+): `frags` so that it
+/// also attaches to jumbo-MTU devices, where only the first buffer is
+/// parsed and the length helper adds the rest.
 #[xdp(frags)]
 pub fn observer_xdp(ctx: XdpContext) -> u32 {
-    try_observer_xdp(&ctx);
+    try_observer_xdp(&ctx, Buffers::Multi);
     xdp_action::XDP_PASS
 }
 
+/// Entry point on kernels without multi-buffer XDP (before 5.18): there
+/// every frame is one linear buffer, and `bpf_xdp_get_buff_len` does not
+/// exist.
+#[xdp]
+pub fn observer_xdp_sb(ctx: XdpContext) -> u32 {
+    try_observer_xdp(&ctx, Buffers::Single);
+    xdp_action::XDP_PASS
+}
+
+/// Whether a frame may continue in fragments beyond its linear buffer.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Buffers {
+    Single,
+    Multi,
+}
+
 #[inline(always)]
-fn try_observer_xdp(ctx: &XdpContext) {
-    let frame = XdpFrame {
+fn try_observer_xdp(ctx: &XdpContext, buffers: Buffers) {
+    let frame = parse::PacketFrame {
         start: ctx.data(),
         end: ctx.data_end(),
     };
@@ -49,7 +45,7 @@ fn try_observer_xdp(ctx: &XdpContext) {
     // header says: only then ask for the length including fragments (a
     // helper call costs more than the rest of the program).
     let linear = frame.end - frame.start;
-    let bytes = if c.ip_end > linear {
+    let bytes = if buffers == Buffers::Multi && c.ip_end > linear {
         // SAFETY: ctx.ctx is the program's own xdp_md.
         unsafe { bpf_xdp_get_buff_len(ctx.ctx) }
     } else {
@@ -58,7 +54,5 @@ fn try_observer_xdp(ctx: &XdpContext) {
     let ifindex = ctx.ingress_ifindex() as u32;
     count::record(ifindex, Direction::Rx, &c, 1, bytes);
     drops::classifier_checks(ifindex, &c, bytes);
-    // Only here, not in tc ingress: there the extra reads push the
-    // verifier past its 1M-instruction limit (two access paths per read).
     drops::path_mtu_checks(&frame, ifindex, &c, bytes);
 }

@@ -98,6 +98,7 @@ pub fn monitor(args: &AttachArgs, mode: Mode) -> Result<Outcome> {
     let mut observer = Observer::load(&LoadConfig {
         max_flows: settings.max_flows,
         ports: settings.ports.clone(),
+        defer_tc_ingress: true,
     })?;
     let format = args.output.unwrap_or(if io::stdout().is_terminal() {
         Format::Table
@@ -122,9 +123,9 @@ pub fn monitor(args: &AttachArgs, mode: Mode) -> Result<Outcome> {
             hangup: signal(SignalKind::hangup()).context("installing the SIGHUP handler")?,
         }
     };
-    let program_ids = observer.program_ids()?;
     for iface in &settings.interfaces {
         observer.attach(iface, settings.xdp_mode)?;
+        let program_ids = observer.program_ids()?;
         let attachment = observer.attachments().last().expect("attached just now");
         tracing::info!(
             iface = %attachment.iface,
@@ -136,7 +137,7 @@ pub fn monitor(args: &AttachArgs, mode: Mode) -> Result<Outcome> {
             let line = serde_json::to_string(&AttachLine::new(
                 attachment,
                 &program_ids,
-                observer.drop_hook(),
+                &observer,
                 SystemTime::now(),
             ))?;
             if writeln!(io::stdout(), "{line}").is_err() {

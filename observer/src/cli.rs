@@ -111,6 +111,35 @@ pub enum Command {
     ///          observer replay --allow-cidr 10.0.0.0/24 a.pcapng b.pcap
     #[command(verbatim_doc_comment)]
     Replay(ReplayArgs),
+
+    /// Say whether this kernel runs the observer, before rolling it out.
+    ///
+    /// Probes the kernel (multi-buffer XDP, tcx links, the drop reason of
+    /// skb:kfree_skb, BTF), loads every program `attach` would use into the
+    /// verifier without attaching anything, and lists the tunnel device
+    /// kinds the kernel has (from its config and module lists; no module is
+    /// loaded). Prints each hook with the program variant, the verifier's
+    /// instruction count (kernels 5.16+ report it), every fallback with what
+    /// it costs, and a verdict. Supported: Linux 5.10 and newer with BTF.
+    ///
+    /// Exit status: 0 attach works as designed; 1 it works with fallbacks
+    /// (older kernel: listed); 2 it cannot run here (privileges, no program
+    /// loads).
+    ///
+    /// Example: observer check
+    ///          observer check --output json | jq .fallbacks
+    ///          OBSERVER_LOG=debug observer check    # with the verifier's log on failure
+    #[command(verbatim_doc_comment)]
+    Check(CheckArgs),
+}
+
+/// Options of `observer check`.
+#[derive(Debug, Clone, Args)]
+pub struct CheckArgs {
+    /// table (for people) or json (one object). Default: table on a
+    /// terminal, json otherwise.
+    #[arg(long, value_enum, value_name = "FORMAT")]
+    pub output: Option<Format>,
 }
 
 /// Options of `observer diagnose`: those of `attach`.

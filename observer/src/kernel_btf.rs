@@ -40,6 +40,32 @@ impl KernelBtf {
             .unwrap_or_default()
     }
 
+    /// Whether the enum `name` has a member `member` (the kernel's BTF
+    /// holds its uapi enums, so this tells which attach types it knows).
+    pub fn enum_has(&self, name: &str, member: &str) -> bool {
+        self.enum_names(name, "")
+            .is_ok_and(|names| names.values().any(|n| n == member))
+    }
+
+    /// Whether the `skb:kfree_skb` tracepoint passes a drop reason (5.17+):
+    /// its `btf_trace_kfree_skb` prototype is (void *, skb, location,
+    /// reason, ...) instead of (void *, skb, location).
+    pub fn kfree_skb_has_reason(&self) -> bool {
+        let Ok(types) = self.btf.resolve_types_by_name("btf_trace_kfree_skb") else {
+            return false;
+        };
+        let Some(Type::Typedef(typedef)) = types.into_iter().next() else {
+            return false;
+        };
+        let Ok(Type::Ptr(ptr)) = self.btf.resolve_chained_type(&typedef) else {
+            return false;
+        };
+        match self.btf.resolve_chained_type(&ptr) {
+            Ok(Type::FuncProto(proto)) => proto.parameters.len() >= 4,
+            _ => false,
+        }
+    }
+
     /// Members of the enum `name` as value -> name without `prefix`.
     fn enum_names(&self, name: &str, prefix: &str) -> Result<HashMap<u32, String>> {
         let types = self
@@ -156,6 +182,15 @@ mod tests {
         assert_eq!(layout.skb_dev, 16);
         assert!(layout.skb_len < 256 && layout.skb_head > layout.skb_len);
         assert_eq!(layout.valid, 1);
+    }
+
+    #[test]
+    fn this_kernel_has_tcx_and_drop_reasons() {
+        let Some(btf) = kernel() else { return };
+        // The test host runs 6.18; the VM suite covers older kernels.
+        assert!(btf.enum_has("bpf_attach_type", "BPF_TCX_INGRESS"));
+        assert!(!btf.enum_has("bpf_attach_type", "BPF_NO_SUCH_TYPE"));
+        assert!(btf.kfree_skb_has_reason());
     }
 
     #[test]

@@ -12,20 +12,21 @@ use std::{
 use anyhow::{Context, Result, anyhow, bail};
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, PerCpuHashMap},
+    maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, PerCpuHashMap, ProgramArray},
     programs::{
-        BtfTracePoint, LinkOrder, ProgramError, RawTracePoint, SchedClassifier, TcAttachType, Xdp,
+        BtfTracePoint, LinkOrder, ProgramError, SchedClassifier, TcAttachType, Xdp,
         XdpMode as AyaXdpMode,
         tc::{self, NlOptions, SchedClassifierLinkId, TcAttachOptions},
         xdp::XdpLinkId,
     },
 };
 use observer_common::{
-    FLOWS_MAP, FlowKey, FlowValue, IFACE_MTU_MAP, SKB_LAYOUT_GLOBAL, STATS_MAP, SkbLayout, Stat,
-    UDP_PORTS_MAP, WATCHED_MAP, WatchedIface,
+    FLOWS_MAP, FlowKey, FlowValue, IFACE_MTU_MAP, REASON_NOT_REPORTED, SKB_LAYOUT_GLOBAL,
+    STATS_MAP, SkbLayout, Stat, UDP_PORTS_MAP, WATCHED_MAP, WatchedIface,
 };
 
 use crate::{
+    features::{Features, Plan},
     flows::{FlowCounters, FlowId},
     kernel_btf::KernelBtf,
     localnet,
@@ -36,10 +37,10 @@ use crate::{
 /// The eBPF object built by build.rs from `observer-ebpf`.
 pub static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/observer"));
 
-/// The three programs of the object.
+/// The three packet programs of the object.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Hook {
-    /// XDP on ingress.
+    /// XDP on ingress (the variant [`Features::plan`] picked).
     Xdp,
     /// tc on ingress (when XDP cannot be used).
     TcIngress,
@@ -48,14 +49,8 @@ pub enum Hook {
 }
 
 impl Hook {
-    /// Program name in the object (and in `bpftool prog`).
-    pub fn program_name(self) -> &'static str {
-        match self {
-            Hook::Xdp => "observer_xdp",
-            Hook::TcIngress => "observer_tc_in",
-            Hook::TcEgress => "observer_tc_out",
-        }
-    }
+    /// Every packet hook.
+    pub const ALL: [Hook; 3] = [Hook::Xdp, Hook::TcIngress, Hook::TcEgress];
 }
 
 /// How to count received packets (`--xdp-mode`).
@@ -120,6 +115,11 @@ pub struct LoadConfig {
     pub max_flows: u32,
     /// UDP port assignment.
     pub ports: PortConfig,
+    /// Load tc ingress (and its checks program) only when an interface
+    /// needs it (XDP refused, or `--xdp-mode off`), as `attach` does: with
+    /// XDP counting they would be verified for nothing. Tests, `check` and
+    /// replay load everything at once.
+    pub defer_tc_ingress: bool,
 }
 
 impl Default for LoadConfig {
@@ -127,6 +127,7 @@ impl Default for LoadConfig {
         LoadConfig {
             max_flows: observer_common::DEFAULT_MAX_FLOWS,
             ports: PortConfig::default(),
+            defer_tc_ingress: false,
         }
     }
 }
@@ -191,15 +192,26 @@ pub enum InterfaceEvent {
 pub enum DropHook {
     /// Not attached yet (no interface attached).
     Pending,
-    /// skb:kfree_skb through tp_btf (preferred) or the raw tracepoint.
+    /// skb:kfree_skb through tp_btf, by the named program.
     Attached(&'static str),
-    /// Could not be attached: kernel drop reasons are not counted.
+    /// Could not be attached: kernel drops are not counted.
     Unavailable(String),
 }
 
 /// The loaded programs and their maps.
 pub struct Observer {
     ebpf: Ebpf,
+    /// What the kernel offers, and the program variants picked for it.
+    features: Features,
+    plan: Plan,
+    /// Why a packet program did not load, by hook (the others still run).
+    load_failures: Vec<(Hook, String)>,
+    /// tc ingress was loaded (or tried): it is deferred with
+    /// [`LoadConfig::defer_tc_ingress`] until an interface needs it.
+    tc_ingress_loaded: bool,
+    /// The CHECKS program array with tc ingress's checks program, held
+    /// open (see `load_tc_checks`); `None` when it did not load.
+    tc_checks: Option<ProgramArray<MapData>>,
     attachments: Vec<Attachment>,
     /// Links of each attachment, same order.
     links: Vec<Links>,
@@ -213,41 +225,62 @@ pub struct Observer {
 }
 
 impl Observer {
-    /// Loads and verifies all programs, and writes the port table.
+    /// Probes the kernel, then loads and verifies the programs variants it
+    /// supports, and writes the port table. Fails when the programs cannot
+    /// count in either direction: tc egress, and XDP or tc ingress.
     pub fn load(config: &LoadConfig) -> Result<Observer> {
         let entries = config.ports.entries().map_err(|e| anyhow!(e))?;
         if config.max_flows == 0 {
             bail!("--max-flows must be at least 1");
         }
+        let features = Features::probe();
+        let plan = features.plan();
+        for fallback in &plan.fallbacks {
+            tracing::warn!(kernel = %features.release, "{fallback}");
+        }
         // sk_buff offsets and drop reason names from the running kernel; a
         // kernel without them still gets every counter but kernel drops.
-        let (layout, (drop_reasons, drop_subsystems), btf_problem) =
-            match kernel_facts(Path::new(preflight::KERNEL_BTF)) {
-                Ok((layout, names)) => (layout, names, None),
-                Err(e) => (
-                    SkbLayout::default(),
-                    Default::default(),
-                    Some(format!("{e:#}")),
-                ),
-            };
+        let (layout, btf_problem) = match skb_layout(Path::new(preflight::KERNEL_BTF)) {
+            Ok(layout) => (layout, None),
+            Err(e) => (SkbLayout::default(), Some(format!("{e:#}"))),
+        };
+        let (drop_reasons, drop_subsystems) =
+            reason_names(Path::new(preflight::KERNEL_BTF)).unwrap_or_default();
         let mut ebpf = EbpfLoader::new()
             .map_max_entries(FLOWS_MAP, config.max_flows)
             .map_max_entries(observer_common::DROPS_MAP, config.max_flows)
             .override_global(SKB_LAYOUT_GLOBAL, &layout, true)
             .load(EBPF_OBJECT)
-            .map_err(|e| explain_load_error(anyhow::Error::new(e)))?;
-        for hook in [Hook::Xdp, Hook::TcIngress, Hook::TcEgress] {
-            let program = ebpf.program_mut(hook.program_name()).with_context(|| {
-                format!("program {} missing from the object", hook.program_name())
-            })?;
-            let loaded = match program {
-                aya::programs::Program::Xdp(p) => p.load(),
-                aya::programs::Program::SchedClassifier(p) => p.load(),
-                _ => Err(ProgramError::UnexpectedProgramType),
-            };
-            loaded
-                .map_err(|e| explain_load_error(anyhow::Error::new(e)))
-                .with_context(|| format!("loading {}", hook.program_name()))?;
+            .map_err(|e| explain_load_error(anyhow::Error::new(e), &features.release))?;
+        let mut load_failures = Vec::new();
+        for hook in [Hook::Xdp, Hook::TcEgress] {
+            let name = program_name(&plan, hook);
+            let loaded = load_program(&mut ebpf, name, &features.release);
+            note_failure(&mut load_failures, hook, name, loaded)?;
+        }
+        // tc ingress now unless deferred; and always when XDP cannot count.
+        let xdp_failed = load_failures.iter().any(|(h, _)| *h == Hook::Xdp);
+        let tc_ingress_loaded = !config.defer_tc_ingress || xdp_failed;
+        let mut tc_checks = None;
+        if tc_ingress_loaded {
+            match load_tc_ingress(&mut ebpf, &features.release) {
+                Ok(checks) => tc_checks = checks,
+                Err(e) => note_failure(
+                    &mut load_failures,
+                    Hook::TcIngress,
+                    program_name_tc_ingress(),
+                    Err(e),
+                )?,
+            }
+        }
+        let failed = |hook: Hook| load_failures.iter().any(|(h, _)| *h == hook);
+        if failed(Hook::TcEgress) || (failed(Hook::Xdp) && failed(Hook::TcIngress)) {
+            let reasons: Vec<String> = load_failures.iter().map(|(_, why)| why.clone()).collect();
+            bail!(
+                "{}. The observer needs Linux 5.10 or newer with BTF (CONFIG_DEBUG_INFO_BTF=y); \
+                 `observer check` shows what this kernel supports",
+                reasons.join("; ")
+            );
         }
         let mut ports: Array<_, u8> = Array::try_from(
             ebpf.map_mut(UDP_PORTS_MAP)
@@ -260,6 +293,11 @@ impl Observer {
         }
         Ok(Observer {
             ebpf,
+            features,
+            plan,
+            load_failures,
+            tc_ingress_loaded,
+            tc_checks,
             attachments: Vec::new(),
             links: Vec::new(),
             drop_reasons,
@@ -269,10 +307,40 @@ impl Observer {
         })
     }
 
+    /// What the kernel offers.
+    pub fn features(&self) -> &Features {
+        &self.features
+    }
+
+    /// The program variants in use and the fallbacks they imply.
+    pub fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    /// Name of the program loaded for `hook`.
+    pub fn program_name(&self, hook: Hook) -> &'static str {
+        program_name(&self.plan, hook)
+    }
+
+    /// Why the program of `hook` did not load, if it did not (a deferred
+    /// tc ingress not loaded yet reads as not loaded).
+    pub fn load_failure(&self, hook: Hook) -> Option<&str> {
+        if hook == Hook::TcIngress && !self.tc_ingress_loaded {
+            return Some("not loaded yet: no interface needed it");
+        }
+        self.load_failures
+            .iter()
+            .find(|(h, _)| *h == hook)
+            .map(|(_, why)| why.as_str())
+    }
+
     /// The kernel's name of drop reason `value` (`NETFILTER_DROP`, ...).
     /// Reasons of other subsystems (upper 16 bits set) are named
     /// `SUBSYSTEM:n`, e.g. `OPENVSWITCH:3`.
     pub fn drop_reason_name(&self, value: u32) -> String {
+        if value == REASON_NOT_REPORTED {
+            return "NOT_REPORTED".to_string();
+        }
         let subsystem = value >> 16;
         if subsystem != 0 {
             let name = self
@@ -296,10 +364,8 @@ impl Observer {
     /// Kernel info (run time and count when BPF stats are on) of the
     /// attached kfree_skb program.
     pub fn drop_hook_info(&self) -> Result<aya::programs::ProgramInfo> {
-        let name = match self.drop_hook {
-            DropHook::Attached("raw_tracepoint") => "observer_kfree_raw",
-            DropHook::Attached(_) => "observer_kfree",
-            _ => bail!("the kfree_skb program is not attached"),
+        let DropHook::Attached(name) = self.drop_hook else {
+            bail!("the kfree_skb program is not attached");
         };
         let program = self
             .ebpf
@@ -318,9 +384,8 @@ impl Observer {
         &self.ebpf
     }
 
-    /// Attaches the skb:kfree_skb program once: tp_btf, else the raw
-    /// tracepoint. Failure is reported, not fatal: packet counters work
-    /// without it.
+    /// Attaches the skb:kfree_skb program variant of the plan once.
+    /// Failure is reported, not fatal: packet counters work without it.
     fn attach_drop_hook(&mut self) {
         if self.drop_hook != DropHook::Pending {
             return;
@@ -329,43 +394,55 @@ impl Observer {
             self.drop_hook = DropHook::Unavailable(problem.clone());
             return;
         }
-        let tp_btf = (|| -> Result<()> {
-            let btf = aya::Btf::from_sys_fs().context("reading kernel BTF")?;
+        let Some(name) = self.plan.drops.program_name() else {
+            self.drop_hook = DropHook::Unavailable("this kernel has no BTF".to_string());
+            return;
+        };
+        let attached = self.load_drop_program().and_then(|_| {
             let program: &mut BtfTracePoint = self
                 .ebpf
-                .program_mut("observer_kfree")
-                .context("observer_kfree missing")?
+                .program_mut(name)
+                .with_context(|| format!("{name} missing"))?
                 .try_into()?;
-            program.load("kfree_skb", &btf)?;
             program.attach()?;
             Ok(())
-        })();
-        let error = match tp_btf {
-            Ok(()) => {
-                self.drop_hook = DropHook::Attached("tp_btf");
-                return;
+        });
+        self.drop_hook = match attached {
+            Ok(()) => DropHook::Attached(name),
+            Err(e) => {
+                let why = format!("skb:kfree_skb ({name}): {e:#}");
+                tracing::warn!(%why, "kernel drops will not be counted");
+                DropHook::Unavailable(why)
             }
-            Err(e) => format!("{e:#}"),
         };
-        let raw = (|| -> Result<()> {
-            let program: &mut RawTracePoint = self
-                .ebpf
-                .program_mut("observer_kfree_raw")
-                .context("observer_kfree_raw missing")?
-                .try_into()?;
-            program.load()?;
-            program.attach("kfree_skb")?;
-            Ok(())
-        })();
-        self.drop_hook = match raw {
-            Ok(()) => DropHook::Attached("raw_tracepoint"),
-            Err(raw_error) => DropHook::Unavailable(format!(
-                "skb:kfree_skb: tp_btf failed ({error}), raw tracepoint failed ({raw_error:#})"
-            )),
-        };
-        if let DropHook::Unavailable(why) = &self.drop_hook {
-            tracing::warn!(%why, "kernel drop reasons will not be counted");
+    }
+
+    /// Loads (verifies) the kfree_skb program variant of the plan, once,
+    /// without attaching it; returns its kernel info.
+    pub fn load_drop_program(&mut self) -> Result<aya::programs::ProgramInfo> {
+        let name = self
+            .plan
+            .drops
+            .program_name()
+            .context("this kernel has no BTF: kernel drops cannot be counted")?;
+        let release = self.features.release.clone();
+        let program: &mut BtfTracePoint = self
+            .ebpf
+            .program_mut(name)
+            .with_context(|| format!("{name} missing"))?
+            .try_into()?;
+        if program.fd().is_err() {
+            let btf = aya::Btf::from_sys_fs().context("reading kernel BTF")?;
+            program
+                .load("kfree_skb", &btf)
+                .map_err(|e| explain_program_error(e, name, &release))?;
         }
+        Ok(program.info()?)
+    }
+
+    /// How many kernel drop reasons this kernel names (0 before 5.17).
+    pub fn drop_reason_count(&self) -> usize {
+        self.drop_reasons.len()
     }
 
     /// Tells the programs the MTU of interface `ifindex`: received tunnel
@@ -401,23 +478,55 @@ impl Observer {
 
     /// File descriptor of a loaded program (for BPF_PROG_TEST_RUN).
     pub fn program_fd(&self, hook: Hook) -> Result<BorrowedFd<'_>> {
+        let name = self.program_name(hook);
+        if let Some(why) = self.load_failure(hook) {
+            bail!("{name} is not loaded: {why}");
+        }
         let program = self
             .ebpf
-            .program(hook.program_name())
-            .with_context(|| format!("program {} missing", hook.program_name()))?;
+            .program(name)
+            .with_context(|| format!("program {name} missing"))?;
         Ok(program.fd()?.as_fd())
     }
 
-    /// Kernel program ids, in the order xdp, tc ingress, tc egress.
-    pub fn program_ids(&self) -> Result<Vec<u32>> {
-        [Hook::Xdp, Hook::TcIngress, Hook::TcEgress]
+    /// Kernel info of the loaded program of `hook` (id, verified
+    /// instruction count, run time when BPF stats are on).
+    pub fn program_info(&self, hook: Hook) -> Result<aya::programs::ProgramInfo> {
+        let name = self.program_name(hook);
+        if let Some(why) = self.load_failure(hook) {
+            bail!("{name} is not loaded: {why}");
+        }
+        let program = self
+            .ebpf
+            .program(name)
+            .with_context(|| format!("program {name} missing"))?;
+        Ok(program.info()?)
+    }
+
+    /// Kernel info of tc ingress's checks program (tail-called; never
+    /// attached).
+    pub fn tc_checks_info(&self) -> Result<aya::programs::ProgramInfo> {
+        if self.tc_checks.is_none() {
+            bail!("{TC_CHECKS_PROGRAM} is not loaded");
+        }
+        let program = self
+            .ebpf
+            .program(TC_CHECKS_PROGRAM)
+            .with_context(|| format!("{TC_CHECKS_PROGRAM} missing"))?;
+        Ok(program.info()?)
+    }
+
+    /// Kernel program ids of the packet programs, in the order xdp, tc
+    /// ingress, tc egress; `None` for one not loaded (tc ingress until an
+    /// interface needs it).
+    pub fn program_ids(&self) -> Result<Vec<Option<u32>>> {
+        Hook::ALL
             .iter()
             .map(|hook| {
-                let program = self
-                    .ebpf
-                    .program(hook.program_name())
-                    .with_context(|| format!("program {} missing", hook.program_name()))?;
-                Ok(program.info()?.id())
+                if self.load_failure(*hook).is_some() {
+                    return Ok(None);
+                }
+                Ok(Some(self.program_info(*hook)?.id()))
             })
             .collect()
     }
@@ -593,21 +702,47 @@ impl Observer {
         }
     }
 
+    /// Loads tc ingress now if it was deferred.
+    fn ensure_tc_ingress(&mut self) -> Result<()> {
+        if self.tc_ingress_loaded {
+            return Ok(());
+        }
+        self.tc_ingress_loaded = true;
+        match load_tc_ingress(&mut self.ebpf, &self.features.release) {
+            Ok(checks) => {
+                self.tc_checks = checks;
+                Ok(())
+            }
+            Err(e) => {
+                let text = format!("{e:#}");
+                self.load_failures.push((Hook::TcIngress, text.clone()));
+                bail!("{text}")
+            }
+        }
+    }
+
     fn attach_tc(
         &mut self,
         iface: &str,
         attach_type: TcAttachType,
         hook: Hook,
     ) -> Result<(AttachedWith, SchedClassifierLinkId)> {
+        if hook == Hook::TcIngress {
+            self.ensure_tc_ingress()?;
+        }
+        let tcx_known_absent = self.features.tcx == Some(false);
         let classifier: &mut SchedClassifier = self.program(hook)?.try_into()?;
-        let tcx = classifier.attach_with_options(
-            iface,
-            attach_type,
-            TcAttachOptions::TcxOrder(LinkOrder::default()),
-        );
-        let tcx_error = match tcx {
-            Ok(id) => return Ok((AttachedWith::Tcx, id)),
-            Err(e) => error_chain(&e),
+        let tcx_error = if tcx_known_absent {
+            "this kernel has no tcx links".to_string()
+        } else {
+            match classifier.attach_with_options(
+                iface,
+                attach_type,
+                TcAttachOptions::TcxOrder(LinkOrder::default()),
+            ) {
+                Ok(id) => return Ok((AttachedWith::Tcx, id)),
+                Err(e) => error_chain(&e),
+            }
         };
         // Kernels before 6.6 have no tcx: fall back to a clsact filter.
         if let Err(e) = tc::qdisc_add_clsact(iface) {
@@ -626,17 +761,24 @@ impl Observer {
                     error_chain(&e)
                 )
             })?;
-        tracing::warn!(
-            iface,
-            "tcx unavailable; attached with clsact, which a killed observer leaves behind"
-        );
+        if !tcx_known_absent {
+            tracing::warn!(
+                iface,
+                %tcx_error,
+                "tcx attach failed; attached with clsact, which a killed observer leaves behind"
+            );
+        }
         Ok((AttachedWith::Clsact, id))
     }
 
     fn program(&mut self, hook: Hook) -> Result<&mut aya::programs::Program> {
+        let name = self.program_name(hook);
+        if let Some(why) = self.load_failure(hook) {
+            bail!("{name} is not loaded: {why}");
+        }
         self.ebpf
-            .program_mut(hook.program_name())
-            .with_context(|| format!("program {} missing", hook.program_name()))
+            .program_mut(name)
+            .with_context(|| format!("program {name} missing"))
     }
 
     fn flow_map(&self) -> Result<PerCpuHashMap<&MapData, FlowKey, FlowValue>> {
@@ -695,13 +837,138 @@ impl Observer {
 /// Drop reason names and subsystem names, value -> name.
 type ReasonNames = (HashMap<u32, String>, HashMap<u32, String>);
 
-/// The SkbLayout and drop reason names of the kernel whose BTF is at `path`.
-fn kernel_facts(path: &Path) -> Result<(SkbLayout, ReasonNames)> {
+/// The SkbLayout of the kernel whose BTF is at `path`.
+fn skb_layout(path: &Path) -> Result<SkbLayout> {
+    KernelBtf::open(path)?.skb_layout()
+}
+
+/// The drop reason names of the kernel whose BTF is at `path` (none before
+/// 5.17, whose tracepoint reports no reason).
+fn reason_names(path: &Path) -> Result<ReasonNames> {
     let btf = KernelBtf::open(path)?;
-    Ok((
-        btf.skb_layout()?,
-        (btf.drop_reasons()?, btf.drop_reason_subsystems()),
-    ))
+    Ok((btf.drop_reasons()?, btf.drop_reason_subsystems()))
+}
+
+/// tc ingress's drop checks, reached by a tail call.
+pub const TC_CHECKS_PROGRAM: &str = "observer_tc_chk";
+
+/// Name of the program of `hook` under `plan`.
+fn program_name(plan: &Plan, hook: Hook) -> &'static str {
+    match hook {
+        Hook::Xdp => plan.xdp.program_name(),
+        Hook::TcIngress => program_name_tc_ingress(),
+        Hook::TcEgress => "observer_tc_out",
+    }
+}
+
+/// Loads (verifies) the XDP or tc program `name`.
+fn load_program(ebpf: &mut Ebpf, name: &'static str, release: &str) -> Result<()> {
+    let program = ebpf
+        .program_mut(name)
+        .with_context(|| format!("program {name} missing from the object"))?;
+    let loaded = match program {
+        aya::programs::Program::Xdp(p) => p.load(),
+        aya::programs::Program::SchedClassifier(p) => p.load(),
+        _ => Err(ProgramError::UnexpectedProgramType),
+    };
+    loaded.map_err(|e| explain_program_error(e, name, release))
+}
+
+/// Records a packet program that did not load (the others still count);
+/// a permission error ends the load instead, since nothing else will load.
+fn note_failure(
+    failures: &mut Vec<(Hook, String)>,
+    hook: Hook,
+    name: &str,
+    loaded: Result<()>,
+) -> Result<()> {
+    if let Err(e) = loaded {
+        if e.chain()
+            .any(|c| c.to_string().contains("permission denied loading"))
+        {
+            return Err(e);
+        }
+        tracing::warn!(program = name, error = %format!("{e:#}"), "program not loaded");
+        failures.push((hook, format!("{e:#}")));
+    }
+    Ok(())
+}
+
+/// Loads tc ingress and its checks program; returns the CHECKS array
+/// (`None` when only the checks program failed: tc ingress then counts
+/// without drop checks, which is logged).
+fn load_tc_ingress(ebpf: &mut Ebpf, release: &str) -> Result<Option<ProgramArray<MapData>>> {
+    load_program(ebpf, program_name_tc_ingress(), release)?;
+    Ok(load_tc_checks(ebpf, release)
+        .inspect_err(|e| {
+            tracing::warn!(
+                error = %format!("{e:#}"),
+                "tc ingress drop checks (classifier reasons, path_mtu) unavailable"
+            )
+        })
+        .ok())
+}
+
+/// Name of tc ingress's program.
+const fn program_name_tc_ingress() -> &'static str {
+    "observer_tc_in"
+}
+
+/// Loads tc ingress's checks program and puts it into the CHECKS program
+/// array, where tc ingress tail-calls it. The caller keeps the array: the
+/// kernel empties a program array when userspace closes its last fd.
+fn load_tc_checks(ebpf: &mut Ebpf, release: &str) -> Result<ProgramArray<MapData>> {
+    load_program(ebpf, TC_CHECKS_PROGRAM, release)?;
+    let mut checks: ProgramArray<MapData> = ProgramArray::try_from(
+        ebpf.take_map(observer_common::CHECKS_MAP)
+            .context("CHECKS map missing")?,
+    )?;
+    let program = ebpf
+        .program(TC_CHECKS_PROGRAM)
+        .with_context(|| format!("{TC_CHECKS_PROGRAM} missing"))?;
+    checks
+        .set(0, program.fd()?, 0)
+        .context("writing the checks program into CHECKS")?;
+    Ok(checks)
+}
+
+/// Turns a program load error into one a person can act on: the program,
+/// the kernel, what went wrong. The verifier's log goes to the debug log
+/// (OBSERVER_LOG=debug), never into the message.
+fn explain_program_error(e: ProgramError, name: &str, release: &str) -> anyhow::Error {
+    let ProgramError::LoadError {
+        io_error,
+        verifier_log,
+    } = &e
+    else {
+        return explain_load_error(anyhow::Error::new(e), release)
+            .context(format!("loading {name}"));
+    };
+    let log = verifier_log.to_string();
+    tracing::debug!(program = name, kernel = release, "verifier log:\n{log}");
+    let errno = io_error.raw_os_error().unwrap_or(0);
+    if errno == libc::EPERM {
+        return explain_load_error(anyhow::Error::new(e), release);
+    }
+    let processed =
+        crate::verifier_stats::processed(&log).map(|n| format!(" after {n} instructions"));
+    match (errno, processed) {
+        (libc::EACCES, processed) | (libc::EINVAL, processed @ Some(_)) => anyhow!(
+            "the verifier of kernel {release} rejected {name}{} ({io_error}). \
+             This kernel is supported (5.10+ with BTF), so this is an observer bug: \
+             please report it with the output of `OBSERVER_LOG=debug observer check`",
+            processed.unwrap_or_default()
+        ),
+        (libc::E2BIG, _) => anyhow!(
+            "kernel {release} refused {name} as too large for its verifier ({io_error}); \
+             the observer supports 5.10 and newer"
+        ),
+        _ => anyhow!(
+            "kernel {release} refused to load {name} before verifying it ({io_error}): \
+             it lacks a feature the program needs. The observer needs Linux 5.10 or newer \
+             with BTF; OBSERVER_LOG=debug shows the kernel's log"
+        ),
+    }
 }
 
 /// Interface index of `iface` in the current network namespace.
@@ -730,7 +997,7 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 }
 
 /// Turns permission errors into the capabilities to grant.
-fn explain_load_error(e: anyhow::Error) -> anyhow::Error {
+fn explain_load_error(e: anyhow::Error, release: &str) -> anyhow::Error {
     let permission = e.chain().any(|cause| {
         cause
             .downcast_ref::<io::Error>()
@@ -738,9 +1005,9 @@ fn explain_load_error(e: anyhow::Error) -> anyhow::Error {
             || cause.to_string().contains("Operation not permitted")
     });
     if permission {
-        return e.context(
-            "permission denied loading eBPF programs: run as root, or grant CAP_BPF, CAP_NET_ADMIN and CAP_PERFMON",
-        );
+        return e.context(format!(
+            "permission denied loading eBPF programs: run as root, or grant CAP_BPF, CAP_NET_ADMIN and CAP_PERFMON (CAP_SYS_ADMIN on kernels before 5.8; this is {release})"
+        ));
     }
-    e
+    e.context(format!("loading the eBPF object on kernel {release}"))
 }

@@ -33,6 +33,11 @@ fn main() -> ExitCode {
         },
         // 0 ok, 1 damaged capture, 2 could not run (see `replay --help`).
         Command::Replay(args) => observer::replay::run(args),
+        // 0 as designed, 1 with fallbacks, 2 cannot run.
+        Command::Check(args) => match observer::check::run(args.output) {
+            Ok(verdict) => ExitCode::from(verdict.exit_code()),
+            Err(e) => fail(e, ExitCode::from(2)),
+        },
     }
 }
 

@@ -15,7 +15,7 @@ use crate::{
     aggregate::Row,
     anomalies::{Anomaly, Event},
     drops::DropId,
-    loader::{Attachment, DropHook, KernelStats},
+    loader::{AttachedWith, Attachment, DropHook, Hook, KernelStats, Observer},
 };
 
 /// Output format (`--output`).
@@ -49,19 +49,41 @@ pub struct AttachLine<'a> {
     tx_hook: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     xdp_fallback_reason: Option<&'a str>,
-    program_ids: &'a [u32],
-    /// How kernel drops are counted: `tp_btf`, `raw_tracepoint`, or why not.
+    program_ids: &'a [Option<u32>],
+    /// How kernel drops are counted: `tp_btf`, or why not.
     drop_hook: String,
+    /// The running kernel (`uname -r`).
+    kernel: &'a str,
+    /// Program names in use: `rx` (XDP variant or tc ingress), `tx`,
+    /// `drops` (the kfree_skb variant, absent when none).
+    programs: ProgramNames,
+    /// Features this kernel lacks, what is used instead and what that
+    /// changes (empty on a kernel with everything).
+    fallbacks: Vec<String>,
+}
+
+/// The `programs` member of an [`AttachLine`].
+#[derive(Serialize)]
+struct ProgramNames {
+    rx: &'static str,
+    tx: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    drops: Option<&'static str>,
 }
 
 impl<'a> AttachLine<'a> {
     /// Describes `attachment`.
     pub fn new(
         attachment: &'a Attachment,
-        program_ids: &'a [u32],
-        drop_hook: &DropHook,
+        program_ids: &'a [Option<u32>],
+        observer: &'a Observer,
         at: SystemTime,
     ) -> Self {
+        let rx_hook = match attachment.rx {
+            AttachedWith::XdpNative | AttachedWith::XdpGeneric => Hook::Xdp,
+            AttachedWith::Tcx | AttachedWith::Clsact => Hook::TcIngress,
+        };
+        let drop_hook = observer.drop_hook();
         AttachLine {
             r#type: "attach",
             ts: timestamp(at),
@@ -73,9 +95,24 @@ impl<'a> AttachLine<'a> {
             program_ids,
             drop_hook: match drop_hook {
                 DropHook::Pending => "pending".to_string(),
-                DropHook::Attached(how) => how.to_string(),
+                DropHook::Attached(_) => "tp_btf".to_string(),
                 DropHook::Unavailable(why) => format!("unavailable: {why}"),
             },
+            kernel: &observer.features().release,
+            programs: ProgramNames {
+                rx: observer.program_name(rx_hook),
+                tx: observer.program_name(Hook::TcEgress),
+                drops: match drop_hook {
+                    DropHook::Attached(name) => Some(name),
+                    _ => None,
+                },
+            },
+            fallbacks: observer
+                .plan()
+                .fallbacks
+                .iter()
+                .map(|f| f.to_string())
+                .collect(),
         }
     }
 }

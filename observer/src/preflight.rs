@@ -21,11 +21,15 @@ const NEEDED: [(u32, &str); 3] = [
     (CAP_PERFMON, "CAP_PERFMON"),
 ];
 
+/// The needed capabilities the process lacks (empty when none).
+pub fn missing_privileges() -> Vec<&'static str> {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    missing_capabilities(parse_cap_eff(&status).unwrap_or(0))
+}
+
 /// Fails with the missing capabilities named, when the process lacks them.
 pub fn check_privileges() -> Result<()> {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let effective = parse_cap_eff(&status).unwrap_or(0);
-    let missing = missing_capabilities(effective);
+    let missing = missing_privileges();
     if !missing.is_empty() {
         bail!(
             "missing {}: run as root, or grant them (e.g. `sudo setcap cap_bpf,cap_net_admin,cap_perfmon+ep $(which observer)`)",

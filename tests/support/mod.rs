@@ -5,10 +5,13 @@
 pub mod calico;
 pub mod exporter;
 pub mod frames;
+pub mod kernel_suite;
+pub mod lab;
 pub mod netns;
 pub mod overlay;
 pub mod storm;
 pub mod tcpdump;
+pub mod tunnels;
 
 /// True when the test may use the kernel (root). Without root the test is
 /// skipped with a message, except under CI (`CI=true`), where it fails:

@@ -25,6 +25,18 @@ use serde_json::Value;
 /// How long a fixture waits for a process to become ready or to exit.
 pub const WAIT: Duration = Duration::from_secs(20);
 
+/// `base` times `$OBSERVER_TEST_TIME_SCALE` (default 1): `cargo xtask
+/// vm-test` sets it in its emulated VMs, where loading the programs alone
+/// takes seconds. Only waits scale; counts never do.
+pub fn scaled(base: Duration) -> Duration {
+    let factor = std::env::var("OBSERVER_TEST_TIME_SCALE")
+        .ok()
+        .and_then(|v| v.parse::<u32>().ok())
+        .unwrap_or(1)
+        .max(1);
+    base * factor
+}
+
 static COUNTER: AtomicU32 = AtomicU32::new(0);
 
 /// A name unique in this process and among processes: `obs<tag><pid>x<n>`.
@@ -515,7 +527,7 @@ impl ObserverProcess {
     /// Waits for one `attach` line per interface and then for the first
     /// `stats` line, so the observer is known to be reading its maps.
     pub fn wait_ready(&self, ifaces: usize) -> Vec<Value> {
-        let ready = self.stdout.wait_for(WAIT, |lines| {
+        let ready = self.stdout.wait_for(scaled(WAIT), |lines| {
             let attach = lines
                 .iter()
                 .filter(|l| l.contains(r#""type":"attach""#))
@@ -525,7 +537,8 @@ impl ObserverProcess {
         if !ready {
             self.stderr.wait_closed(Duration::from_millis(500));
             panic!(
-                "observer not ready after {WAIT:?}\nstdout: {:?}\nstderr: {}",
+                "observer not ready after {:?}\nstdout: {:?}\nstderr: {}",
+                scaled(WAIT),
                 self.stdout.snapshot(),
                 self.stderr.snapshot().join("\n")
             );
@@ -553,7 +566,7 @@ impl ObserverProcess {
     /// Waits until the printed lines satisfy `done`; false after [`WAIT`]
     /// or when the process closed its output.
     pub fn wait_for_lines(&self, done: impl Fn(&[Value]) -> bool) -> bool {
-        self.stdout.wait_for(WAIT, |lines| {
+        self.stdout.wait_for(scaled(WAIT), |lines| {
             let parsed: Vec<Value> = lines
                 .iter()
                 .filter_map(|l| serde_json::from_str(l).ok())
@@ -580,9 +593,10 @@ impl ObserverProcess {
 
     /// Waits for the process to exit by itself (`--duration`, errors).
     pub fn wait(mut self) -> ObserverRun {
-        let status = wait_timeout(&mut self.child, WAIT).unwrap_or_else(|| {
+        let status = wait_timeout(&mut self.child, scaled(WAIT)).unwrap_or_else(|| {
             panic!(
-                "observer did not exit within {WAIT:?}; stderr: {}",
+                "observer did not exit within {:?}; stderr: {}",
+                scaled(WAIT),
                 self.stderr.snapshot().join("\n")
             )
         });
@@ -605,7 +619,7 @@ impl ObserverProcess {
     /// kill -9, then reaps the process; returns its status.
     pub fn kill9(mut self) -> ExitStatus {
         signal(self.pid(), libc::SIGKILL);
-        wait_timeout(&mut self.child, WAIT).expect("observer survived SIGKILL")
+        wait_timeout(&mut self.child, scaled(WAIT)).expect("observer survived SIGKILL")
     }
 }
 
@@ -689,7 +703,7 @@ impl Tcpdump {
             stderr,
             reader: Some(reader),
         };
-        let listening = tcpdump.stderr.wait_for(WAIT, |lines| {
+        let listening = tcpdump.stderr.wait_for(scaled(WAIT), |lines| {
             lines.iter().any(|l| l.contains("listening on"))
         });
         if !listening {
@@ -710,7 +724,7 @@ impl Tcpdump {
             std::thread::sleep(Duration::from_millis(20));
         }
         signal(self.child.id(), libc::SIGINT);
-        let status = wait_timeout(&mut self.child, WAIT).expect("tcpdump did not stop");
+        let status = wait_timeout(&mut self.child, scaled(WAIT)).expect("tcpdump did not stop");
         if let Some(reader) = self.reader.take() {
             reader.join().unwrap();
         }

@@ -106,6 +106,8 @@ pub struct TunnelDevice {
     pub kind: String,
     /// VXLAN or Geneve network identifier.
     pub vni: Option<u32>,
+    /// GRE key the device sends (`okey`), when it has one.
+    pub key: Option<u32>,
     /// UDP destination port (vxlan, geneve). WireGuard's listen port is not
     /// in rtnetlink (it is in the wireguard generic netlink family).
     pub port: Option<u16>,
@@ -280,6 +282,7 @@ fn add_declared(links: &[Link], devices: &mut Vec<TunnelDevice>, declared: &[Dec
             proto: d.proto,
             kind: link.kind.clone().unwrap_or_else(|| "declared".to_string()),
             vni: None,
+            key: None,
             port: None,
             local: None,
             remote: None,
@@ -438,6 +441,7 @@ mod tests {
             proto,
             kind: kind.into(),
             vni,
+            key: None,
             port,
             local: Some(ip("198.18.0.1")),
             remote: None,

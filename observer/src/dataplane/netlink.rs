@@ -360,6 +360,7 @@ fn tunnel_device(link: &Link, kind: &InfoKind, data: Option<&InfoData>) -> Optio
         proto: Proto::Other,
         kind: kind.to_string(),
         vni: None,
+        key: None,
         port: None,
         local: None,
         remote: None,
@@ -432,6 +433,9 @@ fn tunnel_device(link: &Link, kind: &InfoKind, data: Option<&InfoData>) -> Optio
             for info in infos {
                 match *info {
                     InfoGre::Link(ifindex) => device.lower = nonzero(ifindex),
+                    // The kernel's attribute is big-endian; the crate
+                    // reads it as a native u32.
+                    InfoGre::OKey(key) => device.key = nonzero(u32::from_be(key)),
                     InfoGre::Local(a) => device.local = specified(a.into()),
                     InfoGre::Remote(a) => device.remote = specified(a.into()),
                     _ => {}
@@ -443,6 +447,7 @@ fn tunnel_device(link: &Link, kind: &InfoKind, data: Option<&InfoData>) -> Optio
             for info in infos {
                 match *info {
                     InfoGre6::Link(ifindex) => device.lower = nonzero(ifindex),
+                    InfoGre6::OKey(key) => device.key = nonzero(u32::from_be(key)),
                     InfoGre6::Local(a) => device.local = specified(a.into()),
                     InfoGre6::Remote(a) => device.remote = specified(a.into()),
                     _ => {}

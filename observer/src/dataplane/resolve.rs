@@ -207,6 +207,7 @@ mod tests {
             proto,
             kind: kind.into(),
             vni: None,
+            key: None,
             port: None,
             local: None,
             remote: None,

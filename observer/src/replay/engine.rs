@@ -18,6 +18,7 @@ use observer_common::{Direction, Proto, Unclassified};
 use crate::{
     aggregate::{Aggregator, DropAggregator, Row},
     drops::{self, DropId},
+    features::XdpProgram,
     flows::FlowId,
     loader::{Hook, KernelStats, Observer},
     replay::capture::{self, Frame},
@@ -31,9 +32,14 @@ pub const FOLD_EVERY: usize = 4096;
 pub const REPLAY_MAX_FLOWS: u32 = 65_536;
 /// The kernel refuses test runs of frames shorter than an Ethernet header.
 const ETH_HLEN: usize = 14;
-/// Longest frame an XDP test run takes: one page plus 17 page fragments
-/// (MAX_SKB_FRAGS); 64 KiB keeps every header of a BIG TCP frame.
+/// Longest frame an XDP test run of the multi-buffer program takes: one
+/// page plus 17 page fragments (MAX_SKB_FRAGS); 64 KiB keeps every header
+/// of a BIG TCP frame.
 pub const MAX_XDP_FRAME: usize = 64 * 1024;
+/// Longest frame an XDP test run of the single-buffer program takes
+/// (kernels before 5.18): a 4 KiB page minus XDP_PACKET_HEADROOM (256)
+/// and the skb_shared_info (320).
+pub const MAX_XDP_SB_FRAME: usize = 4096 - 256 - 320;
 /// Longest frame an skb (tc) test run takes: a 4 KiB page minus
 /// NET_SKB_PAD (64), NET_IP_ALIGN (up to 2) and the skb_shared_info (320).
 pub const MAX_TC_FRAME: usize = 4096 - 64 - 2 - 320;
@@ -117,14 +123,16 @@ impl Engine {
         let tx = capture::outer_source(&frame.data).is_some_and(|src| self.local.contains(&src));
         let (hook, max) = if tx {
             (Hook::TcEgress, MAX_TC_FRAME)
-        } else {
+        } else if self.observer.plan().xdp == XdpProgram::MultiBuffer {
             (Hook::Xdp, MAX_XDP_FRAME)
+        } else {
+            (Hook::Xdp, MAX_XDP_SB_FRAME)
         };
         let data = &frame.data[..frame.data.len().min(max)];
         testrun::run(self.observer.program_fd(hook)?, data, None, 1).with_context(|| {
             format!(
                 "BPF_PROG_TEST_RUN of {} on frame {} ({} bytes)",
-                hook.program_name(),
+                self.observer.program_name(hook),
                 frame.number,
                 data.len()
             )

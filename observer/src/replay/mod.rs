@@ -107,6 +107,8 @@ fn replay(args: &ReplayArgs) -> Result<u8> {
     let mut observer = Observer::load(&LoadConfig {
         max_flows: engine::REPLAY_MAX_FLOWS,
         ports,
+        // Replay runs received frames through XDP, never tc ingress.
+        defer_tc_ingress: true,
     })?;
     let allow = AllowSetConfig {
         sets: args.allow_sets.clone(),

@@ -1,0 +1,44 @@
+//! tc ingress, second part: the drop checks (classifier reasons and
+//! `path_mtu`) of a frame `tc_skb::observe` classified and counted, reached
+//! by a tail call with the classification in the per-CPU `PENDING` slot.
+//! Always returns the pass verdict.
+
+use aya_ebpf::{macros::classifier, programs::TcContext};
+
+use crate::{
+    drops,
+    maps::{PENDING, SCRATCH, SCRATCH_TC},
+    parse::{CopiedFrame, HEADER_WINDOW, PacketFrame},
+    tc_skb::TC_PASS,
+};
+
+/// Entry point (tail call target only; never attached).
+#[classifier]
+pub fn observer_tc_chk(ctx: TcContext) -> i32 {
+    try_checks(&ctx);
+    TC_PASS
+}
+
+#[inline(always)]
+fn try_checks(ctx: &TcContext) -> Option<()> {
+    // SAFETY: this CPU's slot, written by the caller just before.
+    let pending = unsafe { *PENDING.get_ptr(0)? };
+    let c = &pending.classified;
+    drops::classifier_checks(pending.ifindex, c, pending.wire_len);
+    if pending.copied == 0 {
+        let frame = PacketFrame {
+            start: ctx.data(),
+            end: ctx.data_end(),
+        };
+        drops::path_mtu_checks(&frame, pending.ifindex, c, pending.wire_len);
+    } else {
+        // The caller's copy of the header window is still in the scratch
+        // buffer of this CPU.
+        let frame = CopiedFrame {
+            buf: SCRATCH.get_ptr(SCRATCH_TC)?,
+            len: (pending.copied as usize).min(HEADER_WINDOW),
+        };
+        drops::path_mtu_checks(&frame, pending.ifindex, c, pending.wire_len);
+    }
+    Some(())
+}

@@ -1,0 +1,263 @@
+//! What the running kernel offers the observer, probed rather than inferred
+//! from its version number (distributions backport features): the facts
+//! [`Observer::load`](crate::loader::Observer::load) picks program variants
+//! and attach mechanisms from, and that `observer check` prints.
+//!
+//! Each fact comes from the kernel itself: a helper probe (a two-instruction
+//! program the verifier accepts only if the helper exists) or the kernel's
+//! own BTF, which describes its uapi enums and tracepoint arguments.
+
+use std::path::Path;
+
+use aya::{
+    programs::ProgramType,
+    sys::{BpfHelper, is_helper_supported},
+};
+use serde::Serialize;
+
+use crate::{kernel_btf::KernelBtf, preflight};
+
+/// The kernel features the observer's hooks depend on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Features {
+    /// `uname -r`.
+    pub release: String,
+    /// Why the kernel's BTF cannot be used, when it cannot (no
+    /// /sys/kernel/btf/vmlinux, or it does not parse).
+    pub btf_problem: Option<String>,
+    /// Multi-buffer XDP (`BPF_F_XDP_HAS_FRAGS` and `bpf_xdp_get_buff_len`,
+    /// 5.18): the XDP program can attach to jumbo-MTU devices.
+    pub xdp_frags: bool,
+    /// tcx bpf links for tc programs (6.6). `None` when unknown (no BTF):
+    /// attaching tries tcx first and falls back to clsact.
+    pub tcx: Option<bool>,
+    /// `skb:kfree_skb` carries a drop reason (5.17). `None` when unknown
+    /// (no BTF; kernel drops are then not counted at all).
+    pub drop_reasons: Option<bool>,
+}
+
+impl Features {
+    /// Probes the running kernel. Needs the privileges loading programs
+    /// needs (the helper probe loads a program); without them `xdp_frags`
+    /// reads false.
+    pub fn probe() -> Features {
+        let release = kernel_release();
+        let btf = KernelBtf::open(Path::new(preflight::KERNEL_BTF));
+        let (btf_problem, tcx, drop_reasons) = match &btf {
+            Ok(btf) => (
+                None,
+                Some(btf.enum_has("bpf_attach_type", "BPF_TCX_INGRESS")),
+                Some(btf.kfree_skb_has_reason()),
+            ),
+            Err(e) => (Some(format!("{e:#}")), None, None),
+        };
+        Features {
+            release,
+            btf_problem,
+            xdp_frags: matches!(
+                is_helper_supported(ProgramType::Xdp, BpfHelper::BPF_FUNC_xdp_get_buff_len),
+                Ok(true)
+            ),
+            tcx,
+            drop_reasons,
+        }
+    }
+
+    /// The program variants and attach mechanisms these features call for,
+    /// with what each fallback costs.
+    pub fn plan(&self) -> Plan {
+        let mut fallbacks = Vec::new();
+        let xdp = if self.xdp_frags {
+            XdpProgram::MultiBuffer
+        } else {
+            fallbacks.push(Fallback {
+                hook: "xdp",
+                missing: "multi-buffer XDP (BPF_F_XDP_HAS_FRAGS, bpf_xdp_get_buff_len; Linux 5.18)",
+                instead: "the single-buffer XDP program",
+                effect: "every frame is still counted; a driver refuses native XDP on an interface whose MTU exceeds its single-buffer limit (jumbo frames), and --xdp-mode auto then counts with generic XDP there",
+            });
+            XdpProgram::SingleBuffer
+        };
+        match self.tcx {
+            Some(true) => {}
+            Some(false) => fallbacks.push(Fallback {
+                hook: "tc",
+                missing: "tcx bpf links (Linux 6.6)",
+                instead: "clsact qdisc filters",
+                effect: "a clean exit removes the filters, but a killed observer (kill -9) leaves them attached: they pass every packet but cost CPU until removed (`tc filter show dev IFACE ingress` lists observer_tc_in with its pref; `tc filter del dev IFACE ingress pref N` removes it; the same for egress and observer_tc_out)",
+            }),
+            None => {}
+        }
+        let drops = match self.drop_reasons {
+            Some(true) => DropProgram::WithReason,
+            Some(false) => {
+                fallbacks.push(Fallback {
+                    hook: "kernel drops",
+                    missing: "the drop reason argument of skb:kfree_skb (Linux 5.17)",
+                    instead: "the two-argument skb:kfree_skb program",
+                    effect: "kernel drops on watched interfaces are counted with reason NOT_REPORTED instead of the kernel's reason",
+                });
+                DropProgram::WithoutReason
+            }
+            None => {
+                fallbacks.push(Fallback {
+                    hook: "kernel drops",
+                    missing: "kernel BTF (/sys/kernel/btf/vmlinux, CONFIG_DEBUG_INFO_BTF=y)",
+                    instead: "nothing",
+                    effect: "kernel drops are not counted; packet counters and classifier drops work",
+                });
+                DropProgram::None
+            }
+        };
+        Plan {
+            xdp,
+            drops,
+            fallbacks,
+        }
+    }
+}
+
+/// Which XDP program variant to load.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum XdpProgram {
+    /// `observer_xdp`, with `frags`.
+    MultiBuffer,
+    /// `observer_xdp_sb`, without.
+    SingleBuffer,
+}
+
+impl XdpProgram {
+    /// Program name in the object.
+    pub fn program_name(self) -> &'static str {
+        match self {
+            XdpProgram::MultiBuffer => "observer_xdp",
+            XdpProgram::SingleBuffer => "observer_xdp_sb",
+        }
+    }
+}
+
+/// Which kfree_skb program variant to load.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DropProgram {
+    /// `observer_kfree`: skb, location, reason.
+    WithReason,
+    /// `observer_kfree2`: skb, location.
+    WithoutReason,
+    /// No BTF: no kernel drop program.
+    None,
+}
+
+impl DropProgram {
+    /// Program name in the object, if any.
+    pub fn program_name(self) -> Option<&'static str> {
+        match self {
+            DropProgram::WithReason => Some("observer_kfree"),
+            DropProgram::WithoutReason => Some("observer_kfree2"),
+            DropProgram::None => None,
+        }
+    }
+}
+
+/// A feature this kernel lacks, what the observer uses instead, and what
+/// that changes for the user.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Fallback {
+    /// The hook concerned: `xdp`, `tc`, `kernel drops`.
+    pub hook: &'static str,
+    /// The missing kernel feature (and the release that brought it).
+    pub missing: &'static str,
+    /// What is used instead.
+    pub instead: &'static str,
+    /// What the user sees differently.
+    pub effect: &'static str,
+}
+
+impl std::fmt::Display for Fallback {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}: this kernel lacks {}; using {}: {}",
+            self.hook, self.missing, self.instead, self.effect
+        )
+    }
+}
+
+/// Program variants chosen for this kernel.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Plan {
+    /// The XDP program.
+    pub xdp: XdpProgram,
+    /// The kernel drop program.
+    pub drops: DropProgram,
+    /// Every fallback in use, in hook order.
+    pub fallbacks: Vec<Fallback>,
+}
+
+/// `uname -r`, or `unknown`.
+pub fn kernel_release() -> String {
+    // SAFETY: uname fills the zeroed struct; release is NUL-terminated.
+    let mut name: libc::utsname = unsafe { std::mem::zeroed() };
+    if unsafe { libc::uname(&mut name) } != 0 {
+        return "unknown".to_string();
+    }
+    // SAFETY: NUL-terminated by the kernel.
+    unsafe { std::ffi::CStr::from_ptr(name.release.as_ptr()) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn features(xdp_frags: bool, tcx: Option<bool>, drop_reasons: Option<bool>) -> Features {
+        Features {
+            release: "test".to_string(),
+            btf_problem: None,
+            xdp_frags,
+            tcx,
+            drop_reasons,
+        }
+    }
+
+    #[test]
+    fn a_current_kernel_needs_no_fallback() {
+        let plan = features(true, Some(true), Some(true)).plan();
+        assert_eq!(plan.xdp, XdpProgram::MultiBuffer);
+        assert_eq!(plan.drops, DropProgram::WithReason);
+        assert!(plan.fallbacks.is_empty());
+    }
+
+    #[test]
+    fn a_5_10_kernel_gets_every_fallback_named() {
+        let plan = features(false, Some(false), Some(false)).plan();
+        assert_eq!(plan.xdp, XdpProgram::SingleBuffer);
+        assert_eq!(plan.drops, DropProgram::WithoutReason);
+        let hooks: Vec<&str> = plan.fallbacks.iter().map(|f| f.hook).collect();
+        assert_eq!(hooks, ["xdp", "tc", "kernel drops"]);
+        let text = plan.fallbacks[2].to_string();
+        assert!(
+            text.contains("5.17") && text.contains("NOT_REPORTED"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn without_btf_kernel_drops_are_off() {
+        let plan = features(true, None, None).plan();
+        assert_eq!(plan.drops, DropProgram::None);
+        assert_eq!(plan.drops.program_name(), None);
+        assert_eq!(plan.fallbacks.len(), 1);
+    }
+
+    #[test]
+    fn the_running_kernel_is_probed() {
+        let release = kernel_release();
+        assert!(
+            release.chars().next().is_some_and(|c| c.is_ascii_digit()),
+            "{release}"
+        );
+    }
+}

@@ -1,0 +1,525 @@
+//! The kernel suite: what must hold on every supported kernel (5.10, 6.1,
+//! 6.12 and newer). `cargo xtask vm-test` runs this binary inside VMs
+//! booted with Debian's kernels, which have every tunnel device kind; on
+//! the host it runs with the rest of the tests, leaving out the kinds the
+//! host kernel lacks. Every check records its figures for the kernel
+//! matrix (support/kernel_suite.rs), and compares with an outside
+//! reference: tcpdump on the same interface, iptables' rule counters, the
+//! kernel's own SNMP counters and `ip -d link`.
+
+mod support;
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    time::Duration,
+};
+
+use serde_json::Value;
+use support::{
+    calico::{self, HOSTS_SET, IPIP_DROP_RULE},
+    have_root,
+    kernel_suite::{self, Checks},
+    lab,
+    netns::{Netns, ObserverProcess, ObserverRun, Tcpdump},
+    tunnels::{A4, B_IFACE, KINDS, Kind, Tunnels},
+};
+
+/// Pings per direction and tunnel kind.
+const PINGS: u32 = 10;
+
+/// The kinds `name`s name.
+fn kinds(names: &[&str]) -> Vec<Kind> {
+    KINDS
+        .iter()
+        .filter(|k| names.contains(&k.name))
+        .copied()
+        .collect()
+}
+
+/// Pings over every tunnel while the observer runs on B's underlay with
+/// `args` and tcpdump captures it; returns both views.
+fn count_with_tcpdump(tunnels: &Tunnels, args: &[&str]) -> (ObserverRun, support::netns::Capture) {
+    let observer = ObserverProcess::start(Some(tunnels.b.name()), &[B_IFACE], args);
+    let tcpdump = Tcpdump::start(&tunnels.b, B_IFACE, "ip or ip6");
+    tunnels.ping_all(PINGS);
+    // Replies are in flight for a moment; neither side may stop earlier.
+    std::thread::sleep(Duration::from_millis(500));
+    let capture = tcpdump.stop_after(0);
+    let run = observer.stop();
+    assert!(run.status.success(), "{}", run.stderr);
+    (run, capture)
+}
+
+/// The observer's rx and tx of `kind` against tcpdump's count of its
+/// outer packets, per direction.
+fn compare_kind(
+    checks: &mut Checks,
+    prefix: &str,
+    kind: &Kind,
+    run: &ObserverRun,
+    capture: &support::netns::Capture,
+) {
+    for (direction, filter) in [("rx", kind.rx_filter()), ("tx", kind.tx_filter())] {
+        let (observer, _) = run.counts(B_IFACE, direction, kind.proto, Some(kind.peer), kind.vni);
+        checks.compare(
+            &format!("{prefix}{}_{direction}", kind.name),
+            observer,
+            capture.count(&filter),
+            "tcpdump",
+        );
+    }
+}
+
+/// `observer check` loads every program this kernel needs, and says which.
+#[test]
+fn check_loads_every_program() {
+    if !have_root("check_loads_every_program") {
+        return;
+    }
+    let output = std::process::Command::new(ObserverProcess::binary())
+        .args(["check", "--output", "json"])
+        .output()
+        .expect("running observer check");
+    let report: Value = serde_json::from_slice(&output.stdout)
+        .unwrap_or_else(|e| panic!("check printed no JSON ({e}): {output:?}"));
+    let status = output.status.code().unwrap_or(-1);
+    let mut checks = Checks::default();
+    checks.holds(
+        "check_verdict",
+        status == 0 || status == 1,
+        Some(status as u64),
+        report["verdict"].as_str().unwrap_or_default(),
+    );
+    for program in report["programs"].as_array().expect("programs") {
+        let loaded = program["loaded"] == true;
+        checks.holds(
+            &format!("load_{}", program["hook"].as_str().unwrap()),
+            loaded,
+            program["verified_insns"].as_u64(),
+            program["program"].as_str().unwrap_or_default(),
+        );
+    }
+    let fallbacks: Vec<&str> = report["fallbacks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["hook"].as_str().unwrap())
+        .collect();
+    checks.holds(
+        "fallbacks",
+        status == if fallbacks.is_empty() { 0 } else { 1 },
+        Some(fallbacks.len() as u64),
+        &fallbacks.join(", "),
+    );
+    checks.finish();
+}
+
+/// Every tunnel kind the kernel has, received and sent, counted per peer
+/// exactly as tcpdump counts its outer packets on the same interface; and
+/// the observer's data-plane view of each device equal to `ip -d link`'s.
+#[test]
+fn every_tunnel_kind_counts_like_tcpdump() {
+    if !have_root("every_tunnel_kind_counts_like_tcpdump") {
+        return;
+    }
+    let tunnels = Tunnels::new("kt", KINDS);
+    let routes = add_block_routes(&tunnels);
+    let (run, capture) = count_with_tcpdump(&tunnels, &[]);
+    let mut checks = Checks::default();
+    for kind in &tunnels.kinds {
+        compare_kind(&mut checks, "", kind, &run, &capture);
+    }
+    for (kind, why) in &tunnels.missing {
+        kernel_suite::record(kernel_suite::Check {
+            name: &format!("{}_rx", kind.name),
+            observer: None,
+            reference: None,
+            reference_kind: "tcpdump",
+            pass: true,
+            detail: format!("kernel lacks it: {why}"),
+        });
+    }
+    let attach = run.attach_lines()[0].clone();
+    checks.holds(
+        "attach_hooks",
+        attach["rx_hook"] == "xdp-native" && attach["tx_hook"].is_string(),
+        None,
+        &format!(
+            "rx {} ({}), tx {}, drops {}",
+            attach["rx_hook"], attach["programs"]["rx"], attach["tx_hook"], attach["drop_hook"]
+        ),
+    );
+    dataplane_checks(&mut checks, &tunnels, &run, &routes);
+    checks.finish();
+}
+
+/// A pod block routed through each L3 and fixed-remote L2 device on B
+/// (not through vxlan, whose peers come from FDB entries, nor WireGuard,
+/// whose peers rtnetlink does not show): block -> (peer, proto).
+fn add_block_routes(tunnels: &Tunnels) -> BTreeMap<String, (String, String)> {
+    let mut routes = BTreeMap::new();
+    for (i, kind) in tunnels.kinds.iter().enumerate() {
+        if kind.proto == "vxlan" || kind.proto == "wireguard" {
+            continue;
+        }
+        let block = if kind.inner_v6() {
+            format!("fd10:{i}::/64")
+        } else {
+            format!("10.210.{i}.0/24")
+        };
+        tunnels.b.ip(&["route", "add", &block, "dev", kind.dev]);
+        routes.insert(block, (kind.peer.to_string(), kind.proto.to_string()));
+    }
+    routes
+}
+
+/// The last `dataplane` line against `ip -d -j link show` and the routes
+/// the test added.
+fn dataplane_checks(
+    checks: &mut Checks,
+    tunnels: &Tunnels,
+    run: &ObserverRun,
+    routes: &BTreeMap<String, (String, String)>,
+) {
+    let Some(view) = run.lines.iter().rev().find(|l| l["type"] == "dataplane") else {
+        checks.holds("dataplane_line", false, None, "no dataplane line");
+        return;
+    };
+    let links = tunnels.kernel_links();
+    for kind in &tunnels.kinds {
+        let device = view["devices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|d| d["name"] == kind.dev);
+        let Some(device) = device else {
+            checks.holds(
+                &format!("view_{}", kind.name),
+                false,
+                None,
+                "device missing from the view",
+            );
+            continue;
+        };
+        let kernel = &links[kind.dev];
+        let differences = device_differences(device, kernel, &links);
+        checks.holds(
+            &format!("view_{}", kind.name),
+            differences.is_empty(),
+            None,
+            &if differences.is_empty() {
+                format!("{} equal to ip -d link", device)
+            } else {
+                differences.join("; ")
+            },
+        );
+    }
+    // Every block routed through a device is expected from the device's
+    // remote, with the device's encapsulation: exactly.
+    let mut want: BTreeMap<String, (BTreeSet<String>, BTreeSet<String>)> = BTreeMap::new();
+    for (block, (peer, proto)) in routes {
+        let entry = want.entry(peer.clone()).or_default();
+        entry.0.insert(block.clone());
+        entry.1.insert(proto.clone());
+    }
+    for kind in tunnels.kinds.iter().filter(|k| k.proto == "vxlan") {
+        // A vxlan remote is a default FDB entry: a peer without blocks.
+        want.entry(kind.peer.to_string())
+            .or_default()
+            .1
+            .insert("vxlan".to_string());
+    }
+    let got: BTreeMap<String, (BTreeSet<String>, BTreeSet<String>)> = view["expected_peers"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .map(|(peer, p)| {
+            let strings = |v: &Value| -> BTreeSet<String> {
+                v.as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|s| s.as_str().unwrap().to_string())
+                    .collect()
+            };
+            (peer.clone(), (strings(&p["blocks"]), strings(&p["encaps"])))
+        })
+        .collect();
+    checks.holds(
+        "view_expected_peers",
+        got == want,
+        Some(got.values().map(|(b, _)| b.len() as u64).sum()),
+        &format!("observer {got:?} vs routes {want:?}"),
+    );
+}
+
+/// Fields where the observer's device and the kernel's `ip -d -j link`
+/// object disagree (kind, VNI, GRE key, port, local, remote, MTU, lower).
+fn device_differences(
+    device: &Value,
+    kernel: &Value,
+    links: &BTreeMap<String, Value>,
+) -> Vec<String> {
+    let data = &kernel["linkinfo"]["info_data"];
+    let addr = |v: &Value| -> Value {
+        match v.as_str() {
+            // iproute2 prints an unset address as "any".
+            Some("any") | Some("::") | Some("0.0.0.0") | None => Value::Null,
+            Some(a) => Value::String(a.to_string()),
+        }
+    };
+    let lower = data["link"]
+        .as_str()
+        .and_then(|name| links.get(name))
+        .map_or(Value::Null, |l| l["ifindex"].clone());
+    let key = match &data["okey"] {
+        Value::String(dotted) => dotted
+            .parse::<std::net::Ipv4Addr>()
+            .map_or(Value::Null, |a| u32::from(a).into()),
+        Value::Number(n) => Value::Number(n.clone()),
+        _ => Value::Null,
+    };
+    let expect = [
+        ("kind", kernel["linkinfo"]["info_kind"].clone()),
+        ("vni", data["id"].clone()),
+        ("key", key),
+        ("port", data["port"].clone()),
+        // vxlan names its IPv6 addresses local6/remote6.
+        ("local", addr(first(&data["local"], &data["local6"]))),
+        ("remote", addr(first(&data["remote"], &data["remote6"]))),
+        ("mtu", kernel["mtu"].clone()),
+        ("lower", lower),
+    ];
+    expect
+        .into_iter()
+        .filter(|(field, want)| &device[*field] != want)
+        .map(|(field, want)| format!("{field}: observer {} vs ip {want}", device[field]))
+        .collect()
+}
+
+/// `a` unless it is absent, else `b`.
+fn first<'a>(a: &'a Value, b: &'a Value) -> &'a Value {
+    if a.is_null() { b } else { a }
+}
+
+/// Without privileges `observer check` says what is missing and exits 2.
+#[test]
+fn check_without_privileges_cannot_run() {
+    if !have_root("check_without_privileges_cannot_run") {
+        return;
+    }
+    let output = std::process::Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--inh-caps=-all",
+        ])
+        .arg(ObserverProcess::binary())
+        .args(["check", "--output", "json"])
+        .output()
+        .expect("running observer check as nobody");
+    let report: Value = serde_json::from_slice(&output.stdout)
+        .unwrap_or_else(|e| panic!("check printed no JSON ({e}): {output:?}"));
+    let mut checks = Checks::default();
+    checks.holds(
+        "check_unprivileged",
+        output.status.code() == Some(2)
+            && report["verdict"] == "cannot_run"
+            && report["missing_privileges"]
+                == serde_json::json!(["CAP_BPF", "CAP_NET_ADMIN", "CAP_PERFMON"]),
+        output.status.code().map(|c| c as u64),
+        &report["missing_privileges"].to_string(),
+    );
+    checks.finish();
+}
+
+/// Generic XDP and tc alone count the same VXLAN and IPIP traffic as
+/// tcpdump (native XDP, what `auto` picks on a veth, is the mode of
+/// `every_tunnel_kind_counts_like_tcpdump`).
+#[test]
+fn every_rx_hook_counts_like_tcpdump() {
+    if !have_root("every_rx_hook_counts_like_tcpdump") {
+        return;
+    }
+    let tunnels = Tunnels::new("km", &kinds(&["vxlan4789_v4", "ipip_v4"]));
+    let mut checks = Checks::default();
+    for (mode, hook) in [("generic", "xdp-generic"), ("off", "tc")] {
+        let (run, capture) = count_with_tcpdump(&tunnels, &["--xdp-mode", mode]);
+        let attach = run.attach_lines()[0].clone();
+        let rx_hook = attach["rx_hook"].as_str().unwrap_or_default();
+        let attached =
+            rx_hook == hook || (hook == "tc" && (rx_hook == "tcx" || rx_hook == "clsact"));
+        checks.holds(
+            &format!("mode_{mode}_attach"),
+            attached,
+            None,
+            &format!("rx {rx_hook} ({})", attach["programs"]["rx"]),
+        );
+        for kind in &tunnels.kinds {
+            compare_kind(&mut checks, &format!("mode_{mode}_"), kind, &run, &capture);
+        }
+    }
+    checks.finish();
+}
+
+/// IPIP from a source outside Calico's `cali40all-hosts-net`: the
+/// observer's allow-set count and its kernel drop count both equal the
+/// DROP rule's counter, with the kernel's reason where it reports one.
+#[test]
+fn ipip_allow_set_drops_equal_the_iptables_counter() {
+    if !have_root("ipip_allow_set_drops_equal_the_iptables_counter") {
+        return;
+    }
+    let tunnels = Tunnels::new("kd", &kinds(&["ipip_v4"]));
+    if tunnels.kinds.is_empty() {
+        return;
+    }
+    calico::ipset_create(&tunnels.b, HOSTS_SET, &["10.99.0.200"]);
+    calico::iptables_ipip_rule(&tunnels.b);
+    let observer = ObserverProcess::start(
+        Some(tunnels.b.name()),
+        &[B_IFACE],
+        &["--allow-set-refresh", "200ms"],
+    );
+    calico::settle(&observer);
+    let sent = tunnels_ping_dropped(&tunnels.a, "10.201.5.2");
+    let (drop_rule, _) = calico::iptables_counter(&tunnels.b, IPIP_DROP_RULE);
+    let run = observer.stop();
+    let lines = calico::final_snapshot(&run);
+    let mut checks = Checks::default();
+    checks.compare("ipip_drops_sent", drop_rule, sent, "pings sent");
+    let classifier = calico::drop_packets(
+        lines,
+        &calico::drop_key(B_IFACE, "ipip", A4, 0, "classifier", "calico_allow_set"),
+    );
+    checks.compare("ipip_allow_set", classifier, drop_rule, "iptables DROP");
+    let reasons = calico::peer_drops(
+        calico::rx_peer(lines, B_IFACE, "ipip", A4, 0).expect("an ipip row from A"),
+    );
+    let reason = if drop_reasons_reported(&run) {
+        "NETFILTER_DROP"
+    } else {
+        "NOT_REPORTED"
+    };
+    checks.compare(
+        &format!("ipip_kernel_{reason}"),
+        reasons.get(reason).copied().unwrap_or(0),
+        drop_rule,
+        "iptables DROP",
+    );
+    checks.finish();
+}
+
+/// Pings that Calico's rule drops: all go unanswered; returns how many.
+fn tunnels_ping_dropped(from: &Netns, to: &str) -> u64 {
+    let (sent, received) = support::tunnels::ping(from, to, PINGS);
+    assert_eq!(received, 0, "the DROP rule let pings through");
+    sent as u64
+}
+
+/// Whether this kernel's skb:kfree_skb reports drop reasons, as the
+/// observer found: its attach line names the kfree_skb variant in use.
+fn drop_reasons_reported(run: &ObserverRun) -> bool {
+    let attach = run.attach_lines()[0];
+    match attach["programs"]["drops"].as_str() {
+        Some("observer_kfree") => true,
+        Some("observer_kfree2") => false,
+        other => panic!("no kernel drop program in {attach}: {other:?}"),
+    }
+}
+
+/// UDP to a closed port of B: the kernel drops every datagram; the
+/// observer counts them under the kernel's own reason name (from its BTF),
+/// as many as the kernel's `Udp: NoPorts` counter says.
+#[test]
+fn kernel_drops_are_named_from_btf() {
+    if !have_root("kernel_drops_are_named_from_btf") {
+        return;
+    }
+    let tunnels = Tunnels::new("kr", &[]);
+    let observer = ObserverProcess::start(Some(tunnels.b.name()), &[B_IFACE], &[]);
+    let before = udp_no_ports(&tunnels.b);
+    const DATAGRAMS: u64 = 25;
+    tunnels.a.exec_ok(&[
+        "bash",
+        "-c",
+        &format!("for i in $(seq {DATAGRAMS}); do printf x > /dev/udp/10.99.0.2/9; done"),
+    ]);
+    let reported = observer
+        .attach_lines()
+        .first()
+        .is_some_and(|a| a["programs"]["drops"] == "observer_kfree");
+    let reason = if reported {
+        "NO_SOCKET"
+    } else {
+        "NOT_REPORTED"
+    };
+    let counted = |lines: &[Value]| -> u64 {
+        lines
+            .iter()
+            .rev()
+            .find(|l| {
+                l["type"] == "drop"
+                    && l["origin"] == "kernel"
+                    && l["reason"] == reason
+                    && l["peer"].is_null()
+            })
+            .and_then(|l| l["packets"].as_u64())
+            .unwrap_or(0)
+    };
+    observer.wait_for_lines(|lines| counted(lines) >= DATAGRAMS);
+    let no_ports = udp_no_ports(&tunnels.b) - before;
+    let run = observer.stop();
+    let mut checks = Checks::default();
+    checks.compare(
+        &format!("kernel_drop_{reason}"),
+        counted(&run.lines),
+        no_ports,
+        "Udp NoPorts",
+    );
+    checks.compare("kernel_drop_sent", no_ports, DATAGRAMS, "datagrams sent");
+    checks.finish();
+}
+
+/// `Udp: NoPorts` of namespace `ns` (/proc/net/snmp).
+fn udp_no_ports(ns: &Netns) -> u64 {
+    let output = ns.exec_ok(&["cat", "/proc/net/snmp"]);
+    let text = String::from_utf8_lossy(&output.stdout);
+    let mut udp = text.lines().filter(|l| l.starts_with("Udp:"));
+    let names: Vec<&str> = udp.next().unwrap().split_whitespace().collect();
+    let values: Vec<&str> = udp.next().unwrap().split_whitespace().collect();
+    let at = names.iter().position(|n| *n == "NoPorts").unwrap();
+    values[at].parse().unwrap()
+}
+
+/// The lab's incident, with the kernel's own tunl0 where the kernel has
+/// IPIP: the same facts as tests/lab.rs.
+#[test]
+fn incident_lab_holds_on_this_kernel() {
+    if !have_root("incident_lab_holds_on_this_kernel") {
+        return;
+    }
+    let duration = support::netns::scaled(Duration::from_secs(8));
+    let (output, lines) = lab::run_lab("incident", duration);
+    assert!(
+        output.status.success(),
+        "{}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let start = lab::fact(&lines, "start", &[]);
+    let ipip = start["ipip"].as_str().unwrap_or_default().to_string();
+    let mut checks = Checks::default();
+    checks.holds(
+        "lab_tunl0",
+        !kernel_suite::in_vm() || ipip == "kernel",
+        None,
+        &format!("tunl0: {ipip}"),
+    );
+    let facts = lab::incident_facts(&lines);
+    for (name, observer, reference, kind) in &facts {
+        checks.compare(name, *observer, *reference, kind);
+    }
+    checks.finish();
+    lab::assert_incident(&lines);
+}
