@@ -412,9 +412,25 @@ fn ipip_allow_set_drops_equal_the_iptables_counter() {
 
 /// Pings that Calico's rule drops: all go unanswered; returns how many.
 fn tunnels_ping_dropped(from: &Netns, to: &str) -> u64 {
-    let (sent, received) = support::tunnels::ping(from, to, PINGS);
-    assert_eq!(received, 0, "the DROP rule let pings through");
-    sent as u64
+    // No deadline (-w): ping would keep sending until it, unanswered.
+    let output = from.exec(&[
+        "ping",
+        "-n",
+        "-q",
+        "-c",
+        &PINGS.to_string(),
+        "-i",
+        "0.02",
+        "-W",
+        "1",
+        to,
+    ]);
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        text.contains(&format!("{PINGS} packets transmitted, 0 received")),
+        "the DROP rule let pings through, or ping failed: {text}"
+    );
+    u64::from(PINGS)
 }
 
 /// Whether this kernel's skb:kfree_skb reports drop reasons, as the

@@ -196,6 +196,7 @@ fn run() -> anyhow::Result<()> {
         system::traffic::run(&vxlan, pass.as_fd())?;
         return system::write_table();
     }
+    system::verifier::run()?;
     allow_set_cases(&vxlan)?;
     // The kfree_skb cost is measured on real drops in namespaces, on a
     // thread of its own because it enters a network namespace.

@@ -25,7 +25,7 @@ use crate::{
     export::{self, ExportInput, Exporter, TEXTFILE_NAME},
     loader::{self, InterfaceEvent, LoadConfig, Observer},
     netns,
-    output::{self, AttachLine, DropRow, Format, Snapshot},
+    output::{self, AttachLine, DropRow, Format, NetfilterCheck, Snapshot},
     preflight,
     settings::Settings,
 };
@@ -210,6 +210,8 @@ struct Monitor<'a> {
     /// What the anomaly rules know of the peers: rebuilt when the data
     /// plane or the allow-sets change.
     known: Known,
+    /// The latest netfilter cross-check (read every refresh period).
+    netfilter: Vec<NetfilterCheck>,
 }
 
 /// The data-plane view and what keeps it current.
@@ -316,6 +318,7 @@ impl<'a> Monitor<'a> {
             started: Instant::now(),
             dataplane: DataPlaneState::new(settings_tunnels),
             known: Known::default(),
+            netfilter: Vec::new(),
         }
     }
 
@@ -392,7 +395,7 @@ impl<'a> Monitor<'a> {
             return Ok(());
         }
         // Baseline of the netfilter counters: the comparison is since attach.
-        self.checks.netfilter(&[]);
+        self.checks.netfilter(&[], true);
         let start = tokio::time::Instant::now();
         let duration = match self.mode {
             Mode::Attach => self.args.duration,
@@ -448,7 +451,12 @@ impl<'a> Monitor<'a> {
         let drop_rows = self
             .checks
             .drop_rows(self.observer, self.drop_aggregator.finish_interval(seconds));
-        let netfilter = self.checks.netfilter(&drop_rows);
+        // Netfilter lines are printed when the counters were read; the
+        // table and the diagnosis keep the latest comparison.
+        let fresh_netfilter = self.checks.netfilter(&drop_rows, is_final);
+        if let Some(checks) = &fresh_netfilter {
+            self.netfilter = checks.clone();
+        }
         let stats = self
             .observer
             .stats_for(flows.len() as u64)
@@ -478,7 +486,11 @@ impl<'a> Monitor<'a> {
             at,
             is_final,
             drops: &drop_rows,
-            netfilter: &netfilter,
+            netfilter: match (self.format, &fresh_netfilter) {
+                (Format::Json, Some(fresh)) => fresh,
+                (Format::Json, None) => &[],
+                (Format::Table, _) => &self.netfilter,
+            },
             anomaly_events: &events,
             anomalies: &active,
         };
@@ -500,7 +512,7 @@ impl<'a> Monitor<'a> {
             self.findings.still_active(&active);
             self.last.rows = rows;
             self.last.drops = drop_rows;
-            self.last.netfilter = netfilter;
+            self.last.netfilter = self.netfilter.clone();
         }
         result
     }

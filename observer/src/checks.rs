@@ -52,6 +52,8 @@ pub struct NodeChecks {
     /// matched since attach. Summing differences keeps the count right when
     /// Calico re-creates a rule (its counter restarts at zero).
     rule_counts: Option<HashMap<RuleId, (u64, u64)>>,
+    /// When the rule counters were last read.
+    last_rules_read: Option<Instant>,
     reported_problems: Vec<String>,
 }
 
@@ -65,6 +67,7 @@ impl NodeChecks {
             allow: None,
             vnis: None,
             rule_counts: None,
+            last_rules_read: None,
             reported_problems: Vec::new(),
         }
     }
@@ -190,8 +193,24 @@ impl NodeChecks {
     }
 
     /// Calico's drop-rule counters since attach beside the observer's
-    /// `calico_allow_set` counts. The first call only takes the baseline.
-    pub fn netfilter(&mut self, drops: &[DropRow]) -> Vec<NetfilterCheck> {
+    /// `calico_allow_set` counts, when a read is due: every refresh period
+    /// (like the allow-sets) and at the end (`is_final`), not every
+    /// interval, because each read runs iptables-save, ip6tables-save and
+    /// nft, whose cost grows with the node's rules. `None` when not due.
+    /// The first call only takes the baseline.
+    pub fn netfilter(&mut self, drops: &[DropRow], is_final: bool) -> Option<Vec<NetfilterCheck>> {
+        let due = is_final
+            || self
+                .last_rules_read
+                .is_none_or(|at| at.elapsed() >= self.refresh);
+        if !due {
+            return None;
+        }
+        self.last_rules_read = Some(Instant::now());
+        Some(self.read_netfilter(drops))
+    }
+
+    fn read_netfilter(&mut self, drops: &[DropRow]) -> Vec<NetfilterCheck> {
         let (rules, problems) = netfilter::read_calico_drop_rules();
         for problem in problems {
             self.warn_once(problem);

@@ -165,6 +165,12 @@ pub struct LabArgs {
     /// observers' lines tagged with "node", then {"type":"lab",...} facts).
     #[arg(long, value_enum, default_value_t = crate::lab::view::LabFormat::Text, value_name = "FORMAT")]
     pub output: crate::lab::view::LabFormat,
+
+    /// How long the node observers may take to load (verify) and attach
+    /// their programs before the lab gives up; raise it on slow or
+    /// emulated machines (a VM without KVM takes minutes).
+    #[arg(long, value_parser = parse_duration, default_value = "60s", value_name = "DURATION")]
+    pub attach_timeout: Duration,
 }
 
 /// Options of `observer attach`.
@@ -240,8 +246,10 @@ pub struct AttachArgs {
     #[arg(long = "allow-cidr", value_name = "[PROTO=]CIDR")]
     pub allow_cidrs: Vec<Tagged<ipnet::IpNet>>,
 
-    /// How often allow-sets and local vxlan devices are re-read; changes
-    /// take effect in the programs at the next refresh. [default: 5s]
+    /// How often allow-sets, local vxlan devices and Calico's drop-rule
+    /// counters are re-read (each read runs ipset, nft, iptables-save; a
+    /// tool that hangs is given up after 10s and reported); changes take
+    /// effect in the programs at the next refresh. [default: 5s]
     #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
     pub allow_set_refresh: Option<Duration>,
 

@@ -41,9 +41,14 @@ impl Features {
     /// needs (the helper probe loads a program); without them `xdp_frags`
     /// reads false.
     pub fn probe() -> Features {
+        Features::probe_with(&KernelBtf::open(Path::new(preflight::KERNEL_BTF)))
+    }
+
+    /// [`Features::probe`] with the kernel's BTF already parsed (parsing
+    /// it takes longer than everything else a start does).
+    pub fn probe_with(btf: &anyhow::Result<KernelBtf>) -> Features {
         let release = kernel_release();
-        let btf = KernelBtf::open(Path::new(preflight::KERNEL_BTF));
-        let (btf_problem, tcx, drop_reasons) = match &btf {
+        let (btf_problem, tcx, drop_reasons) = match btf {
             Ok(btf) => (
                 None,
                 Some(btf.enum_has("bpf_attach_type", "BPF_TCX_INGRESS")),

@@ -233,19 +233,26 @@ impl Observer {
         if config.max_flows == 0 {
             bail!("--max-flows must be at least 1");
         }
-        let features = Features::probe();
+        // The kernel's BTF, parsed once: features, sk_buff offsets and
+        // drop reason names all come from it.
+        let btf = KernelBtf::open(Path::new(preflight::KERNEL_BTF));
+        let features = Features::probe_with(&btf);
         let plan = features.plan();
         for fallback in &plan.fallbacks {
             tracing::warn!(kernel = %features.release, "{fallback}");
         }
-        // sk_buff offsets and drop reason names from the running kernel; a
-        // kernel without them still gets every counter but kernel drops.
-        let (layout, btf_problem) = match skb_layout(Path::new(preflight::KERNEL_BTF)) {
-            Ok(layout) => (layout, None),
+        // A kernel without the offsets still gets every counter but
+        // kernel drops.
+        let (layout, btf_problem) = match btf.as_ref().map(KernelBtf::skb_layout) {
+            Ok(Ok(layout)) => (layout, None),
+            Ok(Err(e)) => (SkbLayout::default(), Some(format!("{e:#}"))),
             Err(e) => (SkbLayout::default(), Some(format!("{e:#}"))),
         };
-        let (drop_reasons, drop_subsystems) =
-            reason_names(Path::new(preflight::KERNEL_BTF)).unwrap_or_default();
+        let (drop_reasons, drop_subsystems) = btf
+            .as_ref()
+            .ok()
+            .and_then(|btf| Some((btf.drop_reasons().ok()?, btf.drop_reason_subsystems())))
+            .unwrap_or_default();
         let mut ebpf = EbpfLoader::new()
             .map_max_entries(FLOWS_MAP, config.max_flows)
             .map_max_entries(observer_common::DROPS_MAP, config.max_flows)
@@ -832,21 +839,6 @@ impl Observer {
             flow_insert_failures: read(Stat::FlowInsertFailures)?,
         })
     }
-}
-
-/// Drop reason names and subsystem names, value -> name.
-type ReasonNames = (HashMap<u32, String>, HashMap<u32, String>);
-
-/// The SkbLayout of the kernel whose BTF is at `path`.
-fn skb_layout(path: &Path) -> Result<SkbLayout> {
-    KernelBtf::open(path)?.skb_layout()
-}
-
-/// The drop reason names of the kernel whose BTF is at `path` (none before
-/// 5.17, whose tracepoint reports no reason).
-fn reason_names(path: &Path) -> Result<ReasonNames> {
-    let btf = KernelBtf::open(path)?;
-    Ok((btf.drop_reasons()?, btf.drop_reason_subsystems()))
 }
 
 /// tc ingress's drop checks, reached by a tail call.

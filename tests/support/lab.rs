@@ -21,6 +21,11 @@ pub fn run_lab(scenario: &str, duration: Duration) -> (Output, Vec<Value>) {
             "json",
             "--duration",
             &duration,
+            "--attach-timeout",
+            &format!(
+                "{}s",
+                super::netns::scaled(Duration::from_secs(60)).as_secs()
+            ),
         ])
         .stdin(Stdio::null())
         .output()

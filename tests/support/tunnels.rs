@@ -61,6 +61,8 @@ pub struct Kind {
     /// VNI of the rows (0 without one).
     pub vni: u64,
     /// tcpdump filter for the outer packets of this kind (any direction).
+    /// `protochain` for the IPv6 tunnels: ip6tnl and ip6gre put a
+    /// destination options header (the encapsulation limit) first.
     pub filter: &'static str,
 }
 
@@ -141,7 +143,7 @@ pub const KINDS: &[Kind] = &[
         peer: A6,
         local: B6,
         vni: 0,
-        filter: "ip6 proto 41",
+        filter: "ip6 protochain 41",
     },
     Kind {
         name: "ip6tnl_ipip6",
@@ -152,7 +154,7 @@ pub const KINDS: &[Kind] = &[
         peer: A6_TAP,
         local: B6_TAP,
         vni: 0,
-        filter: "ip6 proto 4",
+        filter: "ip6 protochain 4",
     },
     Kind {
         name: "gre_v4",
@@ -185,7 +187,7 @@ pub const KINDS: &[Kind] = &[
         peer: A6,
         local: B6,
         vni: 0,
-        filter: "ip6 proto 47",
+        filter: "ip6 protochain 47",
     },
     Kind {
         name: "wireguard_v4",
@@ -423,13 +425,35 @@ impl Tunnels {
     pub fn ping_all(&self, count: u32) {
         for kind in &self.kinds {
             for (from, to) in [(&self.a, kind.inner.1), (&self.b, kind.inner.0)] {
-                let (sent, received) = ping(from, to, count);
-                assert_eq!(
-                    (sent, received),
-                    (count, count),
-                    "{}: ping {to} lost replies",
-                    kind.name
-                );
+                let (sent, received, output) = ping_output(from, to, count);
+                if (sent, received) != (count, count) {
+                    let diagnose = |ns: &Netns| {
+                        let mut text = String::new();
+                        for args in [
+                            vec!["-s", "-d", "link", "show", kind.dev],
+                            vec!["route", "get", to],
+                            vec!["-6", "neigh"],
+                            vec!["-6", "route"],
+                        ] {
+                            let mut all = vec!["-n", ns.name()];
+                            all.extend(args);
+                            let out = super::netns::try_run("ip", &all);
+                            text.push_str(&String::from_utf8_lossy(&out.stdout));
+                            text.push_str(&String::from_utf8_lossy(&out.stderr));
+                        }
+                        text.push_str(&String::from_utf8_lossy(
+                            &ns.exec(&["nstat", "-a", "-z", "Icmp*", "Ip6*", "Ip*"])
+                                .stdout,
+                        ));
+                        text
+                    };
+                    panic!(
+                        "{}: ping {to} lost replies:\n{output}\nA:\n{}\nB:\n{}",
+                        kind.name,
+                        diagnose(&self.a),
+                        diagnose(&self.b)
+                    );
+                }
             }
         }
     }
@@ -449,6 +473,12 @@ impl Tunnels {
 /// the first packet of a tunnel may wait for a neighbour or a WireGuard
 /// handshake.
 pub fn ping(ns: &Netns, dst: &str, count: u32) -> (u32, u32) {
+    let (sent, received, _) = ping_output(ns, dst, count);
+    (sent, received)
+}
+
+/// [`ping`], with everything ping printed.
+fn ping_output(ns: &Netns, dst: &str, count: u32) -> (u32, u32, String) {
     let count_text = count.to_string();
     let deadline = scaled(Duration::from_secs(10)).as_secs().to_string();
     let output = ns.exec(&[
@@ -463,23 +493,22 @@ pub fn ping(ns: &Netns, dst: &str, count: u32) -> (u32, u32) {
         &deadline,
         dst,
     ]);
-    let text = String::from_utf8_lossy(&output.stdout).into_owned();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
     let line = text
         .lines()
         .find(|l| l.contains("packets transmitted"))
-        .unwrap_or_else(|| {
-            panic!(
-                "no ping summary: {text}{}",
-                String::from_utf8_lossy(&output.stderr)
-            )
-        });
+        .unwrap_or_else(|| panic!("no ping summary: {text}"));
     let numbers: Vec<u32> = line
         .split(|c: char| !c.is_ascii_digit())
         .filter(|s| !s.is_empty())
         .take(2)
         .map(|s| s.parse().unwrap())
         .collect();
-    (numbers[0], numbers[1])
+    (numbers[0], numbers[1], text)
 }
 
 /// WireGuard key pairs for A and B.

@@ -6,6 +6,7 @@
 pub mod replay;
 pub mod snapshot;
 pub mod traffic;
+pub mod verifier;
 
 #[path = "../../../tests/support/storm.rs"]
 pub mod storm;

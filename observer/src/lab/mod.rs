@@ -93,7 +93,7 @@ pub fn run(args: LabArgs) -> Result<()> {
 
     let mut observers = Observers::spawn(&mut lab, &names, args.duration, ipip)?;
     view.note("observers starting on gpu, cp1 and cp2 (observer diagnose ... eth0)");
-    let first_ready = observers.wait_ready(&mut view, Duration::from_secs(60))?;
+    let first_ready = observers.wait_ready(&mut view, args.attach_timeout)?;
 
     // Every ping must end before the first observer stops, so that each
     // packet is in the observers' final counters.

@@ -117,7 +117,7 @@ impl Observers {
         while self.ready.iter().any(|r| !r) {
             if Instant::now() >= deadline {
                 bail!(
-                    "the observers did not attach within {timeout:?}{}",
+                    "the observers did not attach within {timeout:?} (on a slow or emulated machine raise --attach-timeout){}",
                     self.stderr_tails()
                 );
             }
