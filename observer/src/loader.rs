@@ -483,31 +483,26 @@ impl Observer {
         Ok(())
     }
 
-    /// File descriptor of a loaded program (for BPF_PROG_TEST_RUN).
-    pub fn program_fd(&self, hook: Hook) -> Result<BorrowedFd<'_>> {
+    /// The loaded program of `hook`.
+    fn loaded_program(&self, hook: Hook) -> Result<&aya::programs::Program> {
         let name = self.program_name(hook);
         if let Some(why) = self.load_failure(hook) {
             bail!("{name} is not loaded: {why}");
         }
-        let program = self
-            .ebpf
+        self.ebpf
             .program(name)
-            .with_context(|| format!("program {name} missing"))?;
-        Ok(program.fd()?.as_fd())
+            .with_context(|| format!("program {name} missing"))
+    }
+
+    /// File descriptor of a loaded program (for BPF_PROG_TEST_RUN).
+    pub fn program_fd(&self, hook: Hook) -> Result<BorrowedFd<'_>> {
+        Ok(self.loaded_program(hook)?.fd()?.as_fd())
     }
 
     /// Kernel info of the loaded program of `hook` (id, verified
     /// instruction count, run time when BPF stats are on).
     pub fn program_info(&self, hook: Hook) -> Result<aya::programs::ProgramInfo> {
-        let name = self.program_name(hook);
-        if let Some(why) = self.load_failure(hook) {
-            bail!("{name} is not loaded: {why}");
-        }
-        let program = self
-            .ebpf
-            .program(name)
-            .with_context(|| format!("program {name} missing"))?;
-        Ok(program.info()?)
+        Ok(self.loaded_program(hook)?.info()?)
     }
 
     /// Kernel info of tc ingress's checks program (tail-called; never

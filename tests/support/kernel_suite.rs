@@ -3,7 +3,7 @@
 //! `cargo xtask vm-test` collects from each VM into the kernel matrix.
 //! Without the variable nothing is written; the assertions run either way.
 
-use std::{fs::OpenOptions, io::Write};
+use std::{fs::OpenOptions, io::Write, sync::Mutex};
 
 use serde_json::json;
 
@@ -50,12 +50,16 @@ pub fn record(check: Check<'_>) {
         "pass": check.pass,
         "detail": check.detail,
     });
+    // Tests run in parallel: one locked write of the whole line each.
+    static WRITER: Mutex<()> = Mutex::new(());
+    let _guard = WRITER.lock().unwrap_or_else(|e| e.into_inner());
     let mut file = OpenOptions::new()
         .create(true)
         .append(true)
         .open(&path)
         .unwrap_or_else(|e| panic!("opening {path}: {e}"));
-    writeln!(file, "{line}").unwrap_or_else(|e| panic!("writing {path}: {e}"));
+    file.write_all(format!("{line}\n").as_bytes())
+        .unwrap_or_else(|e| panic!("writing {path}: {e}"));
 }
 
 /// The checks of one test: each is recorded as it is made, and

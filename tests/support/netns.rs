@@ -222,24 +222,28 @@ impl Netns {
         let output = self.exec(&[
             "ping", "-n", "-q", "-c", &count, "-i", "0.01", "-W", "2", dst,
         ]);
-        let text = String::from_utf8_lossy(&output.stdout).into_owned();
-        let line = text
-            .lines()
-            .find(|l| l.contains("packets transmitted"))
-            .unwrap_or_else(|| {
-                panic!(
-                    "no ping summary: {text}{}",
-                    String::from_utf8_lossy(&output.stderr)
-                )
-            });
-        let numbers: Vec<u32> = line
-            .split(|c: char| !c.is_ascii_digit())
-            .filter(|s| !s.is_empty())
-            .take(2)
-            .map(|s| s.parse().unwrap())
-            .collect();
-        (numbers[0], numbers[1])
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        ping_summary(&text)
     }
+}
+
+/// (transmitted, received) of ping's output `text`.
+pub fn ping_summary(text: &str) -> (u32, u32) {
+    let line = text
+        .lines()
+        .find(|l| l.contains("packets transmitted"))
+        .unwrap_or_else(|| panic!("no ping summary: {text}"));
+    let numbers: Vec<u32> = line
+        .split(|c: char| !c.is_ascii_digit())
+        .filter(|s| !s.is_empty())
+        .take(2)
+        .map(|s| s.parse().unwrap())
+        .collect();
+    (numbers[0], numbers[1])
 }
 
 impl Drop for Netns {

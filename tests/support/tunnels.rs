@@ -15,7 +15,7 @@ use serde_json::Value;
 
 use super::{
     kernel_suite,
-    netns::{Netns, VethEnd, scaled, temp_path, veth_pair},
+    netns::{Netns, VethEnd, ping_summary, scaled, temp_path, veth_pair},
 };
 
 /// Underlay interface names.
@@ -264,23 +264,39 @@ impl Tunnels {
             },
             24,
         );
-        for (ns, extra, v6, peer6, peer_mac, iface) in [
-            (&a, A4_TAP, A6, B6, "02:00:00:00:99:02", A_IFACE),
-            (&b, B4_TAP, B6, A6, "02:00:00:00:99:01", B_IFACE),
+        for (ns, extra, v6s, peer6s, peer_mac, iface) in [
+            (
+                &a,
+                A4_TAP,
+                [A6, A6_TAP],
+                [B6, B6_TAP],
+                "02:00:00:00:99:02",
+                A_IFACE,
+            ),
+            (
+                &b,
+                B4_TAP,
+                [B6, B6_TAP],
+                [A6, A6_TAP],
+                "02:00:00:00:99:01",
+                B_IFACE,
+            ),
         ] {
             ns.ip(&["addr", "add", &format!("{extra}/24"), "dev", iface]);
-            ns.ip(&["addr", "add", &format!("{v6}/64"), "dev", iface, "nodad"]);
-            ns.ip(&[
-                "neigh",
-                "replace",
-                peer6,
-                "lladdr",
-                peer_mac,
-                "dev",
-                iface,
-                "nud",
-                "permanent",
-            ]);
+            for (v6, peer6) in v6s.into_iter().zip(peer6s) {
+                ns.ip(&["addr", "add", &format!("{v6}/64"), "dev", iface, "nodad"]);
+                ns.ip(&[
+                    "neigh",
+                    "replace",
+                    peer6,
+                    "lladdr",
+                    peer_mac,
+                    "dev",
+                    iface,
+                    "nud",
+                    "permanent",
+                ]);
+            }
         }
         a.neigh(B4_TAP, "02:00:00:00:99:02", A_IFACE);
         b.neigh(A4_TAP, "02:00:00:00:99:01", B_IFACE);
@@ -395,6 +411,21 @@ impl Tunnels {
         Ok(())
     }
 
+    /// Silences the tunnels that send by themselves: WireGuard sends
+    /// keepalives and handshakes on its own timers, so its peers are removed
+    /// (after the test's traffic, before counting stops) so that nothing
+    /// crosses between tcpdump's stop and the observer's final read.
+    pub fn quiesce(&self) {
+        for kind in self.kinds.iter().filter(|k| k.proto == "wireguard") {
+            for ns in [&self.a, &self.b] {
+                let out = ns.exec_ok(&["wg", "show", kind.dev, "peers"]);
+                for peer in String::from_utf8_lossy(&out.stdout).split_whitespace() {
+                    ns.exec_ok(&["wg", "set", kind.dev, "peer", peer, "remove"]);
+                }
+            }
+        }
+    }
+
     /// Static neighbour entries for the inner addresses of the Ethernet
     /// tunnels (vxlan, geneve, gretap): no ARP ever crosses them, so the
     /// only tunnel packets are the test's own, whenever counting starts.
@@ -498,17 +529,8 @@ fn ping_output(ns: &Netns, dst: &str, count: u32) -> (u32, u32, String) {
         String::from_utf8_lossy(&output.stdout),
         String::from_utf8_lossy(&output.stderr)
     );
-    let line = text
-        .lines()
-        .find(|l| l.contains("packets transmitted"))
-        .unwrap_or_else(|| panic!("no ping summary: {text}"));
-    let numbers: Vec<u32> = line
-        .split(|c: char| !c.is_ascii_digit())
-        .filter(|s| !s.is_empty())
-        .take(2)
-        .map(|s| s.parse().unwrap())
-        .collect();
-    (numbers[0], numbers[1], text)
+    let (sent, received) = ping_summary(&text);
+    (sent, received, text)
 }
 
 /// WireGuard key pairs for A and B.

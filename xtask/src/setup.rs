@@ -59,7 +59,8 @@ const BPF_LINKER_VERSION: &str = "0.13.0";
 const LLVM_MAJOR: &str = "22";
 const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
 
-fn item(name: &str, state: &str) {
+/// One line of the setup report: `setup: NAME  STATE`.
+pub fn item(name: &str, state: &str) {
     println!("setup: {name:<28} {state}");
 }
 
@@ -78,6 +79,8 @@ pub fn setup() -> Result<()> {
     rust_src()?;
     nightly_llvm()?;
     bpf_linker()?;
+    // `cargo xtask test` ends with `vm-test`: qemu, virtme-ng and the rest.
+    crate::vm::setup()?;
     println!("setup: done in {}", secs(start.elapsed()));
     Ok(())
 }
@@ -130,6 +133,37 @@ fn debian_packages() -> Result<()> {
         .copied()
         .chain(missing_services.iter().map(|(package, _)| *package))
     {
+        if !deb_installed(package)? {
+            bail!("apt-get reported success but {package} is still not installed");
+        }
+        item(package, "installed");
+    }
+    Ok(())
+}
+
+/// Installs those of `packages` that are missing, without their
+/// recommends, and checks they are installed afterwards.
+pub fn debian_packages_without_recommends(packages: &[&str]) -> Result<()> {
+    let mut missing = Vec::new();
+    for package in packages {
+        if deb_installed(package)? {
+            item(package, "present");
+        } else {
+            missing.push(*package);
+        }
+    }
+    if missing.is_empty() {
+        return Ok(());
+    }
+    util::run(Command::new("apt-get").arg("update"))?;
+    println!("setup: installing Debian packages: {}", missing.join(" "));
+    util::run(
+        Command::new("apt-get")
+            .args(["install", "-y", "--no-install-recommends"])
+            .args(&missing)
+            .env("DEBIAN_FRONTEND", "noninteractive"),
+    )?;
+    for package in missing {
         if !deb_installed(package)? {
             bail!("apt-get reported success but {package} is still not installed");
         }
@@ -233,6 +267,27 @@ fn python_packages() -> Result<()> {
         item(&name, &format!("present ({KUBERNETES_VALIDATE_VERSION})"));
         return Ok(());
     }
+    println!(
+        "setup: {KUBERNETES_VALIDATE} is {}; installing {KUBERNETES_VALIDATE_VERSION}",
+        current.as_deref().unwrap_or("missing")
+    );
+    pip_install(KUBERNETES_VALIDATE, KUBERNETES_VALIDATE_VERSION)?;
+    let now = pip_version(KUBERNETES_VALIDATE);
+    if now.as_deref() != Some(KUBERNETES_VALIDATE_VERSION) {
+        bail!(
+            "pip installed {KUBERNETES_VALIDATE} {KUBERNETES_VALIDATE_VERSION}, but `python3 -m pip show \
+             {KUBERNETES_VALIDATE}` reports {}",
+            now.as_deref().unwrap_or("nothing")
+        );
+    }
+    item(&name, &format!("installed ({KUBERNETES_VALIDATE_VERSION})"));
+    Ok(())
+}
+
+/// `python3 -m pip install PACKAGE==VERSION` with the `python3` on PATH,
+/// first installing Debian's python3-pip if that python has no pip, and
+/// overriding PEP 668 on a distribution-managed python.
+pub fn pip_install(package: &str, version: &str) -> Result<()> {
     if !python_has_pip() {
         println!("setup: `python3 -m pip` does not run; installing Debian's python3-pip");
         util::run(Command::new("apt-get").arg("update"))?;
@@ -242,10 +297,6 @@ fn python_packages() -> Result<()> {
                 .env("DEBIAN_FRONTEND", "noninteractive"),
         )?;
     }
-    println!(
-        "setup: {KUBERNETES_VALIDATE} is {}; installing {KUBERNETES_VALIDATE_VERSION}",
-        current.as_deref().unwrap_or("missing")
-    );
     let mut pip = Command::new("python3");
     pip.args([
         "-m",
@@ -258,19 +309,7 @@ fn python_packages() -> Result<()> {
         // Debian's own python3 (PEP 668): this is a throwaway build machine.
         pip.arg("--break-system-packages");
     }
-    util::run(pip.arg(format!(
-        "{KUBERNETES_VALIDATE}=={KUBERNETES_VALIDATE_VERSION}"
-    )))?;
-    let now = pip_version(KUBERNETES_VALIDATE);
-    if now.as_deref() != Some(KUBERNETES_VALIDATE_VERSION) {
-        bail!(
-            "pip installed {KUBERNETES_VALIDATE} {KUBERNETES_VALIDATE_VERSION}, but `python3 -m pip show \
-             {KUBERNETES_VALIDATE}` reports {}",
-            now.as_deref().unwrap_or("nothing")
-        );
-    }
-    item(&name, &format!("installed ({KUBERNETES_VALIDATE_VERSION})"));
-    Ok(())
+    util::run(pip.arg(format!("{package}=={version}")))
 }
 
 /// The version `python3 -m pip show` reports for `package`, if installed.

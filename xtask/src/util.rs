@@ -40,7 +40,8 @@ pub fn display(cmd: &Command) -> String {
     text
 }
 
-fn quote(arg: &OsStr) -> String {
+/// `arg` as one shell word: as is when it is plain, else single-quoted.
+pub fn quote(arg: &OsStr) -> String {
     let s = arg.to_string_lossy();
     if !s.is_empty()
         && s.chars()

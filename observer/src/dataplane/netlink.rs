@@ -20,8 +20,8 @@ use netlink_packet_route::{
     },
     neighbour::{NeighbourAddress, NeighbourAttribute, NeighbourMessage},
     route::{
-        RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteMetric, RouteProtocol,
-        RouteType, RouteVia,
+        RouteAddress, RouteAttribute, RouteFlags, RouteHeader, RouteMessage, RouteMetric,
+        RouteProtocol, RouteType, RouteVia,
     },
 };
 use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_ROUTE};
@@ -433,9 +433,7 @@ fn tunnel_device(link: &Link, kind: &InfoKind, data: Option<&InfoData>) -> Optio
             for info in infos {
                 match *info {
                     InfoGre::Link(ifindex) => device.lower = nonzero(ifindex),
-                    // The kernel's attribute is big-endian; the crate
-                    // reads it as a native u32.
-                    InfoGre::OKey(key) => device.key = nonzero(u32::from_be(key)),
+                    InfoGre::OKey(key) => device.key = nonzero(key),
                     InfoGre::Local(a) => device.local = specified(a.into()),
                     InfoGre::Remote(a) => device.remote = specified(a.into()),
                     _ => {}
@@ -447,7 +445,7 @@ fn tunnel_device(link: &Link, kind: &InfoKind, data: Option<&InfoData>) -> Optio
             for info in infos {
                 match *info {
                     InfoGre6::Link(ifindex) => device.lower = nonzero(ifindex),
-                    InfoGre6::OKey(key) => device.key = nonzero(u32::from_be(key)),
+                    InfoGre6::OKey(key) => device.key = nonzero(key),
                     InfoGre6::Local(a) => device.local = specified(a.into()),
                     InfoGre6::Remote(a) => device.remote = specified(a.into()),
                     _ => {}
@@ -498,7 +496,12 @@ fn address(message: &AddressMessage) -> Option<Address> {
 /// unicast or that the kernel derived from an address (connected
 /// prefixes, IPv6 link-local: they lead to no peer).
 fn route(message: &RouteMessage) -> Vec<Route> {
-    if message.header.kind != RouteType::Unicast || message.header.protocol == RouteProtocol::Kernel
+    // Cloned routes are the kernel's cached exceptions (a path MTU learnt
+    // for one destination, say), which a dump lists beside the routes: a
+    // tunnel's inner peer address is no pod block.
+    if message.header.kind != RouteType::Unicast
+        || message.header.protocol == RouteProtocol::Kernel
+        || message.header.flags.contains(RouteFlags::Cloned)
     {
         return Vec::new();
     }
