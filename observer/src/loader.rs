@@ -870,9 +870,8 @@ fn note_failure(
     loaded: Result<()>,
 ) -> Result<()> {
     if let Err(e) = loaded {
-        if e.chain()
-            .any(|c| c.to_string().contains("permission denied loading"))
-        {
+        // anyhow finds a context by its type.
+        if e.downcast_ref::<PermissionDenied>().is_some() {
             return Err(e);
         }
         tracing::warn!(program = name, error = %format!("{e:#}"), "program not loaded");
@@ -992,9 +991,57 @@ fn explain_load_error(e: anyhow::Error, release: &str) -> anyhow::Error {
             || cause.to_string().contains("Operation not permitted")
     });
     if permission {
-        return e.context(format!(
-            "permission denied loading eBPF programs: run as root, or grant CAP_BPF, CAP_NET_ADMIN and CAP_PERFMON (CAP_SYS_ADMIN on kernels before 5.8; this is {release})"
-        ));
+        return e.context(PermissionDenied(release.to_string()));
     }
     e.context(format!("loading the eBPF object on kernel {release}"))
+}
+
+/// The kernel refused to load programs for lack of privileges (kernel
+/// release inside): nothing else will load either.
+#[derive(Debug)]
+struct PermissionDenied(String);
+
+impl fmt::Display for PermissionDenied {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "permission denied loading eBPF programs: run as root, or grant CAP_BPF, CAP_NET_ADMIN and CAP_PERFMON (CAP_SYS_ADMIN on kernels before 5.8; this is {})",
+            self.0
+        )
+    }
+}
+
+impl std::error::Error for PermissionDenied {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refused_program_is_noted_and_a_permission_error_ends_the_load() {
+        let mut failures = Vec::new();
+        let refused = anyhow!("the verifier of kernel 5.10 rejected observer_tc_in");
+        note_failure(
+            &mut failures,
+            Hook::TcIngress,
+            "observer_tc_in",
+            Err(refused),
+        )
+        .unwrap();
+        assert_eq!(failures.len(), 1);
+        assert!(failures[0].1.contains("rejected observer_tc_in"));
+
+        let eperm = explain_load_error(
+            anyhow::Error::new(io::Error::from_raw_os_error(libc::EPERM)),
+            "5.10.0-32-amd64",
+        );
+        let ended = note_failure(&mut failures, Hook::Xdp, "observer_xdp", Err(eperm)).unwrap_err();
+        assert_eq!(failures.len(), 1, "not noted: the whole load fails");
+        let text = format!("{ended:#}");
+        assert!(
+            text.starts_with("permission denied loading eBPF programs")
+                && text.contains("this is 5.10.0-32-amd64"),
+            "{text}"
+        );
+    }
 }
