@@ -32,11 +32,11 @@ use std::{
 
 use ipnet::IpNet;
 use observer::{
-    dataplane::{
+    node::dataplane::{
         ChangeWatcher, DataPlane, ExpectedPeer, FdbEntry, MacAddr, PeerRoute, TunnelDevice,
         TunnelRoute, UnderlayInterface,
     },
-    localnet,
+    node::localnet,
 };
 use observer_common::Proto;
 use support::netns::{Netns, VethEnd, try_run, veth_pair};

@@ -9,10 +9,11 @@ use std::{collections::BTreeSet, net::IpAddr, os::fd::BorrowedFd};
 
 use ipnet::IpNet;
 use observer::{
-    allowsets::{AllowSet, Snapshot},
-    drops::{self, Origin},
-    loader::{Hook, LoadConfig, Observer},
-    mirror, testrun,
+    bpf::mirror,
+    bpf::testrun,
+    bpf::{Hook, LoadConfig, Observer},
+    model::drops::{self, Origin},
+    node::allowsets::{AllowSet, Snapshot},
 };
 use observer_common::{ClassifierDrop, Proto};
 use support::frames::*;

@@ -19,10 +19,10 @@ use std::{
 };
 
 use observer::{
-    flows::{FlowCounters, FlowId},
-    loader::{Hook, LoadConfig, Observer},
-    replay::{capture, engine::MAX_XDP_FRAME},
-    testrun,
+    bpf::testrun,
+    bpf::{Hook, LoadConfig, Observer},
+    cmd::replay::{capture, engine::MAX_XDP_FRAME},
+    model::flows::{FlowCounters, FlowId},
 };
 use observer_common::{Proto, Unclassified};
 use support::tcpdump::{TunnelKey, count, describe, parse_tcpdump_output};

@@ -17,10 +17,10 @@ mod support;
 use std::{collections::BTreeMap, net::IpAddr};
 
 use observer::{
-    flows::{FlowCounters, FlowId},
-    loader::{Hook, LoadConfig, Observer},
-    ports::PortConfig,
-    testrun::{self, skb_gso_ctx},
+    bpf::testrun::{self, skb_gso_ctx},
+    bpf::{Hook, LoadConfig, Observer},
+    model::flows::{FlowCounters, FlowId},
+    model::ports::PortConfig,
 };
 use observer_common::{Direction, Proto, Unclassified};
 use support::frames::*;

@@ -30,16 +30,16 @@ use std::{
 };
 
 use observer::{
-    loader::{Hook, Observer},
-    testrun,
+    bpf::testrun,
+    bpf::{Hook, Observer},
 };
 use observer_common::{Proto, Unclassified};
 use std::{collections::BTreeSet, net::Ipv4Addr};
 
 use ipnet::{IpNet, Ipv4Net};
 use observer::{
-    allowsets::{AllowSet, Snapshot},
-    mirror,
+    bpf::mirror,
+    node::allowsets::{AllowSet, Snapshot},
 };
 
 #[path = "system/mod.rs"]
@@ -233,7 +233,7 @@ fn kfree_skb_cost() -> anyhow::Result<()> {
 
     system::enter_netns(&a)?;
     let mut observer = Observer::load(&Default::default())?;
-    observer.attach("va", observer::loader::XdpMode::Auto)?;
+    observer.attach("va", observer::bpf::XdpMode::Auto)?;
     let _stats = aya::sys::enable_stats(aya::sys::Stats::RunTime)?;
     let before = observer.drop_hook_info()?;
     let sender = std::thread::spawn(move || -> anyhow::Result<()> {
@@ -251,10 +251,10 @@ fn kfree_skb_cost() -> anyhow::Result<()> {
     let after = observer.drop_hook_info()?;
     let events = after.run_count() - before.run_count();
     let ns = (after.run_time() - before.run_time()).as_nanos() as f64;
-    let counted: u64 = observer::drops::read(&observer)?
+    let counted: u64 = observer::model::drops::read(&observer)?
         .iter()
         .filter(|(id, _)| {
-            id.origin == observer::drops::Origin::Kernel
+            id.origin == observer::model::drops::Origin::Kernel
                 && observer.drop_reason_name(id.reason) == "NETFILTER_DROP"
         })
         .map(|(_, c)| c.packets)
@@ -304,7 +304,7 @@ fn allow_set_cases(vxlan: &[u8]) -> anyhow::Result<()> {
         let mut samples: Vec<f64> = (0..ROUNDS)
             .map(|_| testrun::run(xdp, vxlan, None, REPEAT).map(|r| f64::from(r.duration_ns)))
             .collect::<io::Result<_>>()?;
-        if !observer::drops::read(&observer)?.is_empty() {
+        if !observer::model::drops::read(&observer)?.is_empty() {
             anyhow::bail!(
                 "vxlan_allow_{size}: the member source was flagged; the bench measures the wrong path"
             );

@@ -1,49 +1,30 @@
 //! observer: per-peer counters of encapsulated traffic at the wire, and why
 //! tunnel packets die.
 //!
-//! Modules by concern:
-//! - `loader` owns the eBPF object, its attachments and kernel facts (BTF);
-//! - `flows` and `drops` decode kernel rows; `aggregate` keeps monotonic
-//!   totals and rates; `output` renders them; `attach` is the run loop;
-//! - `allowsets` and `netfilter` read the node's sets and rule counters
-//!   through `tools`; `localnet` its MTUs and vxlan VNIs; `dataplane` its
-//!   tunnel devices, routes, FDB and expected peers through netlink;
-//!   `checks` refreshes those facts and `mirror` writes them into the
-//!   programs' maps;
-//! - `anomalies` turns counters and the node's view into per-peer problems;
-//!   `diagnose` writes them up after a bounded run;
-//! - `kernel_btf` reads drop reason names and sk_buff offsets;
-//! - `testrun` runs programs on frames without a device; `replay` feeds
-//!   capture files through them;
-//! - `lab` rebuilds the overlay incident in network namespaces and
-//!   diagnoses it with observers on every node.
+//! The data path reads one way:
+//!
+//! ```text
+//! bpf (kernel maps) -> model::rows -> model::aggregate -> model::anomalies
+//!                                      (with node facts) -> report (lines, table, textfile)
+//! ```
+//!
+//! Layers, each a folder (see ARCHITECTURE.md):
+//! - `cli`: command-line types and the settings they make;
+//! - `bpf`: the only code that touches the eBPF object: load, attach, maps,
+//!   BTF, test runs, kernel features;
+//! - `node`: facts read from the node: data plane, allow-sets, netfilter
+//!   counters, tools, namespaces, privileges;
+//! - `model`: pure logic on plain data: rows, aggregation, cross-check,
+//!   anomalies (no I/O, no aya);
+//! - `report`: JSON lines, the table, the textfile;
+//! - `cmd`: the commands, which drive the others.
+//!
+//! `model` and `report` import nothing from `bpf`, `node` or `cmd`
+//! (`cargo xtask layers` checks it).
 
-pub mod aggregate;
-pub mod allowsets;
-pub mod anomalies;
-pub mod attach;
-pub mod check;
-pub mod checks;
+pub mod bpf;
 pub mod cli;
-pub mod dataplane;
-pub mod diagnose;
-pub mod drops;
-pub mod export;
-pub mod features;
-pub mod flows;
-pub mod kernel_btf;
-pub mod lab;
-pub mod loader;
-pub mod localnet;
-pub mod mirror;
-pub mod netfilter;
-pub mod netns;
-pub mod output;
-pub mod ports;
-pub mod preflight;
-pub mod replay;
-pub mod settings;
-pub mod testrun;
-pub mod tools;
-pub mod tunnel_kinds;
-pub mod verifier_stats;
+pub mod cmd;
+pub mod model;
+pub mod node;
+pub mod report;

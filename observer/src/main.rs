@@ -16,25 +16,25 @@ fn main() -> ExitCode {
         .init();
     let cli = Cli::parse();
     match cli.command {
-        Command::Attach(args) => match observer::attach::run(args) {
+        Command::Attach(args) => match observer::cmd::attach::run(args) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => fail(e, ExitCode::FAILURE),
         },
         // 0 healthy, 1 problem found, 2 could not run (clap's usage errors
         // also exit 2).
-        Command::Diagnose(args) => match observer::diagnose::run(args) {
+        Command::Diagnose(args) => match observer::cmd::diagnose::run(args) {
             Ok(true) => ExitCode::SUCCESS,
             Ok(false) => ExitCode::from(1),
             Err(e) => fail(e, ExitCode::from(2)),
         },
-        Command::Lab(args) => match observer::lab::run(args) {
+        Command::Lab(args) => match observer::cmd::lab::run(args) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => fail(e, ExitCode::FAILURE),
         },
         // 0 ok, 1 damaged capture, 2 could not run (see `replay --help`).
-        Command::Replay(args) => observer::replay::run(args),
+        Command::Replay(args) => observer::cmd::replay::run(args),
         // 0 as designed, 1 with fallbacks, 2 cannot run.
-        Command::Check(args) => match observer::check::run(args.output) {
+        Command::Check(args) => match observer::cmd::check::run(args.output) {
             Ok(verdict) => ExitCode::from(verdict.exit_code()),
             Err(e) => fail(e, ExitCode::from(2)),
         },

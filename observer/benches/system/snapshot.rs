@@ -1,7 +1,7 @@
 //! Userspace cost of one interval with many peers in the kernel map: read
 //! the flow map (`read_flows`), fold it (`Aggregator`), judge it
 //! (`anomalies::Engine`), build and encode
-//! the textfile (`Exporter`, `export::encode`), with 1,000, 10,000 and
+//! the textfile (`Exporter`, `textfile::encode`), with 1,000, 10,000 and
 //! 100,000 peers put there by XDP test runs of frames from distinct
 //! sources. Also the bench process's RSS afterwards.
 
@@ -12,11 +12,11 @@ use std::{
 
 use anyhow::ensure;
 use observer::{
-    aggregate::Aggregator,
-    anomalies::{Engine, Known, Thresholds},
-    export::{self, ExportInput, Exporter},
-    loader::{Hook, LoadConfig, Observer},
-    testrun,
+    bpf::testrun,
+    bpf::{Hook, LoadConfig, Observer},
+    model::aggregate::Aggregator,
+    model::anomalies::{Engine, Known, Thresholds},
+    report::textfile::{self, ExportInput, Exporter},
 };
 
 use super::{median, report, rss_kib};
@@ -69,7 +69,7 @@ pub fn run(vxlan: &[u8]) -> anyhow::Result<()> {
                 anomalies: &engine.active(),
                 anomalies_raised: engine.raised(),
             };
-            let text = export::encode(&exporter.families(&input))?;
+            let text = textfile::encode(&exporter.families(&input))?;
             let done = Instant::now();
             bytes = text.len();
             if round > 0 {

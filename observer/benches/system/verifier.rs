@@ -10,7 +10,7 @@ use super::{report, target_dir};
 
 /// Reports the host's counts, then those `cargo xtask vm-test` left.
 pub fn run() -> anyhow::Result<()> {
-    let check = observer::check::check();
+    let check = observer::cmd::check::check();
     for program in &check.programs {
         let value = match program.verified_insns {
             Some(n) => n.to_string(),

@@ -16,8 +16,8 @@ use observer_common::{
 };
 
 use crate::{
-    allowsets::{SetKind, Snapshot},
-    loader::Observer,
+    bpf::Observer,
+    node::allowsets::{SetKind, Snapshot},
 };
 
 /// Network-order words of an address, as the programs read them from packets.

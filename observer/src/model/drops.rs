@@ -8,7 +8,7 @@ use anyhow::{Context, Result};
 use aya::maps::{MapData, PerCpuHashMap};
 use observer_common::{ClassifierDrop, DROPS_MAP, DropKey, DropValue, Proto, drop_origin};
 
-use crate::{flows::decode_addr, loader::Observer};
+use crate::{bpf::Observer, model::flows::decode_addr};
 
 /// Where a drop was seen.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

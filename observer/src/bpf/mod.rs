@@ -25,13 +25,19 @@ use observer_common::{
     STATS_MAP, SkbLayout, Stat, UDP_PORTS_MAP, WATCHED_MAP, WatchedIface,
 };
 
+pub mod btf;
+pub mod features;
+pub mod mirror;
+pub mod testrun;
+pub mod verifier_stats;
+
 use crate::{
-    features::{Features, Plan},
-    flows::{FlowCounters, FlowId},
-    kernel_btf::KernelBtf,
-    localnet,
-    ports::PortConfig,
-    preflight,
+    bpf::btf::KernelBtf,
+    bpf::features::{Features, Plan},
+    model::flows::{FlowCounters, FlowId},
+    model::ports::PortConfig,
+    node::localnet,
+    node::preflight,
 };
 
 /// The eBPF object built by build.rs from `observer-ebpf`.
@@ -937,7 +943,7 @@ fn explain_program_error(e: ProgramError, name: &str, release: &str) -> anyhow::
         return explain_load_error(anyhow::Error::new(e), release);
     }
     let processed =
-        crate::verifier_stats::processed(&log).map(|n| format!(" after {n} instructions"));
+        crate::bpf::verifier_stats::processed(&log).map(|n| format!(" after {n} instructions"));
     match (errno, processed) {
         (libc::EACCES, processed) | (libc::EINVAL, processed @ Some(_)) => anyhow!(
             "the verifier of kernel {release} rejected {name}{} ({io_error}). \

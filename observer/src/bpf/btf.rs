@@ -154,7 +154,7 @@ mod tests {
     use super::*;
 
     fn kernel() -> Option<KernelBtf> {
-        let path = Path::new(crate::preflight::KERNEL_BTF);
+        let path = Path::new(crate::node::preflight::KERNEL_BTF);
         path.exists().then(|| KernelBtf::open(path).unwrap())
     }
 

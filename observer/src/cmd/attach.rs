@@ -15,19 +15,19 @@ use serde::Serialize;
 use tokio::signal::unix::{Signal, SignalKind, signal};
 
 use crate::{
-    aggregate::{Aggregator, DropAggregator},
-    allowsets::AllowSetConfig,
-    anomalies::{Engine, Event, Findings, Known},
-    checks::{AllowSetReport, NodeChecks},
+    bpf::{self, InterfaceEvent, LoadConfig, Observer},
     cli::AttachArgs,
-    dataplane::{ChangeWatcher, DataPlane, DeclaredTunnel},
-    drops,
-    export::{self, ExportInput, Exporter, TEXTFILE_NAME},
-    loader::{self, InterfaceEvent, LoadConfig, Observer},
-    netns,
-    output::{self, AttachLine, DropRow, Format, NetfilterCheck, Snapshot},
-    preflight,
-    settings::Settings,
+    cli::settings::Settings,
+    cmd::checks::{AllowSetReport, NodeChecks},
+    model::aggregate::{Aggregator, DropAggregator},
+    model::anomalies::{Engine, Event, Findings, Known},
+    model::drops,
+    node::allowsets::AllowSetConfig,
+    node::dataplane::{ChangeWatcher, DataPlane, DeclaredTunnel},
+    node::netns,
+    node::preflight,
+    report::output::{self, AttachLine, DropRow, Format, NetfilterCheck, Snapshot},
+    report::textfile::{self, ExportInput, Exporter, TEXTFILE_NAME},
 };
 
 /// Default `--duration` of `observer diagnose`.
@@ -63,7 +63,7 @@ pub struct Outcome {
     /// Every anomaly seen during the run.
     pub findings: Findings,
     /// The last read: rows, drop rows, netfilter cross-check.
-    pub rows: Vec<crate::aggregate::Row>,
+    pub rows: Vec<crate::model::aggregate::Row>,
     /// Drop rows of the last read.
     pub drops: Vec<DropRow>,
     /// Netfilter cross-check of the last read.
@@ -89,7 +89,7 @@ pub fn monitor(args: &AttachArgs, mode: Mode) -> Result<Outcome> {
         if !seen.insert(iface) {
             bail!("interface {iface} is given twice");
         }
-        loader::ifindex(iface).with_context(|| match &args.netns {
+        bpf::ifindex(iface).with_context(|| match &args.netns {
             Some(ns) => format!("in network namespace {ns}"),
             None => "in the current network namespace".to_string(),
         })?;
@@ -276,11 +276,11 @@ impl DataPlaneState {
 struct DataPlaneLine<'a> {
     r#type: &'static str,
     ts: String,
-    devices: &'a [crate::dataplane::TunnelDevice],
-    underlay: &'a [crate::dataplane::UnderlayInterface],
+    devices: &'a [crate::node::dataplane::TunnelDevice],
+    underlay: &'a [crate::node::dataplane::UnderlayInterface],
     expected_peers:
-        &'a std::collections::BTreeMap<std::net::IpAddr, crate::dataplane::ExpectedPeer>,
-    unresolved_routes: Vec<&'a crate::dataplane::TunnelRoute>,
+        &'a std::collections::BTreeMap<std::net::IpAddr, crate::node::dataplane::ExpectedPeer>,
+    unresolved_routes: Vec<&'a crate::node::dataplane::TunnelRoute>,
 }
 
 impl<'a> Monitor<'a> {
@@ -569,9 +569,9 @@ impl<'a> Monitor<'a> {
     /// Writes the textfile; a failure is counted and logged, never fatal.
     fn export(
         &mut self,
-        rows: &[crate::aggregate::Row],
+        rows: &[crate::model::aggregate::Row],
         drops: &[DropRow],
-        stats: loader::KernelStats,
+        stats: bpf::KernelStats,
         at: SystemTime,
     ) {
         let Some(dir) = self.settings.textfile_dir.clone() else {
@@ -588,8 +588,8 @@ impl<'a> Monitor<'a> {
             anomalies_raised: self.engine.raised(),
         };
         let families = self.exporter.families(&input);
-        let result = export::encode(&families)
-            .and_then(|text| export::write_atomic(&dir, TEXTFILE_NAME, &text));
+        let result = textfile::encode(&families)
+            .and_then(|text| textfile::write_atomic(&dir, TEXTFILE_NAME, &text));
         match result {
             Ok(path) => self.written = Some(path),
             Err(e) => {

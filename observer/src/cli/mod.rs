@@ -1,11 +1,14 @@
 //! Command-line interface.
 
+pub mod settings;
+
 use std::{net::IpAddr, path::PathBuf, time::Duration};
 
 use clap::{Args, Parser, Subcommand};
 
 use crate::{
-    allowsets::Tagged, loader::XdpMode, output::Format, ports::PortConfig, settings::pick,
+    bpf::XdpMode, cli::settings::pick, model::ports::PortConfig, node::allowsets::Tagged,
+    report::output::Format,
 };
 
 /// See, at the wire, what happens to overlay traffic: encapsulated packets
@@ -154,8 +157,8 @@ pub struct DiagnoseArgs {
 #[derive(Debug, Args)]
 pub struct LabArgs {
     /// Which failure to rebuild.
-    #[arg(long, value_enum, default_value_t = crate::lab::scenarios::Scenario::Incident)]
-    pub scenario: crate::lab::scenarios::Scenario,
+    #[arg(long, value_enum, default_value_t = crate::cmd::lab::scenarios::Scenario::Incident)]
+    pub scenario: crate::cmd::lab::scenarios::Scenario,
 
     /// How long the node observers run; the pings end about 2s earlier.
     #[arg(long, value_parser = parse_duration, default_value = "20s", value_name = "DURATION")]
@@ -163,8 +166,8 @@ pub struct LabArgs {
 
     /// text (a live per-node view, then the write-up) or json (the
     /// observers' lines tagged with "node", then {"type":"lab",...} facts).
-    #[arg(long, value_enum, default_value_t = crate::lab::view::LabFormat::Text, value_name = "FORMAT")]
-    pub output: crate::lab::view::LabFormat,
+    #[arg(long, value_enum, default_value_t = crate::cmd::lab::view::LabFormat::Text, value_name = "FORMAT")]
+    pub output: crate::cmd::lab::view::LabFormat,
 
     /// How long the node observers may take to load (verify) and attach
     /// their programs before the lab gives up; raise it on slow or
@@ -268,7 +271,7 @@ pub struct AttachArgs {
     /// boringtun). Routes through it then count as prescribing PROTO
     /// (vxlan, vxlan-gpe, geneve, ipip, ip6ip, gre, wireguard). Repeatable.
     #[arg(long = "tunnel-device", value_name = "NAME=PROTO")]
-    pub tunnel_devices: Vec<crate::dataplane::DeclaredTunnel>,
+    pub tunnel_devices: Vec<crate::node::dataplane::DeclaredTunnel>,
 
     /// Drops per second of one peer that make a drop_spike. [default: 5]
     #[arg(long, value_name = "PER_SECOND")]

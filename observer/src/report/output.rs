@@ -12,10 +12,10 @@ use observer_common::{Direction, Proto, Unclassified};
 use serde::Serialize;
 
 use crate::{
-    aggregate::Row,
-    anomalies::{Anomaly, Event},
-    drops::DropId,
-    loader::{AttachedWith, Attachment, DropHook, Hook, KernelStats, Observer},
+    bpf::{AttachedWith, Attachment, DropHook, Hook, KernelStats, Observer},
+    model::aggregate::Row,
+    model::anomalies::{Anomaly, Event},
+    model::drops::DropId,
 };
 
 /// Output format (`--output`).
@@ -638,7 +638,7 @@ pub fn write_anomalies(out: &mut impl Write, anomalies: &[&Anomaly]) -> io::Resu
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::flows::FlowId;
+    use crate::model::flows::FlowId;
 
     fn row(proto: Proto, peer: Option<&str>, reason: Unclassified, changed: bool) -> Row {
         Row {
@@ -783,7 +783,7 @@ mod tests {
         )];
         let drop = |reason: &str, origin| DropRow {
             row: Row {
-                id: crate::drops::DropId {
+                id: crate::model::drops::DropId {
                     ifindex: 7,
                     proto: Proto::Vxlan,
                     peer: Some("10.10.10.244".parse().unwrap()),
@@ -802,8 +802,8 @@ mod tests {
             message: format!("579 VXLAN packets from 10.10.10.244 dropped: {reason}"),
         };
         let drops = [
-            drop("calico_allow_set", crate::drops::Origin::Classifier),
-            drop("NETFILTER_DROP", crate::drops::Origin::Kernel),
+            drop("calico_allow_set", crate::model::drops::Origin::Classifier),
+            drop("NETFILTER_DROP", crate::model::drops::Origin::Kernel),
         ];
         let ifaces = HashMap::from([(7, "eth0".to_string())]);
         let snap = Snapshot {

@@ -12,7 +12,7 @@ use anyhow::{Context, Result, bail};
 /// VNIs of the vxlan devices in the current network namespace, sorted and
 /// deduplicated (an rtnetlink link dump).
 pub fn vxlan_vnis() -> Result<Vec<u32>> {
-    crate::dataplane::vxlan_vnis()
+    crate::node::dataplane::vxlan_vnis()
 }
 
 /// MTU of `iface` in the current network namespace (SIOCGIFMTU on a socket

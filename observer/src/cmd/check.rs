@@ -12,12 +12,12 @@ use std::{
 use serde::Serialize;
 
 use crate::{
-    features::{Fallback, Features},
-    loader::{Hook, LoadConfig, Observer},
-    output::{self, Format},
-    preflight,
-    tunnel_kinds::{Availability, KernelBuild},
-    verifier_stats,
+    bpf::features::{Fallback, Features},
+    bpf::verifier_stats,
+    bpf::{Hook, LoadConfig, Observer},
+    node::preflight,
+    node::tunnel_kinds::{Availability, KernelBuild},
+    report::output::{self, Format},
 };
 use aya::programs::ProgramInfo;
 
@@ -121,7 +121,7 @@ pub fn run(format: Option<Format>) -> anyhow::Result<Verdict> {
 
 /// Probes and loads; prints nothing.
 pub fn check() -> Report {
-    let kernel = crate::features::kernel_release();
+    let kernel = crate::bpf::features::kernel_release();
     let missing_privileges = preflight::missing_privileges();
     let btf_problem = preflight::check_btf(Path::new(preflight::KERNEL_BTF))
         .err()
@@ -179,7 +179,7 @@ pub fn check() -> Report {
     .collect();
     loaded.push((
         "tc_checks",
-        crate::loader::TC_CHECKS_PROGRAM,
+        crate::bpf::TC_CHECKS_PROGRAM,
         observer.tc_checks_info(),
     ));
     if let Some(program) = observer.plan().drops.program_name() {

@@ -1,6 +1,6 @@
 //! What the running kernel offers the observer, probed rather than inferred
 //! from its version number (distributions backport features): the facts
-//! [`Observer::load`](crate::loader::Observer::load) picks program variants
+//! [`Observer::load`](crate::bpf::Observer::load) picks program variants
 //! and attach mechanisms from, and that `observer check` prints.
 //!
 //! Each fact comes from the kernel itself: a helper probe (a two-instruction
@@ -15,7 +15,7 @@ use aya::{
 };
 use serde::Serialize;
 
-use crate::{kernel_btf::KernelBtf, preflight};
+use crate::{bpf::btf::KernelBtf, node::preflight};
 
 /// The kernel features the observer's hooks depend on.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

@@ -23,10 +23,10 @@ use prometheus::{
 };
 
 use crate::{
-    aggregate::Row,
-    anomalies::{Anomaly, Kind},
-    loader::KernelStats,
-    output::DropRow,
+    bpf::KernelStats,
+    model::aggregate::Row,
+    model::anomalies::{Anomaly, Kind},
+    report::output::DropRow,
 };
 
 /// Name of the file written in the textfile directory.
@@ -543,8 +543,8 @@ pub fn write_atomic(dir: &Path, name: &str, text: &str) -> io::Result<PathBuf> {
 mod tests {
     use super::*;
     use crate::{
-        drops::{DropId, Origin},
-        flows::FlowId,
+        model::drops::{DropId, Origin},
+        model::flows::FlowId,
     };
     use observer_common::{Direction, Proto, Unclassified};
 

@@ -6,8 +6,8 @@
 use std::{collections::HashMap, hash::Hash, net::IpAddr};
 
 use crate::{
-    drops::{DropCounters, DropId},
-    flows::{FlowCounters, FlowId},
+    model::drops::{DropCounters, DropId},
+    model::flows::{FlowCounters, FlowId},
 };
 
 /// Counters the aggregator can fold: packets, bytes and an optional inner

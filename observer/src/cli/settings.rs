@@ -11,12 +11,12 @@ use ipnet::IpNet;
 use serde::Deserialize;
 
 use crate::{
-    allowsets::Tagged,
-    anomalies::Thresholds,
+    bpf::XdpMode,
     cli::{AttachArgs, parse_duration},
-    dataplane::DeclaredTunnel,
-    loader::XdpMode,
-    ports::PortConfig,
+    model::anomalies::Thresholds,
+    model::ports::PortConfig,
+    node::allowsets::Tagged,
+    node::dataplane::DeclaredTunnel,
 };
 
 /// Default `--interval`.

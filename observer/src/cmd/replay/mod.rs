@@ -23,15 +23,15 @@ use anyhow::{Context, Result, anyhow};
 use serde::Serialize;
 
 use crate::{
-    aggregate::Row,
-    allowsets::AllowSetConfig,
-    checks::NodeChecks,
+    bpf::mirror,
+    bpf::{LoadConfig, Observer},
     cli::ReplayArgs,
-    drops::DropId,
-    loader::{LoadConfig, Observer},
-    mirror,
-    output::{self, Format, Snapshot},
-    preflight,
+    cmd::checks::NodeChecks,
+    model::aggregate::Row,
+    model::drops::DropId,
+    node::allowsets::AllowSetConfig,
+    node::preflight,
+    report::output::{self, Format, Snapshot},
 };
 
 use capture::Frames;
@@ -239,7 +239,7 @@ fn timestamp(since_epoch: Duration) -> String {
 /// capture, then the rows.
 fn print(
     format: Format,
-    reports: &[crate::checks::AllowSetReport],
+    reports: &[crate::cmd::checks::AllowSetReport],
     replayed: &[Replayed],
     snapshot: &Snapshot<'_>,
 ) -> io::Result<()> {

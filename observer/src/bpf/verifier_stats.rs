@@ -27,7 +27,7 @@ use aya_obj::{
     generated::{bpf_attach_type, bpf_attr, bpf_cmd, bpf_prog_type},
 };
 
-use crate::loader::EBPF_OBJECT;
+use crate::bpf::EBPF_OBJECT;
 
 /// BPF_LOG_STATS: only the closing statistics lines.
 const BPF_LOG_STATS: u32 = 4;

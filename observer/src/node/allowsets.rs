@@ -12,7 +12,7 @@ use anyhow::{Result, anyhow, bail};
 use ipnet::{IpNet, Ipv4Subnets, Ipv6Subnets};
 use serde::Deserialize;
 
-use crate::tools;
+use crate::node::tools;
 
 /// Which encapsulation an allow-set guards.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]

@@ -13,12 +13,12 @@ use anyhow::{Result, bail};
 use serde::Serialize;
 
 use crate::{
-    anomalies::{self, FindingRecord, Known},
-    attach::{self, Mode, Outcome},
     cli::DiagnoseArgs,
-    dataplane::{DataPlane, DeclaredTunnel},
-    netns,
-    output::{Format, NetfilterCheck},
+    cmd::attach::{self, Mode, Outcome},
+    model::anomalies::{self, FindingRecord, Known},
+    node::dataplane::{DataPlane, DeclaredTunnel},
+    node::netns,
+    report::output::{Format, NetfilterCheck},
 };
 
 /// Runs the diagnosis; `Ok(true)` when nothing was found.

@@ -8,7 +8,7 @@
 use anyhow::Result;
 use serde::Deserialize;
 
-use crate::{allowsets::SetKind, tools};
+use crate::{node::allowsets::SetKind, node::tools};
 
 /// Calico's drop rules for sources outside the allow-sets.
 pub const CALICO_DROP_RULES: [(&str, SetKind); 3] = [

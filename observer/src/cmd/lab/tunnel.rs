@@ -20,7 +20,7 @@ use std::{
 use anyhow::{Context, Result, bail};
 use ipnet::Ipv4Net;
 
-use crate::netns;
+use crate::node::netns;
 
 /// `_IOW('T', 202, int)` from linux/if_tun.h (not in the libc crate).
 const TUNSETIFF: libc::c_ulong = 0x4004_54ca;

@@ -16,13 +16,13 @@ use anyhow::{Context, Result};
 use observer_common::{Direction, Proto, Unclassified};
 
 use crate::{
-    aggregate::{Aggregator, DropAggregator, Row},
-    drops::{self, DropId},
-    features::XdpProgram,
-    flows::FlowId,
-    loader::{Hook, KernelStats, Observer},
-    replay::capture::{self, Frame},
-    testrun,
+    bpf::features::XdpProgram,
+    bpf::testrun,
+    bpf::{Hook, KernelStats, Observer},
+    cmd::replay::capture::{self, Frame},
+    model::aggregate::{Aggregator, DropAggregator, Row},
+    model::drops::{self, DropId},
+    model::flows::FlowId,
 };
 
 /// Frames between two reads of the maps: far fewer than the flow map

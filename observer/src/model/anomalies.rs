@@ -19,11 +19,11 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use crate::{
-    aggregate::Row,
-    allowsets::{self, SetKind},
-    dataplane::{ExpectedPeer, longest_prefix},
-    drops::Origin,
-    output::DropRow,
+    model::aggregate::Row,
+    model::drops::Origin,
+    node::allowsets::{self, SetKind},
+    node::dataplane::{ExpectedPeer, longest_prefix},
+    report::output::DropRow,
 };
 
 /// (peer, encapsulation) pairs whose history is kept; beyond it the
@@ -190,7 +190,7 @@ pub struct Anomaly {
     /// The peer it is about (outer address).
     pub peer: IpAddr,
     /// Encapsulation concerned (its name in JSON).
-    #[serde(serialize_with = "crate::dataplane::proto_name")]
+    #[serde(serialize_with = "crate::node::dataplane::proto_name")]
     pub proto: Proto,
     /// When the condition was first seen.
     #[serde(serialize_with = "rfc3339")]
@@ -963,9 +963,9 @@ fn rules(
 mod tests {
     use super::*;
     use crate::{
-        allowsets::{AllowSet, Snapshot},
-        drops::DropId,
-        flows::FlowId,
+        model::drops::DropId,
+        model::flows::FlowId,
+        node::allowsets::{AllowSet, Snapshot},
     };
     use observer_common::Unclassified;
 

@@ -12,12 +12,14 @@ use observer_common::{ClassifierDrop, Proto};
 use serde::Serialize;
 
 use crate::{
-    aggregate::Row,
-    allowsets::{self, AllowSetConfig, SetKind, Snapshot},
-    drops::{self, DropId, Origin},
-    loader::Observer,
-    localnet, mirror, netfilter,
-    output::{DropRow, NetfilterCheck},
+    bpf::Observer,
+    bpf::mirror,
+    model::aggregate::Row,
+    model::drops::{self, DropId, Origin},
+    node::allowsets::{self, AllowSetConfig, SetKind, Snapshot},
+    node::localnet,
+    node::netfilter,
+    report::output::{DropRow, NetfilterCheck},
 };
 
 /// `{"type":"allow_set",...}`: what an allow-set holds now.

@@ -1,0 +1,9 @@
+//! The commands: each drives `bpf`, `node`, `model` and `report` for one
+//! job.
+
+pub mod attach;
+pub mod check;
+pub mod checks;
+pub mod diagnose;
+pub mod lab;
+pub mod replay;

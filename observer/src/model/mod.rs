@@ -1,0 +1,9 @@
+//! Pure logic on plain data, no I/O: the rows kernel maps decode into,
+//! their aggregation into monotonic totals and rates, the anomaly engine,
+//! the port assignment.
+
+pub mod aggregate;
+pub mod anomalies;
+pub mod drops;
+pub mod flows;
+pub mod ports;

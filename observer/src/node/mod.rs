@@ -1,0 +1,12 @@
+//! Facts read from the node the observer runs on: its data plane through
+//! netlink, Calico's allow-sets and rule counters through the node's tools,
+//! network namespaces, privileges, the kernel's tunnel device kinds.
+
+pub mod allowsets;
+pub mod dataplane;
+pub mod localnet;
+pub mod netfilter;
+pub mod netns;
+pub mod preflight;
+pub mod tools;
+pub mod tunnel_kinds;
