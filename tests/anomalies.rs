@@ -1,6 +1,7 @@
 //! Each anomaly kind produced in network namespaces, with the observer
-//! attached to node A of the two-node overlay (tests/support/overlay.rs)
-//! and real kernel behaviour or frames sent on the wire from B's side.
+//! attached to node A of the two-node overlay (`Pair::calico` in
+//! observer_testkit::pair) and real kernel behaviour or frames sent on the
+//! wire from B's side.
 //! `one_way` and the 30-second healthy run are in tests/diagnose.rs; the
 //! whole incident (SNAT by a real router) is in tests/lab.rs.
 
@@ -8,16 +9,18 @@ mod support;
 
 use std::collections::BTreeSet;
 
+use observer_testkit::pair::{
+    A_IP, A_MAC_BYTES, B_IP, B_MAC_BYTES, NODE_A, NODE_B, Pair, ping_pod,
+};
 use serde_json::Value;
 use support::{
     calico,
     frames::{addr, icmp_eth_frame, icmp_packet, ip_frame, set_macs, vxlan_frame},
     netns::{ObserverProcess, Tcpdump, send_frames},
-    overlay::{A_IP, A_MAC, B_IP, B_MAC, NODE_A, NODE_B, Overlay, ping},
 };
 
 /// Starts the observer on A's underlay with a short anomaly window.
-fn observe(overlay: &Overlay) -> ObserverProcess {
+fn observe(overlay: &Pair) -> ObserverProcess {
     ObserverProcess::start(
         Some(overlay.a.name()),
         &["va"],
@@ -59,8 +62,8 @@ fn last<'a>(lines: &'a [Value], kind: &str, peer: &str) -> &'a Value {
 }
 
 /// Sends `frame` `n` times from B's side of the wire to A.
-fn send_to_a(overlay: &Overlay, mut frame: Vec<u8>, n: u32) {
-    set_macs(&mut frame, A_MAC, B_MAC);
+fn send_to_a(overlay: &Pair, mut frame: Vec<u8>, n: u32) {
+    set_macs(&mut frame, A_MAC_BYTES, B_MAC_BYTES);
     send_frames(&overlay.b, "vb", vec![(frame, n)]);
 }
 
@@ -78,7 +81,8 @@ fn snat_unknown_peer_allow_set_drop_and_drop_spike_from_a_rewritten_source() {
     if !support::have_root("snat_unknown_peer_allow_set_drop_and_drop_spike") {
         return;
     }
-    let overlay = Overlay::new("ans");
+    let overlay = Pair::new("ans");
+    overlay.calico();
     // A accepts VXLAN only from node B, as Calico's rules do.
     calico::ipset_create(&overlay.a, calico::VXLAN_SET, &[B_IP]);
     calico::iptables_vxlan_rules(&overlay.a);
@@ -139,7 +143,8 @@ fn encap_mismatch_when_a_node_sends_ipip_but_routes_say_vxlan() {
     if !support::have_root("encap_mismatch_when_a_node_sends_ipip_but_routes_say_vxlan") {
         return;
     }
-    let overlay = Overlay::new("anm");
+    let overlay = Pair::new("anm");
+    overlay.calico();
     let observer = observe(&overlay);
     // B switched to IPIP (the pool changed on its side), A's routes to B
     // still go via vxlan.calico. (This kernel has no ipip device: the IPIP
@@ -175,7 +180,8 @@ fn mtu_from_outer_fragments_of_a_too_small_underlay() {
     if !support::have_root("mtu_from_outer_fragments_of_a_too_small_underlay") {
         return;
     }
-    let overlay = Overlay::new("anu");
+    let overlay = Pair::new("anu");
+    overlay.calico();
     // B's underlay is smaller than its tunnel MTU plus VXLAN's 50 bytes:
     // B's kernel fragments the outer packets of big pod packets (vxlan
     // sends without DF by default).
@@ -206,7 +212,7 @@ fn mtu_from_outer_fragments_of_a_too_small_underlay() {
         raised_kinds(lines, B_IP).contains("mtu")
     });
     // Small pings are fine both ways: no one_way, only mtu.
-    ping(&overlay.b, &NODE_B, &NODE_A, 3).wait().unwrap();
+    ping_pod(&overlay.b, &NODE_B, &NODE_A, 3).wait().unwrap();
     // tcpdump's count of first fragments (MF set, offset 0: the UDP header
     // is there). After the first one, B's kernel learns the path MTU and
     // fragments the inner packets instead, so there are fewer than pings.

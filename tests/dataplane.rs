@@ -1,6 +1,6 @@
 //! The data-plane reader against the real kernel: a namespace set up like
 //! a Calico + flannel node (vxlan devices, routes, neighbours, FDB entries,
-//! an IPv6 vxlan), read with `DataPlane::read()` from inside it, and
+//! an IPv6 vxlan), read with `dataplane::read()` from inside it, and
 //! compared field by field. Also the change watcher and
 //! `localnet::vxlan_vnis()`.
 //!
@@ -32,11 +32,11 @@ use std::{
 
 use ipnet::IpNet;
 use observer::{
-    node::dataplane::{
-        ChangeWatcher, DataPlane, ExpectedPeer, FdbEntry, MacAddr, PeerRoute, TunnelDevice,
-        TunnelRoute, UnderlayInterface,
+    model::dataplane::{
+        DataPlane, ExpectedPeer, FdbEntry, MacAddr, PeerRoute, TunnelDevice, TunnelRoute,
+        UnderlayInterface,
     },
-    node::localnet,
+    node::{dataplane, dataplane::ChangeWatcher, localnet},
 };
 use observer_common::Proto;
 use support::netns::{Netns, VethEnd, try_run, veth_pair};
@@ -47,14 +47,6 @@ fn ip(s: &str) -> IpAddr {
 
 fn net(s: &str) -> IpNet {
     s.parse().unwrap()
-}
-
-fn end(iface: &str, mac: &str, addr: &str) -> VethEnd {
-    VethEnd {
-        iface: iface.into(),
-        mac: mac.into(),
-        addr: addr.into(),
-    }
 }
 
 const CALICO_VTEP: MacAddr = MacAddr([0x66, 0, 0, 0, 0, 0x01]);
@@ -87,16 +79,16 @@ fn node() -> (Netns, Netns, bool, bool) {
     ]);
     veth_pair(
         &a,
-        &end("va", "02:00:00:00:00:0a", "198.18.0.1"),
+        &VethEnd::new("va", "02:00:00:00:00:0a", "198.18.0.1"),
         &b,
-        &end("vb", "02:00:00:00:00:0b", "198.18.0.2"),
+        &VethEnd::new("vb", "02:00:00:00:00:0b", "198.18.0.2"),
         24,
     );
     veth_pair(
         &a,
-        &end("vc", "02:00:00:00:00:0c", "198.18.1.1"),
+        &VethEnd::new("vc", "02:00:00:00:00:0c", "198.18.1.1"),
         &b,
-        &end("vd", "02:00:00:00:00:0d", "198.18.1.2"),
+        &VethEnd::new("vd", "02:00:00:00:00:0d", "198.18.1.2"),
         24,
     );
     a.ip(&["link", "set", "va", "mtu", "1600"]);
@@ -274,7 +266,7 @@ fn reads_the_node_data_plane_exactly() {
         return;
     }
     let (a, _b, ipip, geneve) = node();
-    let (view, vnis) = a.run(|| (DataPlane::read().unwrap(), localnet::vxlan_vnis().unwrap()));
+    let (view, vnis) = a.run(|| (dataplane::read().unwrap(), localnet::vxlan_vnis().unwrap()));
     let va = ifindex(&view, "va");
     let vc = ifindex(&view, "vc");
 
@@ -607,7 +599,7 @@ fn vxlan_vnis_of_a_namespace_without_vxlan_is_empty() {
         return;
     }
     let ns = Netns::new("dpe");
-    let (vnis, view) = ns.run(|| (localnet::vxlan_vnis().unwrap(), DataPlane::read().unwrap()));
+    let (vnis, view) = ns.run(|| (localnet::vxlan_vnis().unwrap(), dataplane::read().unwrap()));
     assert_eq!(vnis, Vec::<u32>::new());
     assert!(view.routes.is_empty() && view.fdb.is_empty() && view.underlay.is_empty());
     assert!(view.expected_peers().is_empty());

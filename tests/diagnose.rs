@@ -1,6 +1,6 @@
 //! `observer diagnose` end to end: exit status and findings on a healthy and
-//! a broken two-node VXLAN overlay (tests/support/overlay.rs), and its
-//! errors.
+//! a broken two-node VXLAN overlay (`Pair::calico` in
+//! observer_testkit::pair), and its errors.
 
 mod support;
 
@@ -9,11 +9,9 @@ use std::{
     process::{Child, Command, Output, Stdio},
 };
 
+use observer_testkit::pair::{A_IP, B_IP, NODE_A, NODE_B, Pair, ping_pod};
 use serde_json::Value;
-use support::{
-    netns::{Netns, ObserverProcess},
-    overlay::{A_IP, B_IP, NODE_A, NODE_B, Overlay, ping},
-};
+use support::netns::{Netns, ObserverProcess};
 
 /// Runs `observer diagnose --output json ARGS...` to the end, no traffic.
 fn diagnose(args: &[&str]) -> Output {
@@ -88,7 +86,8 @@ fn healthy_overlay_for_30_seconds_exits_0_without_findings() {
     if !support::have_root("healthy_overlay_for_30_seconds_exits_0_without_findings") {
         return;
     }
-    let overlay = Overlay::new("dgh");
+    let overlay = Pair::new("dgh");
+    overlay.calico();
     // No interface named: diagnose finds va from the routes to node B.
     // 100 pings each way, 20 s, inside the 30 s run.
     let out = diagnose_with(
@@ -102,8 +101,8 @@ fn healthy_overlay_for_30_seconds_exits_0_without_findings() {
         ],
         || {
             vec![
-                ping(&overlay.a, &NODE_A, &NODE_B, 100),
-                ping(&overlay.b, &NODE_B, &NODE_A, 100),
+                ping_pod(&overlay.a, &NODE_A, &NODE_B, 100),
+                ping_pod(&overlay.b, &NODE_B, &NODE_A, 100),
             ]
         },
     );
@@ -146,7 +145,8 @@ fn one_way_overlay_exits_1_and_names_the_direction() {
     if !support::have_root("one_way_overlay_exits_1_and_names_the_direction") {
         return;
     }
-    let overlay = Overlay::new("dgb");
+    let overlay = Pair::new("dgb");
+    overlay.calico();
     // B's path drops VXLAN from A: A's packets leave and nothing comes back.
     overlay.b.exec_ok(&[
         "iptables", "-A", "INPUT", "-p", "udp", "--dport", "4789", "-s", A_IP, "-j", "DROP",
@@ -161,7 +161,7 @@ fn one_way_overlay_exits_1_and_names_the_direction() {
             "--anomaly-window",
             "3s",
         ],
-        || vec![ping(&overlay.a, &NODE_A, &NODE_B, 25)],
+        || vec![ping_pod(&overlay.a, &NODE_A, &NODE_B, 25)],
     );
     let d = diagnosis(&out);
     assert_eq!(out.status.code(), Some(1), "{d}");

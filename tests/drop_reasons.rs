@@ -9,10 +9,9 @@ use std::{collections::BTreeSet, net::IpAddr, os::fd::BorrowedFd};
 
 use ipnet::IpNet;
 use observer::{
-    bpf::mirror,
     bpf::testrun,
     bpf::{Hook, LoadConfig, Observer},
-    model::drops::{self, Origin},
+    model::rows::Origin,
     node::allowsets::{AllowSet, Snapshot},
 };
 use observer_common::{ClassifierDrop, Proto};
@@ -51,7 +50,8 @@ fn run(
         let pass = if hook == Hook::Xdp { XDP_PASS } else { TC_PASS };
         assert_eq!(r.retval, pass, "every frame passes");
     }
-    let mut rows: Vec<_> = drops::read(obs)
+    let mut rows: Vec<_> = obs
+        .read_drops()
         .unwrap()
         .into_iter()
         .filter(|(id, _)| id.origin == Origin::Classifier)
@@ -85,7 +85,7 @@ fn allow_set_membership_decides_calico_allow_set() {
     let dst = addr("198.18.0.1");
     for hook in [Hook::Xdp, Hook::TcIngress] {
         let mut obs = observer();
-        mirror::apply_allow_sets(&mut obs, &snapshot).unwrap();
+        obs.apply_allow_sets(&snapshot).unwrap();
         // Inside the /24, the /32 and the IPv6 /64: no drop.
         for src in ["198.18.1.77", "198.18.9.9"] {
             assert!(
@@ -177,13 +177,13 @@ fn removing_a_member_takes_effect_and_empty_set_flags_everyone() {
         vxlan: allow(p),
         ..Snapshot::default()
     };
-    mirror::apply_allow_sets(&mut obs, &with(&["198.18.1.7/32"])).unwrap();
+    obs.apply_allow_sets(&with(&["198.18.1.7/32"])).unwrap();
     assert!(run(&obs, Hook::Xdp, &frame, 2).is_empty());
     // An existing but empty set allows nobody.
-    mirror::apply_allow_sets(&mut obs, &with(&[])).unwrap();
+    obs.apply_allow_sets(&with(&[])).unwrap();
     assert_eq!(run(&obs, Hook::Xdp, &frame, 3)[0].3, 3);
     // Back in: no more counts.
-    mirror::apply_allow_sets(&mut obs, &with(&["198.18.0.0/16"])).unwrap();
+    obs.apply_allow_sets(&with(&["198.18.0.0/16"])).unwrap();
     assert_eq!(run(&obs, Hook::Xdp, &frame, 3)[0].3, 3);
 }
 
@@ -197,7 +197,7 @@ fn vxlan_flags_vni_fragments_and_mtu() {
     let dst = addr("198.18.0.1");
     // Without local vxlan devices the VNI is not checked.
     assert!(run(&obs, Hook::Xdp, &vxlan_frame(src, dst, 777, &inner()), 1).is_empty());
-    mirror::apply_local_vnis(&mut obs, &[4096, 1]).unwrap();
+    obs.apply_local_vnis(&[4096, 1]).unwrap();
     assert!(run(&obs, Hook::Xdp, &vxlan_frame(src, dst, 4096, &inner()), 2).is_empty());
     let rows = run(&obs, Hook::Xdp, &vxlan_frame(src, dst, 777, &inner()), 2);
     assert_eq!(
@@ -309,16 +309,13 @@ fn egress_and_plain_traffic_are_never_flagged() {
         return;
     }
     let mut obs = observer();
-    mirror::apply_allow_sets(
-        &mut obs,
-        &Snapshot {
-            vxlan: allow(&[]),
-            ipip: allow(&[]),
-            problems: vec![],
-        },
-    )
+    obs.apply_allow_sets(&Snapshot {
+        vxlan: allow(&[]),
+        ipip: allow(&[]),
+        problems: vec![],
+    })
     .unwrap();
-    mirror::apply_local_vnis(&mut obs, &[1]).unwrap();
+    obs.apply_local_vnis(&[1]).unwrap();
     let frame = vxlan_frame(addr("198.18.5.5"), addr("198.18.0.1"), 4096, &inner());
     assert!(run(&obs, Hook::TcEgress, &frame, 3).is_empty());
     let plain = udp_frame(addr("198.18.5.5"), addr("198.18.0.1"), 1000, 2000, b"x");
@@ -406,15 +403,19 @@ fn too_big_errors_about_tunnel_packets_count_as_path_mtu() {
             "{hook:?}"
         );
         assert_eq!(rows.len(), 2);
-        // The reported next-hop MTU is kept with the row.
-        let mtus: BTreeSet<(String, u32)> = drops::read(&obs)
+        // The reported next-hop MTU is kept with the row, in its own field.
+        let mtus: BTreeSet<(String, u32, u32)> = obs
+            .read_drops()
             .unwrap()
             .into_iter()
-            .map(|(id, _)| (id.peer.unwrap().to_string(), id.vni))
+            .map(|(id, _)| (id.peer.unwrap().to_string(), id.vni, id.mtu.unwrap()))
             .collect();
         assert_eq!(
             mtus,
-            BTreeSet::from([("198.18.7.7".into(), 1400), ("fd00:7::7".into(), 1280)]),
+            BTreeSet::from([
+                ("198.18.7.7".into(), 0, 1400),
+                ("fd00:7::7".into(), 0, 1280)
+            ]),
             "{hook:?}"
         );
     }

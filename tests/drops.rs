@@ -22,6 +22,10 @@ mod support;
 
 use std::{collections::BTreeMap, net::IpAddr};
 
+// R is the pair's A side, S its B side.
+use observer_testkit::pair::{
+    A_IP as R_IP, A_MAC_BYTES as R_MAC_BYTES, B_MAC as S_MAC, B_MAC_BYTES as S_MAC_BYTES, Pair,
+};
 use serde_json::Value;
 use support::{
     calico::{
@@ -30,15 +34,9 @@ use support::{
         peer_drops, rx_packets, rx_peer, settle,
     },
     frames::{self, ENTROPY_PORT, ETH_HLEN, ETH_P_IP, VXLAN_LINUX_PORT, VXLAN_PORT},
-    netns::{Netns, ObserverProcess, ObserverRun, VethEnd, send_frames, veth_pair},
+    netns::{Netns, ObserverProcess, ObserverRun, VethEnd, VxlanDevice, send_frames, veth_pair},
 };
 
-const R_IP: &str = "198.18.0.1";
-const S_IP: &str = "198.18.0.2";
-const R_MAC: &str = "02:00:00:00:00:0a";
-const S_MAC: &str = "02:00:00:00:00:0b";
-const R_MAC_BYTES: [u8; 6] = [2, 0, 0, 0, 0, 0x0a];
-const S_MAC_BYTES: [u8; 6] = [2, 0, 0, 0, 0, 0x0b];
 /// Second link (test of an unwatched interface).
 const R2_IP: &str = "198.18.1.1";
 const S2_IP: &str = "198.18.1.2";
@@ -64,7 +62,8 @@ const VNI: u32 = 4096;
 /// Frames per source and batch (odd, so that it is not mistaken for another count).
 const N: u64 = 37;
 
-/// R and S joined by vr <-> vs.
+/// R and S joined by vr <-> vs: the shared two-namespace pair, R as its
+/// A side and S as its B side.
 struct Lab {
     r: Netns,
     s: Netns,
@@ -72,9 +71,7 @@ struct Lab {
 
 impl Lab {
     fn new(tag: &str) -> Lab {
-        let r = Netns::new(&format!("{tag}r"));
-        let s = Netns::new(&format!("{tag}s"));
-        veth_pair(&r, &end("vr", R_MAC, R_IP), &s, &end("vs", S_MAC, S_IP), 24);
+        let Pair { a: r, b: s, .. } = Pair::with_ifaces(tag, "vr", "vs");
         for source in [X, Y, Z1, Z2, Z3, Z4] {
             r.neigh(source, S_MAC, "vr");
         }
@@ -85,9 +82,9 @@ impl Lab {
     fn second_link(&self) {
         veth_pair(
             &self.r,
-            &end("vr2", R2_MAC, R2_IP),
+            &VethEnd::new("vr2", R2_MAC, R2_IP),
             &self.s,
-            &end("vs2", S2_MAC, S2_IP),
+            &VethEnd::new("vs2", S2_MAC, S2_IP),
             24,
         );
         self.r.neigh(W2, S2_MAC, "vr2");
@@ -95,23 +92,16 @@ impl Lab {
 
     /// The node's VTEP: vx0, VNI 4096 on UDP 4789 over vr, as Calico makes it.
     fn vtep(&self) {
-        self.r.ip(&[
-            "link",
-            "add",
-            "vx0",
-            "address",
-            "02:00:00:00:02:0a",
-            "type",
-            "vxlan",
-            "id",
-            &VNI.to_string(),
-            "dstport",
-            "4789",
-            "local",
-            R_IP,
-            "dev",
-            "vr",
-        ]);
+        self.r.add_vxlan(&VxlanDevice {
+            name: "vx0",
+            mac: "02:00:00:00:02:0a",
+            vni: VNI,
+            port: 4789,
+            local: R_IP,
+            remote: None,
+            lower: Some("vr"),
+            learning: true,
+        });
         self.r.ip(&["link", "set", "vx0", "up"]);
     }
 
@@ -125,14 +115,6 @@ impl Lab {
                 .map(|(f, n)| ((*f).clone(), u32::try_from(*n).unwrap()))
                 .collect(),
         );
-    }
-}
-
-fn end(iface: &str, mac: &str, addr: &str) -> VethEnd {
-    VethEnd {
-        iface: iface.to_string(),
-        mac: mac.to_string(),
-        addr: addr.to_string(),
     }
 }
 

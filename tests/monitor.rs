@@ -27,6 +27,7 @@ mod support;
 
 use std::{collections::BTreeSet, net::Ipv4Addr, path::Path};
 
+use observer_testkit::pair::{A_IP, B_INNER, B_IP, B_MAC_BYTES, Lower, Pair};
 use serde_json::Value;
 use support::{
     exporter::{
@@ -34,21 +35,11 @@ use support::{
         TempDir, decreased, have_tool, promtool_check_metrics, rss_kib, send_storm, wait_for_file,
     },
     frames::{addr, icmp_eth_frame, set_macs, vxlan_frame},
-    netns::{Netns, ObserverProcess, ObserverRun, VethEnd, send_frames, signal, veth_pair},
+    netns::{ObserverProcess, ObserverRun, send_frames, signal},
 };
 
-const A_IP: &str = "198.18.0.1";
-const B_IP: &str = "198.18.0.2";
-const A_MAC: &str = "02:00:00:00:00:0a";
-const B_MAC: &str = "02:00:00:00:00:0b";
-const B_MAC_BYTES: [u8; 6] = [2, 0, 0, 0, 0, 0x0b];
 /// Destination MAC of crafted frames: nobody's, so A drops them (OTHERHOST).
 const NOBODY_MAC: [u8; 6] = [2, 0, 0, 0, 0, 0xee];
-/// MACs of the VXLAN devices (VTEPs).
-const A_VTEP_MAC: &str = "02:00:00:00:01:0a";
-const B_VTEP_MAC: &str = "02:00:00:00:01:0b";
-const A_INNER: &str = "198.19.0.1";
-const B_INNER: &str = "198.19.0.2";
 const VNI: u32 = 4096;
 
 const PACKETS: &str = "observer_encap_packets_total";
@@ -56,69 +47,14 @@ const BYTES: &str = "observer_encap_bytes_total";
 const DROPS: &str = "observer_drops_total";
 const TEXTFILE: &str = "observer.prom";
 
-/// Two namespaces joined by va (in A) <-> vb (in B).
-struct Pair {
-    a: Netns,
-    b: Netns,
-}
-
-impl Pair {
-    fn new(tag: &str) -> Pair {
-        let pair = Pair {
-            a: Netns::new(&format!("{tag}a")),
-            b: Netns::new(&format!("{tag}b")),
-        };
-        pair.underlay();
-        pair
-    }
-
-    /// (Re-)creates the veth pair with its addresses and static neighbours.
-    fn underlay(&self) {
-        let end = |iface: &str, mac: &str, addr: &str| VethEnd {
-            iface: iface.to_string(),
-            mac: mac.to_string(),
-            addr: addr.to_string(),
-        };
-        veth_pair(
-            &self.a,
-            &end("va", A_MAC, A_IP),
-            &self.b,
-            &end("vb", B_MAC, B_IP),
-            24,
-        );
-    }
-
-    /// A VXLAN device in each namespace (VNI 4096, port 4789, unicast
-    /// remote). No lower device is named, so deleting va leaves them in
-    /// place and they work again once va is back.
-    fn vxlan(&self) {
-        for (ns, local, remote, mac, inner, peer_inner, peer_mac) in [
-            (
-                &self.a, A_IP, B_IP, A_VTEP_MAC, A_INNER, B_INNER, B_VTEP_MAC,
-            ),
-            (
-                &self.b, B_IP, A_IP, B_VTEP_MAC, B_INNER, A_INNER, A_VTEP_MAC,
-            ),
-        ] {
-            ns.ip(&[
-                "link", "add", "vx0", "address", mac, "type", "vxlan", "id", "4096", "dstport",
-                "4789", "local", local, "remote", remote,
-            ]);
-            ns.ip(&["addr", "add", &format!("{inner}/24"), "dev", "vx0"]);
-            ns.ip(&["link", "set", "vx0", "up"]);
-            ns.neigh(peer_inner, peer_mac, "vx0");
-        }
-    }
-
-    /// Pings B's inner address from A `count` times: `count` VXLAN packets
-    /// each way on va.
-    fn ping(&self, count: u32) {
-        assert_eq!(
-            self.a.ping(B_INNER, count),
-            (count, count),
-            "ping through the tunnel"
-        );
-    }
+/// Pings B's inner address from A `count` times: `count` VXLAN packets
+/// each way on va.
+fn ping(pair: &Pair, count: u32) {
+    assert_eq!(
+        pair.a.ping(B_INNER, count),
+        (count, count),
+        "ping through the tunnel"
+    );
 }
 
 /// A crafted VXLAN frame from `source` to A, sent by B to a MAC nobody has.
@@ -275,13 +211,13 @@ fn node_exporter_serves_the_exact_counts() {
     }
     const N: u32 = 40;
     let pair = Pair::new("ne");
-    pair.vxlan();
+    pair.vxlan(Lower::Route);
     let dir = TempDir::new("ne");
     let file = dir.join(TEXTFILE);
     let observer = observer_exporting(&pair, dir.path(), &[]);
     let node_exporter = NodeExporter::start(&pair.a, dir.path());
 
-    pair.ping(N);
+    ping(&pair, N);
     let n = f64::from(N);
     let written = wait_for_file(&file, "showing the pings", |e| {
         packets(e, "rx", "vxlan", B_IP) == Some(n) && packets(e, "tx", "vxlan", B_IP) == Some(n)
@@ -384,7 +320,7 @@ fn recreated_interface_is_reattached_and_counters_keep_growing() {
     const N1: u32 = 30;
     const N2: u32 = 25;
     let pair = Pair::new("re");
-    pair.vxlan();
+    pair.vxlan(Lower::Route);
     let dir = TempDir::new("re");
     let file = dir.join(TEXTFILE);
     let observer = observer_exporting(&pair, dir.path(), &[]);
@@ -395,7 +331,7 @@ fn recreated_interface_is_reattached_and_counters_keep_growing() {
         packets(e, "rx", "vxlan", B_IP) == Some(f64::from(n))
             && packets(e, "tx", "vxlan", B_IP) == Some(f64::from(n))
     };
-    pair.ping(N1);
+    ping(&pair, N1);
     wait_for_file(&file, "showing N1", |e| {
         both(e, N1) && e.value("observer_programs_attached", &[]) == Some(3.0)
     });
@@ -423,7 +359,7 @@ fn recreated_interface_is_reattached_and_counters_keep_growing() {
         e.value("observer_programs_attached", &[]) == Some(3.0)
     });
 
-    pair.ping(N2);
+    ping(&pair, N2);
     let last = wait_for_file(&file, "showing N1 + N2", |e| both(e, N1 + N2));
     // The bytes grew by the same frames: 148 bytes per ping packet
     // (98-byte inner frame + 50 bytes of VXLAN, UDP, IPv4, Ethernet).
@@ -511,7 +447,7 @@ fn unwritable_textfile_dir_is_logged_counted_and_survived() {
     const N2: u32 = 15;
     const N3: u32 = 10;
     let pair = Pair::new("ro");
-    pair.vxlan();
+    pair.vxlan(Lower::Route);
     let base = TempDir::new("ro");
     let source = base.join("src");
     std::fs::create_dir(&source).unwrap();
@@ -522,7 +458,7 @@ fn unwritable_textfile_dir_is_logged_counted_and_survived() {
 
     // Missing: the first interval (before the first stats line) failed.
     let observer = observer_exporting(&pair, &dir, &[]);
-    pair.ping(N1);
+    ping(&pair, N1);
     wait_json_both_ways(&observer, u64::from(N1));
     assert!(!dir.exists());
 
@@ -530,7 +466,7 @@ fn unwritable_textfile_dir_is_logged_counted_and_survived() {
     std::fs::create_dir(source.join("export")).unwrap();
     assert!(dir.is_dir());
     wait_intervals(&observer, 2);
-    pair.ping(N2);
+    ping(&pair, N2);
     wait_json_both_ways(&observer, u64::from(N1 + N2));
     assert_eq!(
         dir_names(&dir),
@@ -551,7 +487,7 @@ fn unwritable_textfile_dir_is_logged_counted_and_survived() {
         errors >= 2.0,
         "one missing and one read-only interval at least: {errors}"
     );
-    pair.ping(N3);
+    ping(&pair, N3);
     let n = f64::from(N1 + N2 + N3);
     let last = wait_for_file(&file, "showing N1 + N2 + N3", |e| {
         packets(e, "rx", "vxlan", B_IP) == Some(n) && packets(e, "tx", "vxlan", B_IP) == Some(n)

@@ -20,160 +20,21 @@ use std::{
     time::{Duration, Instant},
 };
 
+use observer_testkit::pair::{A_IP, A_MAC_BYTES, B_IP, B_MAC, B_MAC_BYTES, Lower, Pair, Vxlan};
 use serde_json::Value;
-use support::netns::{
-    Netns, ObserverProcess, PeerKey, Tcpdump, VethEnd, send_frames, try_run, veth_pair,
-};
-
-const A_IP: &str = "198.18.0.1";
-const B_IP: &str = "198.18.0.2";
-const A_MAC: &str = "02:00:00:00:00:0a";
-const B_MAC: &str = "02:00:00:00:00:0b";
-const A_MAC_BYTES: [u8; 6] = [2, 0, 0, 0, 0, 0x0a];
-const B_MAC_BYTES: [u8; 6] = [2, 0, 0, 0, 0, 0x0b];
-/// MACs of the VXLAN devices (VTEPs).
-const A_VTEP_MAC: &str = "02:00:00:00:01:0a";
-const B_VTEP_MAC: &str = "02:00:00:00:01:0b";
+use support::netns::{Netns, ObserverProcess, PeerKey, Tcpdump, send_frames, try_run};
 
 /// Pings per VXLAN test.
 const PINGS: u32 = 50;
 
-/// Two namespaces joined by va (in A) <-> vb (in B). Dropped in reverse
-/// order of declaration in the tests: processes first, then namespaces.
-struct Pair {
-    a: Netns,
-    b: Netns,
-}
-
-impl Pair {
-    fn new(tag: &str) -> Pair {
-        let a = Netns::new(&format!("{tag}a"));
-        let b = Netns::new(&format!("{tag}b"));
-        let end = |iface: &str, mac: &str, addr: &str| VethEnd {
-            iface: iface.to_string(),
-            mac: mac.to_string(),
-            addr: addr.to_string(),
-        };
-        veth_pair(&a, &end("va", A_MAC, A_IP), &b, &end("vb", B_MAC, B_IP), 24);
-        Pair { a, b }
-    }
-}
-
-/// A VXLAN setup between A and B: inner addresses to ping and the outer
-/// UDP port / VNI the observer must report.
-struct Vxlan {
-    port: u16,
-    vni: u64,
-    a_inner: &'static str,
-    b_inner: &'static str,
-}
-
-/// Calico-style: device `vx0`, VNI 4096, port 4789, unicast remote.
+/// Calico-style: device `vx0`, VNI 4096, port 4789, unicast remote, over va.
 fn calico_vxlan(pair: &Pair) -> Vxlan {
-    for (ns, dev, local, remote, mac, inner, peer_inner, peer_mac) in [
-        (
-            &pair.a,
-            "va",
-            A_IP,
-            B_IP,
-            A_VTEP_MAC,
-            "198.19.0.1",
-            "198.19.0.2",
-            B_VTEP_MAC,
-        ),
-        (
-            &pair.b,
-            "vb",
-            B_IP,
-            A_IP,
-            B_VTEP_MAC,
-            "198.19.0.2",
-            "198.19.0.1",
-            A_VTEP_MAC,
-        ),
-    ] {
-        ns.ip(&[
-            "link", "add", "vx0", "address", mac, "type", "vxlan", "id", "4096", "dstport", "4789",
-            "local", local, "remote", remote, "dev", dev,
-        ]);
-        ns.ip(&["addr", "add", &format!("{inner}/24"), "dev", "vx0"]);
-        ns.ip(&["link", "set", "vx0", "up"]);
-        ns.neigh(peer_inner, peer_mac, "vx0");
-    }
-    Vxlan {
-        port: 4789,
-        vni: 4096,
-        a_inner: "198.19.0.1",
-        b_inner: "198.19.0.2",
-    }
+    pair.vxlan(Lower::Veth)
 }
 
-/// flannel-style: device `flannel.1`, VNI 1, port 8472, no learning, a /32
-/// on the device, a route to the peer's subnet via its .0 address onlink,
-/// and static neighbour + FDB entries, as flanneld programs them.
+/// flannel-style: device `flannel.1`, VNI 1, port 8472 (see [`Pair::flannel`]).
 fn flannel_vxlan(pair: &Pair) -> Vxlan {
-    for (ns, dev, local, remote, mac, inner, peer_inner, peer_mac) in [
-        (
-            &pair.a,
-            "va",
-            A_IP,
-            B_IP,
-            A_VTEP_MAC,
-            "198.19.1.0",
-            "198.19.2.0",
-            B_VTEP_MAC,
-        ),
-        (
-            &pair.b,
-            "vb",
-            B_IP,
-            A_IP,
-            B_VTEP_MAC,
-            "198.19.2.0",
-            "198.19.1.0",
-            A_VTEP_MAC,
-        ),
-    ] {
-        ns.ip(&[
-            "link",
-            "add",
-            "flannel.1",
-            "address",
-            mac,
-            "type",
-            "vxlan",
-            "id",
-            "1",
-            "dstport",
-            "8472",
-            "local",
-            local,
-            "dev",
-            dev,
-            "nolearning",
-        ]);
-        ns.ip(&["addr", "add", &format!("{inner}/32"), "dev", "flannel.1"]);
-        ns.ip(&["link", "set", "flannel.1", "up"]);
-        let subnet = format!("{}/24", peer_inner);
-        ns.ip(&[
-            "route",
-            "add",
-            &subnet,
-            "via",
-            peer_inner,
-            "dev",
-            "flannel.1",
-            "onlink",
-        ]);
-        ns.neigh(peer_inner, peer_mac, "flannel.1");
-        ns.bridge(&["fdb", "append", peer_mac, "dev", "flannel.1", "dst", remote]);
-    }
-    Vxlan {
-        port: 8472,
-        vni: 1,
-        a_inner: "198.19.1.0",
-        b_inner: "198.19.2.0",
-    }
+    pair.flannel()
 }
 
 fn key(direction: &str, proto: &str, peer: Option<&str>, vni: u64) -> PeerKey {

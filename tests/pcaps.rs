@@ -22,7 +22,7 @@ use observer::{
     bpf::testrun,
     bpf::{Hook, LoadConfig, Observer},
     cmd::replay::{capture, engine::MAX_XDP_FRAME},
-    model::flows::{FlowCounters, FlowId},
+    model::rows::{FlowCounters, FlowId},
 };
 use observer_common::{Proto, Unclassified};
 use support::tcpdump::{TunnelKey, count, describe, parse_tcpdump_output};

@@ -19,8 +19,8 @@ use std::{collections::BTreeMap, net::IpAddr};
 use observer::{
     bpf::testrun::{self, skb_gso_ctx},
     bpf::{Hook, LoadConfig, Observer},
-    model::flows::{FlowCounters, FlowId},
     model::ports::PortConfig,
+    model::rows::{FlowCounters, FlowId},
 };
 use observer_common::{Direction, Proto, Unclassified};
 use support::frames::*;

@@ -23,6 +23,7 @@ use std::{
     time::Duration,
 };
 
+use observer_testkit::pair::{A_IP, A_MAC_BYTES, B_IP, B_MAC_BYTES, Lower, Pair};
 use pcap_file::{
     DataLink, Endianness, TsResolution,
     pcap::{PcapHeader, PcapReader, PcapWriter, RawPcapPacket},
@@ -37,16 +38,12 @@ use pcap_file::{
 use serde_json::Value;
 use support::{
     frames,
-    netns::{Netns, ObserverRun, Tcpdump, VethEnd, send_frames, temp_path, veth_pair},
+    netns::{Netns, ObserverRun, Tcpdump, send_frames, temp_path},
     tcpdump::{TunnelKey, count, describe},
 };
 
-const A_IP: &str = "198.18.0.1";
-const B_IP: &str = "198.18.0.2";
 /// A source B does not own (IPIP frames "from" a third node).
 const C_IP: &str = "198.18.0.3";
-const A_MAC: [u8; 6] = [2, 0, 0, 0, 0, 0x0a];
-const B_MAC: [u8; 6] = [2, 0, 0, 0, 0, 0x0b];
 const PINGS: u32 = 20;
 /// ICMP payload of the pings: VXLAN frames of 492 bytes, above the
 /// capture's snap length of 256 (see `support::netns::Tcpdump`).
@@ -197,8 +194,8 @@ fn reference_captures_replay_as_tcpdump_decodes_them() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
-/// Two namespaces joined by va (A) <-> vb (B), with VXLAN devices (VNI
-/// 4096, port 4789) whose inner addresses are 198.19.0.1 and .2.
+/// The shared two-namespace pair, va (A) <-> vb (B), with VXLAN devices
+/// (VNI 4096, port 4789) whose inner addresses are 198.19.0.1 and .2.
 struct Lab {
     a: Netns,
     b: Netns,
@@ -206,50 +203,9 @@ struct Lab {
 
 impl Lab {
     fn new() -> Lab {
-        let a = Netns::new("rpa");
-        let b = Netns::new("rpb");
-        let end = |iface: &str, mac: &str, addr: &str| VethEnd {
-            iface: iface.to_string(),
-            mac: mac.to_string(),
-            addr: addr.to_string(),
-        };
-        veth_pair(
-            &a,
-            &end("va", "02:00:00:00:00:0a", A_IP),
-            &b,
-            &end("vb", "02:00:00:00:00:0b", B_IP),
-            24,
-        );
-        for (ns, dev, local, remote, mac, inner, peer_inner, peer_mac) in [
-            (
-                &a,
-                "va",
-                A_IP,
-                B_IP,
-                "02:00:00:00:01:0a",
-                "198.19.0.1",
-                "198.19.0.2",
-                "02:00:00:00:01:0b",
-            ),
-            (
-                &b,
-                "vb",
-                B_IP,
-                A_IP,
-                "02:00:00:00:01:0b",
-                "198.19.0.2",
-                "198.19.0.1",
-                "02:00:00:00:01:0a",
-            ),
-        ] {
-            ns.ip(&[
-                "link", "add", "vx0", "address", mac, "type", "vxlan", "id", "4096", "dstport",
-                "4789", "local", local, "remote", remote, "dev", dev,
-            ]);
-            ns.ip(&["addr", "add", &format!("{inner}/24"), "dev", "vx0"]);
-            ns.ip(&["link", "set", "vx0", "up"]);
-            ns.neigh(peer_inner, peer_mac, "vx0");
-        }
+        let pair = Pair::new("rp");
+        pair.vxlan(Lower::Veth);
+        let Pair { a, b, .. } = pair;
         Lab { a, b }
     }
 
@@ -280,7 +236,7 @@ impl Lab {
         let inner = frames::icmp4_packet(frames::addr4("198.19.0.1"), frames::addr4("198.19.0.2"));
         let ipip = |src: &str| {
             let mut frame = frames::ipip_frame(frames::addr(src), frames::addr(B_IP), &inner);
-            frames::set_macs(&mut frame, B_MAC, A_MAC);
+            frames::set_macs(&mut frame, B_MAC_BYTES, A_MAC_BYTES);
             frame
         };
         send_frames(

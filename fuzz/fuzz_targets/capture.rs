@@ -8,7 +8,7 @@ use libfuzzer_sys::fuzz_target;
 
 // The module itself, not the observer crate: the crate's build script
 // builds eBPF programs, which a sanitizer build cannot.
-#[path = "../../observer/src/replay/capture.rs"]
+#[path = "../../observer/src/cmd/replay/capture.rs"]
 #[allow(dead_code)]
 mod capture;
 

@@ -37,10 +37,7 @@ use observer_common::{Proto, Unclassified};
 use std::{collections::BTreeSet, net::Ipv4Addr};
 
 use ipnet::{IpNet, Ipv4Net};
-use observer::{
-    bpf::mirror,
-    node::allowsets::{AllowSet, Snapshot},
-};
+use observer::node::allowsets::{AllowSet, Snapshot};
 
 #[path = "system/mod.rs"]
 mod system;
@@ -251,11 +248,12 @@ fn kfree_skb_cost() -> anyhow::Result<()> {
     let after = observer.drop_hook_info()?;
     let events = after.run_count() - before.run_count();
     let ns = (after.run_time() - before.run_time()).as_nanos() as f64;
-    let counted: u64 = observer::model::drops::read(&observer)?
+    let counted: u64 = observer
+        .read_drops()?
         .iter()
         .filter(|(id, _)| {
-            id.origin == observer::model::drops::Origin::Kernel
-                && observer.drop_reason_name(id.reason) == "NETFILTER_DROP"
+            id.origin == observer::model::rows::Origin::Kernel
+                && observer.kernel_reasons().name(id.reason) == "NETFILTER_DROP"
         })
         .map(|(_, c)| c.packets)
         .sum();
@@ -298,13 +296,13 @@ fn allow_set_cases(vxlan: &[u8]) -> anyhow::Result<()> {
             },
             ..Snapshot::default()
         };
-        mirror::apply_allow_sets(&mut observer, &snapshot)?;
+        observer.apply_allow_sets(&snapshot)?;
         let xdp = observer.program_fd(Hook::Xdp)?;
         testrun::run(xdp, vxlan, None, 1)?;
         let mut samples: Vec<f64> = (0..ROUNDS)
             .map(|_| testrun::run(xdp, vxlan, None, REPEAT).map(|r| f64::from(r.duration_ns)))
             .collect::<io::Result<_>>()?;
-        if !observer::model::drops::read(&observer)?.is_empty() {
+        if !observer.read_drops()?.is_empty() {
             anyhow::bail!(
                 "vxlan_allow_{size}: the member source was flagged; the bench measures the wrong path"
             );

@@ -18,10 +18,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-use super::{
-    netns::{Netns, WAIT, in_netns, run, temp_path, try_run, wait_timeout},
-    storm::Storm,
-};
+use observer_testkit::storm::Storm;
+
+use super::netns::{Netns, WAIT, in_netns, run, temp_path, try_run, wait_timeout};
 
 /// Debian's node_exporter (package prometheus-node-exporter).
 pub const NODE_EXPORTER: &str = "/usr/bin/prometheus-node-exporter";

@@ -1,5 +1,7 @@
-//! Helpers shared by the integration tests: frame builders and network
-//! namespace fixtures. Each test file uses a subset.
+//! Helpers shared by the integration tests: frame builders and what runs
+//! in network namespaces. Each test file uses a subset. The namespaces and
+//! the two-namespace pair most tests use are in the `observer-testkit`
+//! crate (`observer_testkit::pair`), shared with the benches and xtask.
 #![allow(dead_code)]
 
 pub mod calico;
@@ -8,8 +10,6 @@ pub mod frames;
 pub mod kernel_suite;
 pub mod lab;
 pub mod netns;
-pub mod overlay;
-pub mod storm;
 pub mod tcpdump;
 pub mod tunnels;
 

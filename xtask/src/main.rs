@@ -4,6 +4,7 @@
 
 mod fuzz;
 mod lab;
+mod registered;
 mod setup;
 mod soak;
 mod util;
@@ -46,8 +47,9 @@ enum Task {
     /// crate included), the deploy/ files (promtool check and test of the
     /// alert rules, the PrometheusRule and the privileged DaemonSet in sync,
     /// kubernetes-validate --strict of the manifests), `cargo fuzz build`
-    /// of the fuzz target (built, not run) and `cargo test
-    /// --workspace`, then `vm-test --kernel 5.10,6.1,6.12` (the kernel
+    /// of the fuzz target (built, not run), that every tests/*.rs has a
+    /// [[test]] entry in observer/Cargo.toml (and every entry a file), and
+    /// `cargo test --workspace`, then `vm-test --kernel 5.10,6.1,6.12` (the kernel
     /// suite in VMs; the host's run is part of `cargo test`). The
     /// integration tests load eBPF programs and create network namespaces,
     /// so they need root; with CI=true in the environment they fail instead
@@ -57,6 +59,10 @@ enum Task {
         /// Stop at the first failing step instead of running the others.
         #[arg(long)]
         fail_fast: bool,
+        /// Run only these steps (comma-separated names as the summary
+        /// prints them, e.g. `--only fmt,registered`); setup always runs.
+        #[arg(long, value_delimiter = ',')]
+        only: Vec<String>,
     },
     /// The kernel suite (tests/kernels.rs) on Debian's own kernels, 5.10
     /// (bullseye), 6.1 (bookworm) and 6.12 (trixie), each booted in a qemu
@@ -116,7 +122,7 @@ fn run(task: Task) -> Result<()> {
             setup::setup()?;
             build_release()
         }
-        Task::Test { fail_fast } => test(fail_fast),
+        Task::Test { fail_fast, only } => test(fail_fast, &only),
         Task::VmTest(args) => {
             setup::setup()?;
             vm::vm_test(&args)
@@ -145,14 +151,14 @@ pub fn build_release() -> Result<()> {
     util::run(util::cargo().args(["build", "--release", "-p", "observer"]))
 }
 
-fn test(fail_fast: bool) -> Result<()> {
+fn test(fail_fast: bool, only: &[String]) -> Result<()> {
     let total = Instant::now();
     match std::env::var("CI") {
         Ok(ci) => println!("xtask: CI={ci} (passed on to the tests)"),
         Err(_) => println!("xtask: CI is not set (tests needing root skip without it)"),
     }
     type Step = (&'static str, fn() -> Result<()>);
-    let steps: [Step; 10] = [
+    let steps: [Step; 11] = [
         ("setup", setup::setup),
         ("fmt", || {
             util::run(util::cargo().args(["fmt", "--all", "--", "--check"]))
@@ -187,6 +193,9 @@ fn test(fail_fast: bool) -> Result<()> {
             util::run(deploy_command("python3").arg("deploy/tests/check_deploy.py"))
         }),
         ("manifests", validate_manifests),
+        // Every tests/*.rs has a [[test]] entry in observer/Cargo.toml (an
+        // unregistered file would silently never run), and every entry a file.
+        ("registered", registered::check),
         ("test", || {
             util::run(util::cargo().args(["test", "--workspace"]))
         }),
@@ -195,8 +204,15 @@ fn test(fail_fast: bool) -> Result<()> {
         // into target/vm.
         ("vm-test", vm::vm_test_vms),
     ];
+    if let Some(unknown) = only.iter().find(|o| !steps.iter().any(|(n, _)| n == o)) {
+        let names: Vec<&str> = steps.iter().map(|(n, _)| *n).collect();
+        bail!("no step {unknown:?}; the steps are {}", names.join(", "));
+    }
     let mut results = Vec::new();
     for (name, step) in steps {
+        if !only.is_empty() && name != "setup" && !only.iter().any(|o| o == name) {
+            continue;
+        }
         println!("\n==> xtask test: {name}");
         let start = Instant::now();
         let result = step();

@@ -35,11 +35,13 @@ use std::{
     time::{Duration, Instant},
 };
 
-// The flood sender is shared with the tests (std and libc only).
-#[path = "../../tests/support/storm.rs"]
-mod storm;
-
 use anyhow::{Context, Result, bail};
+// The namespaces and the flood sender are the tests' (observer-testkit).
+use observer_testkit::{
+    netns::Netns,
+    pair::{B_INNER, B_MAC_BYTES, Lower, Pair},
+    storm,
+};
 
 use crate::util::{self, workspace_root};
 
@@ -66,12 +68,7 @@ pub struct SoakArgs {
 const PREFIX: &str = "obssoak-";
 /// Seconds between two rows of the table.
 const SAMPLE_EVERY: Duration = Duration::from_secs(10);
-const A_MAC: &str = "02:00:00:00:00:0a";
-const B_MAC: &str = "02:00:00:00:00:0b";
-const B_MAC_BYTES: [u8; 6] = [2, 0, 0, 0, 0, 0x0b];
 const NOBODY_MAC: [u8; 6] = [2, 0, 0, 0, 0, 0xee];
-const A_VTEP_MAC: &str = "02:00:00:00:01:0a";
-const B_VTEP_MAC: &str = "02:00:00:00:01:0b";
 
 /// What must be undone; dropping it stops the threads and processes and
 /// deletes the namespaces and the textfile directory.
@@ -79,7 +76,8 @@ struct Soak {
     stop: Arc<AtomicBool>,
     threads: Vec<JoinHandle<()>>,
     children: Vec<(&'static str, Child)>,
-    namespaces: Vec<String>,
+    /// The two namespaces; deleted when dropped, after the processes stopped.
+    pair: Option<Pair>,
     dir: Option<PathBuf>,
 }
 
@@ -114,16 +112,13 @@ impl Drop for Soak {
             let _ = thread.join();
         }
         self.stop_children();
-        for ns in &self.namespaces {
-            if let Err(e) = util::output(Command::new("ip").args(["netns", "del", ns])) {
-                eprintln!("soak: cleanup: {e:#}");
-            }
+        if let Some(pair) = self.pair.take() {
+            let names = format!("{} {}", pair.a.name(), pair.b.name());
+            drop(pair);
+            println!("soak: removed namespaces {names}");
         }
         if let Some(dir) = self.dir.take() {
             let _ = std::fs::remove_dir_all(&dir);
-        }
-        if !self.namespaces.is_empty() {
-            println!("soak: removed namespaces {}", self.namespaces.join(" "));
         }
     }
 }
@@ -314,70 +309,16 @@ pub fn soak(args: &SoakArgs) -> Result<()> {
         stop: Arc::new(AtomicBool::new(false)),
         threads: Vec::new(),
         children: Vec::new(),
-        namespaces: Vec::new(),
+        pair: None,
         dir: None,
     };
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     soak.dir = Some(dir.clone());
 
     println!("soak: namespaces {a} (observed) and {b}");
-    for ns in [&a, &b] {
-        ip(&format!("netns add {ns}"))?;
-        soak.namespaces.push(ns.clone());
-        util::output(Command::new("ip").args([
-            "netns",
-            "exec",
-            ns,
-            "sysctl",
-            "-qw",
-            "net.ipv6.conf.all.disable_ipv6=1",
-            "net.ipv6.conf.default.disable_ipv6=1",
-        ]))?;
-        ip(&format!("-n {ns} link set lo up"))?;
-    }
-    ip(&format!(
-        "-n {a} link add va address {A_MAC} type veth peer name vb netns {b} address {B_MAC}"
-    ))?;
-    for (ns, dev, addr, peer, peer_mac) in [
-        (&a, "va", "198.18.0.1", "198.18.0.2", B_MAC),
-        (&b, "vb", "198.18.0.2", "198.18.0.1", A_MAC),
-    ] {
-        ip(&format!("-n {ns} addr add {addr}/24 dev {dev}"))?;
-        ip(&format!("-n {ns} link set {dev} up"))?;
-        ip(&format!(
-            "-n {ns} neigh replace {peer} lladdr {peer_mac} dev {dev} nud permanent"
-        ))?;
-    }
-    for (ns, mac, local, remote, inner, peer_inner, peer_mac) in [
-        (
-            &a,
-            A_VTEP_MAC,
-            "198.18.0.1",
-            "198.18.0.2",
-            "198.19.0.1",
-            "198.19.0.2",
-            B_VTEP_MAC,
-        ),
-        (
-            &b,
-            B_VTEP_MAC,
-            "198.18.0.2",
-            "198.18.0.1",
-            "198.19.0.2",
-            "198.19.0.1",
-            A_VTEP_MAC,
-        ),
-    ] {
-        ip(&format!(
-            "-n {ns} link add vx0 address {mac} type vxlan id 4096 dstport 4789 local {local} remote {remote}"
-        ))?;
-        ip(&format!("-n {ns} addr add {inner}/24 dev vx0"))?;
-        ip(&format!("-n {ns} link set vx0 up"))?;
-        ip(&format!(
-            "-n {ns} neigh replace {peer_inner} lladdr {peer_mac} dev vx0 nud permanent"
-        ))?;
-    }
-    ip(&format!("netns exec {a} ping -q -n -c 1 -W 2 198.19.0.2"))
+    let pair = Pair::build(Netns::create(&a)?, Netns::create(&b)?, "va", "vb")?;
+    soak.pair.insert(pair).vxlan_checked(Lower::Route)?;
+    ip(&format!("netns exec {a} ping -q -n -c 1 -W 2 {B_INNER}"))
         .context("the soak's VXLAN tunnel does not work")?;
     interrupted(&interrupt)?;
 
@@ -440,7 +381,7 @@ pub fn soak(args: &SoakArgs) -> Result<()> {
     let total = Duration::from_secs(args.minutes * 60);
     let ping = Command::new("ip")
         .args(["netns", "exec", &a, "ping", "-q", "-n", "-i", "0.002"])
-        .args(["-w", &(total.as_secs() + 60).to_string(), "198.19.0.2"])
+        .args(["-w", &(total.as_secs() + 60).to_string(), B_INNER])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null())

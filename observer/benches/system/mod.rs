@@ -8,8 +8,7 @@ pub mod snapshot;
 pub mod traffic;
 pub mod verifier;
 
-#[path = "../../../tests/support/storm.rs"]
-pub mod storm;
+pub use observer_testkit::storm;
 
 use std::{fmt::Display, io, os::fd::AsRawFd, path::PathBuf, process::Command, sync::Mutex};
 

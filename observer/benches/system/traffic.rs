@@ -1,6 +1,6 @@
 //! The observer on real traffic: VXLAN frames sent through a veth pair
 //! between two namespaces, with something attached to R's end `vr` or not.
-//! S sends with sendmmsg on AF_PACKET (`tests/support/storm.rs`, 16 outer
+//! S sends with sendmmsg on AF_PACKET (`observer_testkit::storm`, 16 outer
 //! sources); in R a UDP socket on port 4789 (64 MiB receive buffer) reads
 //! every frame with recvmmsg, napping 1 ms whenever it has caught up. Every
 //! flood is checked: frames sent but not read by R, UDP receive-buffer

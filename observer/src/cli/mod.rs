@@ -8,7 +8,7 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::{
     bpf::XdpMode, cli::settings::pick, model::ports::PortConfig, node::allowsets::Tagged,
-    report::output::Format,
+    report::Format,
 };
 
 /// See, at the wire, what happens to overlay traffic: encapsulated packets
@@ -157,8 +157,8 @@ pub struct DiagnoseArgs {
 #[derive(Debug, Args)]
 pub struct LabArgs {
     /// Which failure to rebuild.
-    #[arg(long, value_enum, default_value_t = crate::cmd::lab::scenarios::Scenario::Incident)]
-    pub scenario: crate::cmd::lab::scenarios::Scenario,
+    #[arg(long, value_enum, default_value_t = Scenario::Incident)]
+    pub scenario: Scenario,
 
     /// How long the node observers run; the pings end about 2s earlier.
     #[arg(long, value_parser = parse_duration, default_value = "20s", value_name = "DURATION")]
@@ -166,8 +166,8 @@ pub struct LabArgs {
 
     /// text (a live per-node view, then the write-up) or json (the
     /// observers' lines tagged with "node", then {"type":"lab",...} facts).
-    #[arg(long, value_enum, default_value_t = crate::cmd::lab::view::LabFormat::Text, value_name = "FORMAT")]
-    pub output: crate::cmd::lab::view::LabFormat,
+    #[arg(long, value_enum, default_value_t = LabFormat::Text, value_name = "FORMAT")]
+    pub output: LabFormat,
 
     /// How long the node observers may take to load (verify) and attach
     /// their programs before the lab gives up; raise it on slow or
@@ -271,7 +271,7 @@ pub struct AttachArgs {
     /// boringtun). Routes through it then count as prescribing PROTO
     /// (vxlan, vxlan-gpe, geneve, ipip, ip6ip, gre, wireguard). Repeatable.
     #[arg(long = "tunnel-device", value_name = "NAME=PROTO")]
-    pub tunnel_devices: Vec<crate::node::dataplane::DeclaredTunnel>,
+    pub tunnel_devices: Vec<crate::model::dataplane::DeclaredTunnel>,
 
     /// Drops per second of one peer that make a drop_spike. [default: 5]
     #[arg(long, value_name = "PER_SECOND")]
@@ -451,4 +451,34 @@ mod tests {
         assert_eq!(args.allow_cidrs.len(), 1);
         assert!(Cli::try_parse_from(["observer", "replay"]).is_err());
     }
+}
+
+/// A failure (or its absence) the lab rebuilds (`observer lab --scenario`);
+/// what each does is in `cmd::lab::scenarios`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Scenario {
+    /// INCIDENT.md: the router drops UDP/4789 from the GPU node and
+    /// source-NATs VXLAN toward it to 10.10.10.244, which Calico drops; IPIP
+    /// passes with the real node addresses.
+    Incident,
+    /// Only the one-way block: UDP/4789 from the GPU node toward the
+    /// control plane is dropped by the router.
+    UdpBlock,
+    /// The router's link toward the GPU node has MTU 1400 (nodes 1500):
+    /// 1400-byte pod pings overflow the path, 1300-byte ones fit.
+    Mtu,
+    /// The fix half-applied: the GPU node routes cp1's VXLAN block over
+    /// tunl0 (IPIP) while cp1 still sends VXLAN.
+    EncapMismatch,
+    /// Everything works in both directions.
+    Healthy,
+}
+
+/// Output format of `observer lab`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LabFormat {
+    /// Live per-node view, then the write-up, for people.
+    Text,
+    /// One JSON object per line, for scripts and tests.
+    Json,
 }

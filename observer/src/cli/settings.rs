@@ -14,9 +14,9 @@ use crate::{
     bpf::XdpMode,
     cli::{AttachArgs, parse_duration},
     model::anomalies::Thresholds,
+    model::dataplane::DeclaredTunnel,
     model::ports::PortConfig,
     node::allowsets::Tagged,
-    node::dataplane::DeclaredTunnel,
 };
 
 /// Default `--interval`.

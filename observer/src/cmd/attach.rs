@@ -11,23 +11,31 @@ use std::{
 };
 
 use anyhow::{Context, Result, bail};
-use serde::Serialize;
 use tokio::signal::unix::{Signal, SignalKind, signal};
 
 use crate::{
     bpf::{self, InterfaceEvent, LoadConfig, Observer},
     cli::AttachArgs,
     cli::settings::Settings,
-    cmd::checks::{AllowSetReport, NodeChecks},
+    cmd::checks::NodeChecks,
     model::aggregate::{Aggregator, DropAggregator},
     model::anomalies::{Engine, Event, Findings, Known},
-    model::drops,
+    model::crosscheck::NetfilterCheck,
+    model::dataplane::{DataPlane, DeclaredTunnel},
+    model::hooks::{AttachedWith, Attachment},
+    model::rows::{DropRow, KernelStats},
     node::allowsets::AllowSetConfig,
-    node::dataplane::{ChangeWatcher, DataPlane, DeclaredTunnel},
+    node::dataplane::{self, ChangeWatcher},
     node::netns,
     node::preflight,
-    report::output::{self, AttachLine, DropRow, Format, NetfilterCheck, Snapshot},
     report::textfile::{self, ExportInput, Exporter, TEXTFILE_NAME},
+    report::{
+        self, Format, Line,
+        lines::{
+            self, AllowSetLine, AttachLine, DataplaneLine, InterfaceLine, ProgramNames, Snapshot,
+        },
+        table,
+    },
 };
 
 /// Default `--duration` of `observer diagnose`.
@@ -67,7 +75,7 @@ pub struct Outcome {
     /// Drop rows of the last read.
     pub drops: Vec<DropRow>,
     /// Netfilter cross-check of the last read.
-    pub netfilter: Vec<output::NetfilterCheck>,
+    pub netfilter: Vec<NetfilterCheck>,
     /// What the node knew at the end.
     pub known: Known,
     /// Interfaces watched.
@@ -134,13 +142,8 @@ pub fn monitor(args: &AttachArgs, mode: Mode) -> Result<Outcome> {
             "attached"
         );
         if format == Format::Json {
-            let line = serde_json::to_string(&AttachLine::new(
-                attachment,
-                &program_ids,
-                &observer,
-                SystemTime::now(),
-            ))?;
-            if writeln!(io::stdout(), "{line}").is_err() {
+            let line = attach_line(&observer, attachment, &program_ids, SystemTime::now());
+            if report::write_line(&mut io::stdout(), &Line::Attach(line)).is_err() {
                 return Ok(Outcome::default());
             }
         }
@@ -168,19 +171,6 @@ struct Signals {
     interrupt: Signal,
     terminate: Signal,
     hangup: Signal,
-}
-
-/// `{"type":"interface",...}`: an interface went away or came back.
-#[derive(Serialize)]
-struct InterfaceLine<'a> {
-    r#type: &'static str,
-    ts: String,
-    iface: &'a str,
-    event: &'static str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    ifindex: Option<u32>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    error: Option<&'a str>,
 }
 
 /// State of a running attach.
@@ -246,7 +236,7 @@ impl DataPlaneState {
         if !changed && self.view.is_some() {
             return false;
         }
-        match DataPlane::read_declaring(&self.declared) {
+        match dataplane::read_declaring(&self.declared) {
             Ok(view) => {
                 self.last_error = None;
                 if self.view.as_ref() == Some(&view) {
@@ -268,19 +258,6 @@ impl DataPlaneState {
             }
         }
     }
-}
-
-/// `{"type":"dataplane",...}`: what the data plane prescribes, printed when
-/// it changes.
-#[derive(Serialize)]
-struct DataPlaneLine<'a> {
-    r#type: &'static str,
-    ts: String,
-    devices: &'a [crate::node::dataplane::TunnelDevice],
-    underlay: &'a [crate::node::dataplane::UnderlayInterface],
-    expected_peers:
-        &'a std::collections::BTreeMap<std::net::IpAddr, crate::node::dataplane::ExpectedPeer>,
-    unresolved_routes: Vec<&'a crate::node::dataplane::TunnelRoute>,
 }
 
 impl<'a> Monitor<'a> {
@@ -324,7 +301,7 @@ impl<'a> Monitor<'a> {
 
     /// Re-reads the allow-sets when due; `known` follows when they changed
     /// (it is rebuilt on change, not every interval). Returns the reports.
-    fn refresh_allow_sets(&mut self) -> Result<Vec<AllowSetReport>> {
+    fn refresh_allow_sets(&mut self) -> Result<Vec<AllowSetLine>> {
         let reports = self.checks.refresh(self.observer)?;
         if !reports.is_empty() {
             self.known.allow = self.checks.allow_sets().cloned();
@@ -343,8 +320,7 @@ impl<'a> Monitor<'a> {
         };
         let expected_peers = view.expected_peers();
         let local = view.local_addresses();
-        let line = DataPlaneLine {
-            r#type: "dataplane",
+        let line = DataplaneLine {
             ts: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
             devices: &view.devices,
             underlay: &view.underlay,
@@ -358,7 +334,7 @@ impl<'a> Monitor<'a> {
             "data plane read"
         );
         if self.prints_intervals() {
-            self.print_lines(&[line])?;
+            self.print_lines(&[Line::Dataplane(line)])?;
         }
         self.known.nodes = expected_peers;
         self.known.local = local;
@@ -375,20 +351,26 @@ impl<'a> Monitor<'a> {
     }
 
     /// Prints JSON lines (nothing in table mode).
-    fn print_lines<T: Serialize>(&self, lines: &[T]) -> io::Result<()> {
+    fn print_lines(&self, lines: &[Line<'_>]) -> io::Result<()> {
         if self.format != Format::Json || lines.is_empty() {
             return Ok(());
         }
         let mut out = io::stdout().lock();
         for line in lines {
-            output::write_line(&mut out, line)?;
+            report::write_line(&mut out, line)?;
         }
         out.flush()
     }
 
+    /// Prints the allow-sets that changed.
+    fn print_allow_sets(&self, reports: &[AllowSetLine]) -> io::Result<()> {
+        let lines: Vec<Line<'_>> = reports.iter().map(Line::AllowSet).collect();
+        self.print_lines(&lines)
+    }
+
     async fn run(&mut self, mut signals: Signals) -> Result<()> {
         let reports = self.refresh_allow_sets()?;
-        if stop_on_closed_stdout(self.print_lines(&reports))? {
+        if stop_on_closed_stdout(self.print_allow_sets(&reports))? {
             return Ok(());
         }
         if stop_on_closed_stdout(self.refresh_dataplane())? {
@@ -446,7 +428,7 @@ impl<'a> Monitor<'a> {
         let flows = self.observer.read_flows().map_err(io::Error::other)?;
         self.aggregator.update(&flows);
         self.drop_aggregator
-            .update(&drops::read(self.observer).map_err(io::Error::other)?);
+            .update(&self.observer.read_drops().map_err(io::Error::other)?);
         let rows = self.aggregator.finish_interval(seconds);
         let drop_rows = self
             .checks
@@ -495,15 +477,13 @@ impl<'a> Monitor<'a> {
             anomalies: &active,
         };
         let result = if self.prints_intervals() {
-            self.print_lines(&reports)?;
+            self.print_allow_sets(&reports)?;
             let mut out = io::stdout().lock();
             match self.format {
-                Format::Json => output::write_json(&mut out, &snapshot),
-                Format::Table => output::write_table(
-                    &mut out,
-                    &snapshot,
-                    io::stdout().is_terminal() && !is_final,
-                ),
+                Format::Json => lines::write_json(&mut out, &snapshot),
+                Format::Table => {
+                    table::write_table(&mut out, &snapshot, io::stdout().is_terminal() && !is_final)
+                }
             }
         } else {
             Ok(())
@@ -528,37 +508,34 @@ impl<'a> Monitor<'a> {
                         ifindex,
                         "interface gone; re-attaching when it comes back"
                     );
-                    InterfaceLine {
-                        r#type: "interface",
+                    Line::Interface(InterfaceLine {
                         ts,
                         iface,
                         event: "gone",
                         ifindex: Some(*ifindex),
                         error: None,
-                    }
+                    })
                 }
                 InterfaceEvent::Reattached { iface, ifindex } => {
                     tracing::info!(iface, ifindex, "interface back; attached again");
                     self.ifaces.insert(*ifindex, iface.clone());
-                    InterfaceLine {
-                        r#type: "interface",
+                    Line::Interface(InterfaceLine {
                         ts,
                         iface,
                         event: "reattached",
                         ifindex: Some(*ifindex),
                         error: None,
-                    }
+                    })
                 }
                 InterfaceEvent::Failed { iface, error } => {
                     tracing::error!(iface, error, "re-attaching failed; retrying next interval");
-                    InterfaceLine {
-                        r#type: "interface",
+                    Line::Interface(InterfaceLine {
                         ts,
                         iface,
                         event: "reattach_failed",
                         ifindex: None,
                         error: Some(error),
-                    }
+                    })
                 }
             };
             lines.push(line);
@@ -571,7 +548,7 @@ impl<'a> Monitor<'a> {
         &mut self,
         rows: &[crate::model::aggregate::Row],
         drops: &[DropRow],
-        stats: bpf::KernelStats,
+        stats: KernelStats,
         at: SystemTime,
     ) {
         let Some(dir) = self.settings.textfile_dir.clone() else {
@@ -685,5 +662,49 @@ fn stop_on_closed_stdout(result: io::Result<()>) -> Result<bool> {
         Ok(()) => Ok(false),
         Err(e) if e.kind() == io::ErrorKind::BrokenPipe => Ok(true),
         Err(e) => Err(e).context("writing output"),
+    }
+}
+
+/// The `attach` line of `attachment`: its hooks, the program variants in
+/// use and the kernel's fallbacks.
+fn attach_line<'a>(
+    observer: &'a Observer,
+    attachment: &'a Attachment,
+    program_ids: &'a [Option<u32>],
+    at: SystemTime,
+) -> AttachLine<'a> {
+    let rx_hook = match attachment.rx {
+        AttachedWith::XdpNative | AttachedWith::XdpGeneric => bpf::Hook::Xdp,
+        AttachedWith::Tcx | AttachedWith::Clsact => bpf::Hook::TcIngress,
+    };
+    let drop_hook = observer.drop_hook();
+    AttachLine {
+        ts: lines::timestamp(at),
+        iface: &attachment.iface,
+        ifindex: attachment.ifindex,
+        rx_hook: attachment.rx.to_string(),
+        tx_hook: attachment.tx.to_string(),
+        xdp_fallback_reason: attachment.xdp_fallback_reason.as_deref(),
+        program_ids,
+        drop_hook: match drop_hook {
+            bpf::DropHook::Pending => "pending".to_string(),
+            bpf::DropHook::Attached(_) => "tp_btf".to_string(),
+            bpf::DropHook::Unavailable(why) => format!("unavailable: {why}"),
+        },
+        kernel: &observer.features().release,
+        programs: ProgramNames {
+            rx: observer.program_name(rx_hook),
+            tx: observer.program_name(bpf::Hook::TcEgress),
+            drops: match drop_hook {
+                bpf::DropHook::Attached(name) => Some(name),
+                _ => None,
+            },
+        },
+        fallbacks: observer
+            .plan()
+            .fallbacks
+            .iter()
+            .map(|f| f.to_string())
+            .collect(),
     }
 }

@@ -17,7 +17,7 @@ use crate::{
     bpf::{Hook, LoadConfig, Observer},
     node::preflight,
     node::tunnel_kinds::{Availability, KernelBuild},
-    report::output::{self, Format},
+    report::Format,
 };
 use aya::programs::ProgramInfo;
 
@@ -62,10 +62,12 @@ pub struct ProgramCheck {
     pub error: Option<String>,
 }
 
-/// Everything `observer check` found: `{"type":"check",...}`.
+/// Everything `observer check` found: `{"type":"check",...}`, the one
+/// object `check --output json` prints (outside the line schema of
+/// `report::Line`: it is no stream).
 #[derive(Debug, Clone, Serialize)]
+#[serde(tag = "type", rename = "check")]
 pub struct Report {
-    r#type: &'static str,
     /// `uname -r`.
     pub kernel: String,
     /// The verdict (also the exit status).
@@ -108,7 +110,9 @@ pub fn run(format: Option<Format>) -> anyhow::Result<Verdict> {
     });
     let mut out = io::stdout().lock();
     let written = match format {
-        Format::Json => output::write_line(&mut out, &report),
+        Format::Json => serde_json::to_writer(&mut out, &report)
+            .map_err(io::Error::other)
+            .and_then(|()| out.write_all(b"\n")),
         Format::Table => write_text(&mut out, &report),
     };
     if let Err(e) = written
@@ -132,7 +136,6 @@ pub fn check() -> Report {
         .map(|(kind, availability)| TunnelKind { kind, availability })
         .collect();
     let mut report = Report {
-        r#type: "check",
         kernel,
         verdict: Verdict::CannotRun,
         missing_privileges,

@@ -9,36 +9,18 @@ use std::{
 
 use anyhow::Result;
 use observer_common::{ClassifierDrop, Proto};
-use serde::Serialize;
 
 use crate::{
     bpf::Observer,
-    bpf::mirror,
     model::aggregate::Row,
-    model::drops::{self, DropId, Origin},
+    model::crosscheck::{NetfilterCheck, fold_rule_counter},
+    model::rows::DropRow,
+    model::rows::{self, DropId, Origin},
     node::allowsets::{self, AllowSetConfig, SetKind, Snapshot},
     node::localnet,
     node::netfilter,
-    report::output::{DropRow, NetfilterCheck},
+    report::lines::AllowSetLine,
 };
-
-/// `{"type":"allow_set",...}`: what an allow-set holds now.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct AllowSetReport {
-    r#type: &'static str,
-    /// `vxlan` or `ipip`.
-    pub proto: &'static str,
-    /// Whether sources are checked against it.
-    pub active: bool,
-    /// Where the members came from.
-    pub sources: Vec<String>,
-    /// Number of prefixes mirrored.
-    pub prefixes: usize,
-    /// Set names looked for.
-    pub looked_for: Vec<String>,
-    /// Problems met reading the sets.
-    pub problems: Vec<String>,
-}
 
 /// A netfilter rule: (backend, comment).
 type RuleId = (&'static str, String);
@@ -77,7 +59,7 @@ impl NodeChecks {
     /// Re-reads allow-sets and local VNIs when a refresh is due, mirrors
     /// changes into the programs, and returns a report per allow-set that
     /// changed (all of them on the first call).
-    pub fn refresh(&mut self, observer: &mut Observer) -> Result<Vec<AllowSetReport>> {
+    pub fn refresh(&mut self, observer: &mut Observer) -> Result<Vec<AllowSetLine>> {
         if self
             .last_refresh
             .is_some_and(|at| at.elapsed() < self.refresh)
@@ -88,7 +70,7 @@ impl NodeChecks {
 
         match localnet::vxlan_vnis() {
             Ok(vnis) if self.vnis.as_ref() != Some(&vnis) => {
-                mirror::apply_local_vnis(observer, &vnis)?;
+                observer.apply_local_vnis(&vnis)?;
                 self.vnis = Some(vnis);
             }
             Ok(_) => {}
@@ -120,8 +102,7 @@ impl NodeChecks {
                     kind.name()
                 );
             }
-            reports.push(AllowSetReport {
-                r#type: "allow_set",
+            reports.push(AllowSetLine {
                 proto: kind.name(),
                 active: set.active(),
                 sources: set.sources.clone(),
@@ -131,7 +112,7 @@ impl NodeChecks {
             });
         }
         if !reports.is_empty() {
-            mirror::apply_allow_sets(observer, &snapshot)?;
+            observer.apply_allow_sets(&snapshot)?;
         }
         self.allow = Some(snapshot);
         Ok(reports)
@@ -178,8 +159,8 @@ impl NodeChecks {
     pub fn drop_rows(&self, observer: &Observer, rows: Vec<Row<DropId>>) -> Vec<DropRow> {
         rows.into_iter()
             .map(|row| {
-                let reason = row.id.reason_name(observer);
-                let message = drops::message(
+                let reason = row.id.reason_name(observer.kernel_reasons());
+                let message = rows::message(
                     &row.id,
                     row.packets,
                     &reason,
@@ -265,38 +246,5 @@ impl NodeChecks {
             .collect();
         checks.sort_by(|a, b| (a.backend, &a.rule).cmp(&(b.backend, &b.rule)));
         checks
-    }
-}
-
-/// Adds a rule counter reading to (last reading, packets since attach). A
-/// smaller reading means the rule was re-created: all of it is new.
-fn fold_rule_counter(state: &mut (u64, u64), packets: u64, baseline_only: bool) {
-    let (last, since) = state;
-    if !baseline_only {
-        *since += if packets >= *last {
-            packets - *last
-        } else {
-            packets
-        };
-    }
-    *last = packets;
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn rule_counters_survive_rule_recreation() {
-        let mut state = (0, 0);
-        fold_rule_counter(&mut state, 1000, true);
-        assert_eq!(state, (1000, 0), "the baseline counts nothing");
-        fold_rule_counter(&mut state, 1037, false);
-        assert_eq!(state.1, 37);
-        // Felix re-created the rule: the counter restarted, 5 new matches.
-        fold_rule_counter(&mut state, 5, false);
-        assert_eq!(state.1, 42);
-        fold_rule_counter(&mut state, 5, false);
-        assert_eq!(state.1, 42);
     }
 }

@@ -10,15 +10,18 @@ use std::{
 };
 
 use anyhow::{Result, bail};
-use serde::Serialize;
 
 use crate::{
     cli::DiagnoseArgs,
     cmd::attach::{self, Mode, Outcome},
-    model::anomalies::{self, FindingRecord, Known},
-    node::dataplane::{DataPlane, DeclaredTunnel},
+    model::anomalies::{self, Known},
+    model::dataplane::DeclaredTunnel,
+    node::dataplane,
     node::netns,
-    report::output::{Format, NetfilterCheck},
+    report::{
+        self, Format, Line,
+        lines::{DiagnosisLine, Measured},
+    },
 };
 
 /// Runs the diagnosis; `Ok(true)` when nothing was found.
@@ -38,7 +41,6 @@ pub fn run(args: DiagnoseArgs) -> Result<bool> {
     let written = match outcome.format {
         Some(Format::Json) => {
             let line = DiagnosisLine {
-                r#type: "diagnosis",
                 ts: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
                 netns: args.netns.as_deref(),
                 interfaces: &outcome.interfaces,
@@ -50,7 +52,7 @@ pub fn run(args: DiagnoseArgs) -> Result<bool> {
                 netfilter: &outcome.netfilter,
                 text: &text,
             };
-            writeln!(out, "{}", serde_json::to_string(&line)?)
+            report::write_line(&mut out, &Line::Diagnosis(line))
         }
         _ => write!(out, "{text}"),
     };
@@ -63,7 +65,7 @@ pub fn run(args: DiagnoseArgs) -> Result<bool> {
 
 /// The interfaces that carry tunnel traffic here.
 fn tunnel_interfaces(declared: &[DeclaredTunnel]) -> Result<Vec<String>> {
-    let view = DataPlane::read_declaring(declared)?;
+    let view = dataplane::read_declaring(declared)?;
     let names: Vec<String> = view.underlay.iter().map(|u| u.name.clone()).collect();
     if names.is_empty() {
         bail!(
@@ -71,34 +73,6 @@ fn tunnel_interfaces(declared: &[DeclaredTunnel]) -> Result<Vec<String>> {
         );
     }
     Ok(names)
-}
-
-/// `{"type":"diagnosis",...}`: the last line of `observer diagnose --output json`.
-#[derive(Serialize)]
-struct DiagnosisLine<'a> {
-    r#type: &'static str,
-    ts: String,
-    netns: Option<&'a str>,
-    interfaces: &'a [String],
-    duration_s: f64,
-    healthy: bool,
-    findings: Vec<&'a FindingRecord>,
-    findings_not_kept: u64,
-    measured: Vec<Measured>,
-    netfilter: &'a [NetfilterCheck],
-    text: &'a str,
-}
-
-/// Packets per (peer, encapsulation) over the whole run.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-struct Measured {
-    peer: IpAddr,
-    proto: &'static str,
-    sent: u64,
-    received: u64,
-    dropped: u64,
-    /// `node`, `not a node`, or `unknown` when the data plane names no nodes.
-    role: &'static str,
 }
 
 fn measured(outcome: &Outcome) -> Vec<Measured> {

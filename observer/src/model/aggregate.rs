@@ -6,8 +6,8 @@
 use std::{collections::HashMap, hash::Hash, net::IpAddr};
 
 use crate::{
-    model::drops::{DropCounters, DropId},
-    model::flows::{FlowCounters, FlowId},
+    model::rows::{DropCounters, DropId},
+    model::rows::{FlowCounters, FlowId},
 };
 
 /// Counters the aggregator can fold: packets, bytes and an optional inner

@@ -20,10 +20,9 @@ use serde_json::{Value, json};
 
 use crate::{
     model::aggregate::Row,
-    model::drops::Origin,
-    node::allowsets::{self, SetKind},
-    node::dataplane::{ExpectedPeer, longest_prefix},
-    report::output::DropRow,
+    model::facts::{self, ExpectedPeer, SetKind, longest_prefix},
+    model::rows::DropRow,
+    model::rows::Origin,
 };
 
 /// (peer, encapsulation) pairs whose history is kept; beyond it the
@@ -137,7 +136,7 @@ pub struct Known {
     /// This node's own addresses.
     pub local: BTreeSet<IpAddr>,
     /// Allowed sources (VXLAN, IPIP); `None` before they were read.
-    pub allow: Option<allowsets::Snapshot>,
+    pub allow: Option<facts::Snapshot>,
 }
 
 impl Known {
@@ -190,7 +189,7 @@ pub struct Anomaly {
     /// The peer it is about (outer address).
     pub peer: IpAddr,
     /// Encapsulation concerned (its name in JSON).
-    #[serde(serialize_with = "crate::node::dataplane::proto_name")]
+    #[serde(serialize_with = "crate::model::facts::proto_name")]
     pub proto: Proto,
     /// When the condition was first seen.
     #[serde(serialize_with = "rfc3339")]
@@ -690,7 +689,9 @@ fn collect(
         *extra.reasons.entry(drop.reason.clone()).or_default() += packets;
         if classifier == Some(ClassifierDrop::PathMtu) {
             // The row's vni field holds the reported next-hop MTU.
-            extra.path_mtu = Some(extra.path_mtu.map_or(id.vni, |m| m.min(id.vni)));
+            if let Some(mtu) = id.mtu {
+                extra.path_mtu = Some(extra.path_mtu.map_or(mtu, |m| m.min(mtu)));
+            }
         }
     }
     (totals, extras)
@@ -963,56 +964,41 @@ fn rules(
 mod tests {
     use super::*;
     use crate::{
-        model::drops::DropId,
-        model::flows::FlowId,
-        node::allowsets::{AllowSet, Snapshot},
+        model::facts::{AllowSet, Snapshot},
+        model::rows::{DropId, FlowId, testing},
     };
-    use observer_common::Unclassified;
 
     fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()
     }
 
     fn flow(peer: &str, proto: Proto, direction: Direction, packets: u64) -> Row {
-        Row {
-            id: FlowId {
-                ifindex: 2,
-                direction,
+        testing::row(
+            FlowId {
                 proto,
-                reason: Unclassified::None,
-                peer: Some(ip(peer)),
-                vni: 4096,
+                direction,
+                ..testing::flow_id(peer)
             },
             packets,
-            bytes: packets * 100,
-            pps: 0.0,
-            bps: 0.0,
-            inner: None,
-            changed: true,
-        }
+        )
     }
 
-    fn drop(peer: &str, proto: Proto, reason: ClassifierDrop, packets: u64, vni: u32) -> DropRow {
-        DropRow {
-            row: Row {
-                id: DropId {
-                    ifindex: 2,
-                    proto,
-                    peer: Some(ip(peer)),
-                    vni,
-                    origin: Origin::Classifier,
-                    reason: reason as u32,
-                },
-                packets,
-                bytes: packets * 100,
-                pps: 0.0,
-                bps: 0.0,
-                inner: None,
-                changed: true,
-            },
-            reason: reason.name().to_string(),
-            message: String::new(),
-        }
+    /// `vni_or_mtu` is the MTU of a `path_mtu` row, else its VNI.
+    fn drop(
+        peer: &str,
+        proto: Proto,
+        reason: ClassifierDrop,
+        packets: u64,
+        vni_or_mtu: u32,
+    ) -> DropRow {
+        let path_mtu = reason == ClassifierDrop::PathMtu;
+        let id = DropId {
+            proto,
+            vni: if path_mtu { 0 } else { vni_or_mtu },
+            mtu: path_mtu.then_some(vni_or_mtu),
+            ..testing::drop_id(peer, Origin::Classifier, reason as u32)
+        };
+        testing::drop_row(id, packets, reason.name())
     }
 
     fn known() -> Known {

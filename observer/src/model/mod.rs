@@ -4,6 +4,9 @@
 
 pub mod aggregate;
 pub mod anomalies;
-pub mod drops;
-pub mod flows;
+pub mod crosscheck;
+pub mod dataplane;
+pub mod facts;
+pub mod hooks;
 pub mod ports;
+pub mod rows;

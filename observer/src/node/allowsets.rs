@@ -6,7 +6,7 @@
 //! nor nftables has a maintained Rust crate that reads sets; parsers are
 //! unit-tested against real output.
 
-use std::{collections::BTreeSet, fmt, str::FromStr};
+use std::{fmt, str::FromStr};
 
 use anyhow::{Result, anyhow, bail};
 use ipnet::{IpNet, Ipv4Subnets, Ipv6Subnets};
@@ -14,35 +14,7 @@ use serde::Deserialize;
 
 use crate::node::tools;
 
-/// Which encapsulation an allow-set guards.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum SetKind {
-    /// VXLAN sources (Calico: cali40all-vxlan-net / cali60all-vxlan-net).
-    Vxlan,
-    /// IPIP sources (Calico: cali40all-hosts-net).
-    Ipip,
-}
-
-impl SetKind {
-    /// Both kinds.
-    pub const ALL: [SetKind; 2] = [SetKind::Vxlan, SetKind::Ipip];
-
-    /// Name used in output and on the command line.
-    pub fn name(self) -> &'static str {
-        match self {
-            SetKind::Vxlan => "vxlan",
-            SetKind::Ipip => "ipip",
-        }
-    }
-
-    /// Calico's set names for this kind.
-    pub fn calico_sets(self) -> &'static [&'static str] {
-        match self {
-            SetKind::Vxlan => &["cali40all-vxlan-net", "cali60all-vxlan-net"],
-            SetKind::Ipip => &["cali40all-hosts-net"],
-        }
-    }
-}
+pub use crate::model::facts::{AllowSet, Family, SetKind, Snapshot};
 
 /// `[PROTO=]VALUE` as given to `--allow-set` / `--allow-cidr`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -82,81 +54,6 @@ pub struct AllowSetConfig {
     pub sets: Vec<Tagged<String>>,
     /// Fixed prefixes per kind.
     pub cidrs: Vec<Tagged<IpNet>>,
-}
-
-/// The members found for one kind, and where they came from.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct AllowSet {
-    /// Prefixes, normalised (host bits cleared), sorted, deduplicated.
-    pub prefixes: BTreeSet<IpNet>,
-    /// Where they were found, e.g. `ipset cali40all-vxlan-net`.
-    pub sources: Vec<String>,
-    /// An IPv4 set was found: IPv4 sources are checked (an empty but
-    /// existing set means "nobody is allowed").
-    pub ipv4: bool,
-    /// An IPv6 set was found: IPv6 sources are checked.
-    pub ipv6: bool,
-}
-
-impl AllowSet {
-    /// True when any source was found.
-    pub fn active(&self) -> bool {
-        !self.sources.is_empty()
-    }
-
-    fn add(
-        &mut self,
-        source: String,
-        family: Option<Family>,
-        prefixes: impl IntoIterator<Item = IpNet>,
-    ) {
-        let prefixes: Vec<IpNet> = prefixes.into_iter().collect();
-        let has_v4 = prefixes.iter().any(|p| matches!(p, IpNet::V4(_)));
-        let has_v6 = prefixes.iter().any(|p| matches!(p, IpNet::V6(_)));
-        self.ipv4 |= family == Some(Family::V4) || has_v4;
-        self.ipv6 |= family == Some(Family::V6) || has_v6;
-        self.prefixes.extend(prefixes);
-        if !self.sources.contains(&source) {
-            self.sources.push(source);
-        }
-    }
-}
-
-/// Address family of a set, when its definition says.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Family {
-    /// IPv4 (`family inet`, `ipv4_addr`).
-    V4,
-    /// IPv6 (`family inet6`, `ipv6_addr`).
-    V6,
-}
-
-/// One read of all allow-sets, plus what could not be read.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Snapshot {
-    /// VXLAN allow-set.
-    pub vxlan: AllowSet,
-    /// IPIP allow-set.
-    pub ipip: AllowSet,
-    /// Problems worth telling the user (tool missing, set unreadable).
-    pub problems: Vec<String>,
-}
-
-impl Snapshot {
-    /// The set of `kind`.
-    pub fn get(&self, kind: SetKind) -> &AllowSet {
-        match kind {
-            SetKind::Vxlan => &self.vxlan,
-            SetKind::Ipip => &self.ipip,
-        }
-    }
-
-    fn get_mut(&mut self, kind: SetKind) -> &mut AllowSet {
-        match kind {
-            SetKind::Vxlan => &mut self.vxlan,
-            SetKind::Ipip => &mut self.ipip,
-        }
-    }
 }
 
 /// Reads every configured set from ipset and nftables in the current

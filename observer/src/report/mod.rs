@@ -1,5 +1,18 @@
-//! What the observer prints and writes: JSON lines, the table, the
-//! node_exporter textfile.
+//! What the observer prints and writes: JSON lines (`lines`, whose `Line`
+//! enum is the schema), the table for people (`table`), the
+//! node_exporter textfile (`textfile`).
 
-pub mod output;
+pub mod lines;
+pub mod table;
 pub mod textfile;
+
+pub use lines::{Line, write_line};
+
+/// Output format (`--output`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    /// A table refreshed every interval (default on a terminal).
+    Table,
+    /// One JSON object per line (default when stdout is not a terminal).
+    Json,
+}

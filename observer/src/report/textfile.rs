@@ -23,10 +23,10 @@ use prometheus::{
 };
 
 use crate::{
-    bpf::KernelStats,
     model::aggregate::Row,
     model::anomalies::{Anomaly, Kind},
-    report::output::DropRow,
+    model::rows::DropRow,
+    model::rows::KernelStats,
 };
 
 /// Name of the file written in the textfile directory.
@@ -542,52 +542,19 @@ pub fn write_atomic(dir: &Path, name: &str, text: &str) -> io::Result<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{
-        model::drops::{DropId, Origin},
-        model::flows::FlowId,
-    };
-    use observer_common::{Direction, Proto, Unclassified};
+    use crate::model::rows::{Origin, testing};
+    use observer_common::Proto;
 
     fn row(peer: &str, packets: u64) -> Row {
-        Row {
-            id: FlowId {
-                ifindex: 2,
-                direction: Direction::Rx,
-                proto: Proto::Vxlan,
-                reason: Unclassified::None,
-                peer: Some(peer.parse().unwrap()),
-                vni: 4096,
-            },
-            packets,
-            bytes: packets * 100,
-            pps: 0.0,
-            bps: 0.0,
-            inner: None,
-            changed: true,
-        }
+        testing::row(testing::flow_id(peer), packets)
     }
 
     fn drop_row(peer: &str, packets: u64) -> DropRow {
-        DropRow {
-            row: Row {
-                id: DropId {
-                    ifindex: 2,
-                    proto: Proto::Vxlan,
-                    peer: Some(peer.parse().unwrap()),
-                    vni: 4096,
-                    origin: Origin::Classifier,
-                    reason: 1,
-                },
-                packets,
-                bytes: packets * 100,
-                pps: 0.0,
-                bps: 0.0,
-                inner: None,
-                changed: true,
-            },
-            reason: "calico_allow_set".into(),
-            message: String::new(),
-        }
+        testing::drop_row(
+            testing::drop_id(peer, Origin::Classifier, 1),
+            packets,
+            "calico_allow_set",
+        )
     }
 
     fn export(exporter: &mut Exporter, rows: &[Row], drops: &[DropRow]) -> String {

@@ -4,27 +4,9 @@
 
 use clap::ValueEnum;
 
-use super::topology::{Block, CP1, CP2, GPU};
+pub use crate::cli::Scenario;
 
-/// A failure (or its absence) to rebuild.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum Scenario {
-    /// INCIDENT.md: the router drops UDP/4789 from the GPU node and
-    /// source-NATs VXLAN toward it to 10.10.10.244, which Calico drops; IPIP
-    /// passes with the real node addresses.
-    Incident,
-    /// Only the one-way block: UDP/4789 from the GPU node toward the
-    /// control plane is dropped by the router.
-    UdpBlock,
-    /// The router's link toward the GPU node has MTU 1400 (nodes 1500):
-    /// 1400-byte pod pings overflow the path, 1300-byte ones fit.
-    Mtu,
-    /// The fix half-applied: the GPU node routes cp1's VXLAN block over
-    /// tunl0 (IPIP) while cp1 still sends VXLAN.
-    EncapMismatch,
-    /// Everything works in both directions.
-    Healthy,
-}
+use super::topology::{Block, CP1, CP2, GPU};
 
 /// Payload size of the steady pings (ping's default).
 const STEADY_SIZE: u16 = 56;

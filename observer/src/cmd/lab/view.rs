@@ -9,7 +9,6 @@ use std::{
     time::Instant,
 };
 
-use clap::ValueEnum;
 use serde::Serialize;
 use serde_json::{Value, json};
 
@@ -20,14 +19,7 @@ use super::{
     traffic::PingResult,
 };
 
-/// Output format of `observer lab`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum LabFormat {
-    /// Live per-node view, then the write-up, for people.
-    Text,
-    /// One JSON object per line, for scripts and tests.
-    Json,
-}
+pub use crate::cli::LabFormat;
 
 /// Where the lab's output goes, and the live view's state.
 pub struct View {

@@ -18,11 +18,12 @@ use observer_common::{Direction, Proto, Unclassified};
 use crate::{
     bpf::features::XdpProgram,
     bpf::testrun,
-    bpf::{Hook, KernelStats, Observer},
+    bpf::{Hook, Observer},
     cmd::replay::capture::{self, Frame},
     model::aggregate::{Aggregator, DropAggregator, Row},
-    model::drops::{self, DropId},
-    model::flows::FlowId,
+    model::rows::DropId,
+    model::rows::FlowId,
+    model::rows::KernelStats,
 };
 
 /// Frames between two reads of the maps: far fewer than the flow map
@@ -152,7 +153,7 @@ impl Engine {
         let flows = self.observer.read_flows()?;
         self.flow_entries = flows.len() as u64;
         self.aggregator.update(&flows);
-        self.drop_aggregator.update(&drops::read(&self.observer)?);
+        self.drop_aggregator.update(&self.observer.read_drops()?);
         self.unfolded = 0;
         Ok(())
     }

@@ -20,18 +20,20 @@ use std::{
 };
 
 use anyhow::{Context, Result, anyhow};
-use serde::Serialize;
 
 use crate::{
-    bpf::mirror,
     bpf::{LoadConfig, Observer},
     cli::ReplayArgs,
     cmd::checks::NodeChecks,
     model::aggregate::Row,
-    model::drops::DropId,
+    model::rows::DropId,
     node::allowsets::AllowSetConfig,
     node::preflight,
-    report::output::{self, Format, Snapshot},
+    report::{
+        self, Format, Line,
+        lines::{self, ReplayLine, Snapshot},
+        table,
+    },
 };
 
 use capture::Frames;
@@ -43,28 +45,6 @@ pub const EXIT_DAMAGED: u8 = 1;
 /// Exit status of usage and environment errors (missing file, not a
 /// capture, unsupported link type, missing privileges).
 pub const EXIT_USAGE: u8 = 2;
-
-/// `{"type":"replay",...}`: one capture's own counters.
-#[derive(Serialize)]
-struct ReplayLine<'a> {
-    r#type: &'static str,
-    /// The capture, as given on the command line; rows carry it as `iface`.
-    iface: &'a str,
-    /// The capture's number (from 1); rows carry it as `ifindex`.
-    ifindex: u32,
-    format: &'static str,
-    frames: u64,
-    tx_frames: u64,
-    truncated: u64,
-    truncated_bytes: u64,
-    cut: u64,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    first_ts: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    last_ts: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    error: Option<&'a str>,
-}
 
 /// One replayed capture.
 struct Replayed {
@@ -118,7 +98,7 @@ fn replay(args: &ReplayArgs) -> Result<u8> {
     let reports = checks.refresh(&mut observer)?;
     // The capture's VNIs belong to the node that captured, not to this
     // one's vxlan devices: vni_unknown is not checked.
-    mirror::apply_local_vnis(&mut observer, &[])?;
+    observer.apply_local_vnis(&[])?;
     let format = args.output.unwrap_or(if io::stdout().is_terminal() {
         Format::Table
     } else {
@@ -239,7 +219,7 @@ fn timestamp(since_epoch: Duration) -> String {
 /// capture, then the rows.
 fn print(
     format: Format,
-    reports: &[crate::cmd::checks::AllowSetReport],
+    reports: &[crate::report::lines::AllowSetLine],
     replayed: &[Replayed],
     snapshot: &Snapshot<'_>,
 ) -> io::Result<()> {
@@ -247,11 +227,10 @@ fn print(
     match format {
         Format::Json => {
             for report in reports {
-                output::write_line(&mut out, report)?;
+                report::write_line(&mut out, &Line::AllowSet(report))?;
             }
             for (i, r) in replayed.iter().enumerate() {
                 let line = ReplayLine {
-                    r#type: "replay",
                     iface: &r.name,
                     ifindex: i as u32 + 1,
                     format: r.format,
@@ -264,9 +243,9 @@ fn print(
                     last_ts: r.last.map(timestamp),
                     error: r.error.as_ref().map(|(e, _)| e.as_str()),
                 };
-                output::write_line(&mut out, &line)?;
+                report::write_line(&mut out, &Line::Replay(line))?;
             }
-            output::write_json(&mut out, snapshot)
+            lines::write_json(&mut out, snapshot)
         }
         Format::Table => {
             for r in replayed {
@@ -286,7 +265,7 @@ fn print(
                         .map_or(String::new(), |(e, _)| format!("; STOPPED: {e}"))
                 )?;
             }
-            output::write_table(&mut out, snapshot, false)
+            table::write_table(&mut out, snapshot, false)
         }
     }
 }

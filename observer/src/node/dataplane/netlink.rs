@@ -27,7 +27,10 @@ use netlink_packet_route::{
 use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_ROUTE};
 use observer_common::Proto;
 
-use super::{Address, FdbEntry, Link, MacAddr, Neighbour, PeerRoute, Route, TunnelDevice};
+use crate::model::dataplane::{
+    Address, DeclaredTunnel, Dump, FdbEntry, Link, MacAddr, Neighbour, PeerRoute, Route,
+    TunnelDevice, add_declared,
+};
 
 /// How often a dump is retried when the kernel says that the tables
 /// changed while it was being read (NLM_F_DUMP_INTR).
@@ -35,19 +38,6 @@ const DUMP_ATTEMPTS: usize = 5;
 
 /// Netlink message header length.
 const HEADER_LEN: usize = 16;
-
-/// Everything [`Rtnl::dump_all`] reads, before resolution.
-pub(super) struct Dump {
-    pub links: Vec<Link>,
-    pub addresses: Vec<Address>,
-    pub devices: Vec<TunnelDevice>,
-    /// Unicast routes of every table, minus the kernel's connected routes.
-    pub routes: Vec<Route>,
-    /// Neighbour entries on tunnel devices only.
-    pub neighbours: Vec<Neighbour>,
-    /// FDB entries with a remote, on vxlan devices only.
-    pub fdb: Vec<FdbEntry>,
-}
 
 /// How the kernel answered one request.
 enum Reply {
@@ -101,9 +91,9 @@ impl Rtnl {
     }
 
     /// Links, addresses, routes, neighbours and the vxlan FDB.
-    pub fn dump_all(&mut self, declared: &[super::DeclaredTunnel]) -> Result<Dump> {
+    pub fn dump_all(&mut self, declared: &[DeclaredTunnel]) -> Result<Dump> {
         let (links, mut devices) = self.links()?;
-        super::add_declared(&links, &mut devices, declared);
+        add_declared(&links, &mut devices, declared);
         let tunnel = |ifindex: u32| devices.iter().find(|d| d.ifindex == ifindex);
 
         let mut addresses = Vec::new();

@@ -12,115 +12,65 @@ use observer_common::{Direction, Proto, Unclassified};
 use serde::Serialize;
 
 use crate::{
-    bpf::{AttachedWith, Attachment, DropHook, Hook, KernelStats, Observer},
     model::aggregate::Row,
+    model::anomalies::FindingRecord,
     model::anomalies::{Anomaly, Event},
-    model::drops::DropId,
+    model::crosscheck::NetfilterCheck,
+    model::dataplane::{ExpectedPeer, TunnelDevice, TunnelRoute, UnderlayInterface},
+    model::hooks::Attachment,
+    model::rows::{DropRow, KernelStats, direction_name},
 };
 
-/// Output format (`--output`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Format {
-    /// A table refreshed every interval (default on a terminal).
-    Table,
-    /// One JSON object per line (default when stdout is not a terminal).
-    Json,
-}
-
-fn direction_name(direction: Direction) -> &'static str {
-    match direction {
-        Direction::Rx => "rx",
-        Direction::Tx => "tx",
-    }
-}
-
-fn timestamp(at: SystemTime) -> String {
+/// RFC 3339 with milliseconds, as every line's `ts`.
+pub fn timestamp(at: SystemTime) -> String {
     humantime::format_rfc3339_millis(at).to_string()
 }
 
 /// `{"type":"attach",...}`: one per interface once attached.
 #[derive(Serialize)]
 pub struct AttachLine<'a> {
-    r#type: &'static str,
-    ts: String,
-    iface: &'a str,
-    ifindex: u32,
-    rx_hook: String,
-    tx_hook: String,
+    /// When.
+    pub ts: String,
+    /// The interface.
+    pub iface: &'a str,
+    /// Its index.
+    pub ifindex: u32,
+    /// How received packets are counted (`xdp-native`, `tcx`, ...).
+    pub rx_hook: String,
+    /// How sent packets are counted.
+    pub tx_hook: String,
+    /// Why XDP was not used, when it was not.
     #[serde(skip_serializing_if = "Option::is_none")]
-    xdp_fallback_reason: Option<&'a str>,
-    program_ids: &'a [Option<u32>],
+    pub xdp_fallback_reason: Option<&'a str>,
+    /// Kernel ids of the XDP, tc ingress and tc egress programs (`None`
+    /// for one not loaded).
+    pub program_ids: &'a [Option<u32>],
     /// How kernel drops are counted: `tp_btf`, or why not.
-    drop_hook: String,
+    pub drop_hook: String,
     /// The running kernel (`uname -r`).
-    kernel: &'a str,
-    /// Program names in use: `rx` (XDP variant or tc ingress), `tx`,
-    /// `drops` (the kfree_skb variant, absent when none).
-    programs: ProgramNames,
+    pub kernel: &'a str,
+    /// Program names in use.
+    pub programs: ProgramNames,
     /// Features this kernel lacks, what is used instead and what that
     /// changes (empty on a kernel with everything).
-    fallbacks: Vec<String>,
+    pub fallbacks: Vec<String>,
 }
 
 /// The `programs` member of an [`AttachLine`].
 #[derive(Serialize)]
-struct ProgramNames {
-    rx: &'static str,
-    tx: &'static str,
+pub struct ProgramNames {
+    /// The XDP variant or tc ingress.
+    pub rx: &'static str,
+    /// tc egress.
+    pub tx: &'static str,
+    /// The kfree_skb variant, absent when none.
     #[serde(skip_serializing_if = "Option::is_none")]
-    drops: Option<&'static str>,
-}
-
-impl<'a> AttachLine<'a> {
-    /// Describes `attachment`.
-    pub fn new(
-        attachment: &'a Attachment,
-        program_ids: &'a [Option<u32>],
-        observer: &'a Observer,
-        at: SystemTime,
-    ) -> Self {
-        let rx_hook = match attachment.rx {
-            AttachedWith::XdpNative | AttachedWith::XdpGeneric => Hook::Xdp,
-            AttachedWith::Tcx | AttachedWith::Clsact => Hook::TcIngress,
-        };
-        let drop_hook = observer.drop_hook();
-        AttachLine {
-            r#type: "attach",
-            ts: timestamp(at),
-            iface: &attachment.iface,
-            ifindex: attachment.ifindex,
-            rx_hook: attachment.rx.to_string(),
-            tx_hook: attachment.tx.to_string(),
-            xdp_fallback_reason: attachment.xdp_fallback_reason.as_deref(),
-            program_ids,
-            drop_hook: match drop_hook {
-                DropHook::Pending => "pending".to_string(),
-                DropHook::Attached(_) => "tp_btf".to_string(),
-                DropHook::Unavailable(why) => format!("unavailable: {why}"),
-            },
-            kernel: &observer.features().release,
-            programs: ProgramNames {
-                rx: observer.program_name(rx_hook),
-                tx: observer.program_name(Hook::TcEgress),
-                drops: match drop_hook {
-                    DropHook::Attached(name) => Some(name),
-                    _ => None,
-                },
-            },
-            fallbacks: observer
-                .plan()
-                .fallbacks
-                .iter()
-                .map(|f| f.to_string())
-                .collect(),
-        }
-    }
+    pub drops: Option<&'static str>,
 }
 
 /// `{"type":"peer",...}`: counters of one (iface, direction, proto, peer, vni).
 #[derive(Serialize)]
-struct PeerLine<'a> {
-    r#type: &'static str,
+pub struct PeerLine<'a> {
     ts: &'a str,
     iface: &'a str,
     /// An interface deleted and re-created gets a new index: its rows
@@ -144,27 +94,18 @@ struct PeerLine<'a> {
     drops: BTreeMap<&'a str, u64>,
 }
 
-/// A drop row with its reason named and explained.
-#[derive(Debug, Clone)]
-pub struct DropRow {
-    /// Totals and rates.
-    pub row: Row<DropId>,
-    /// Reason name (`calico_allow_set`, `NETFILTER_DROP`, ...).
-    pub reason: String,
-    /// One-line explanation.
-    pub message: String,
-}
-
 /// `{"type":"drop",...}`: one (iface, proto, peer, vni, origin, reason).
 #[derive(Serialize)]
-struct DropLine<'a> {
-    r#type: &'static str,
+pub struct DropLine<'a> {
     ts: &'a str,
     iface: &'a str,
     ifindex: u32,
     proto: &'static str,
     peer: Option<IpAddr>,
     vni: u32,
+    /// `path_mtu` rows only: the next-hop MTU the router reported.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    mtu: Option<u32>,
     origin: &'static str,
     reason: &'a str,
     packets: u64,
@@ -174,8 +115,7 @@ struct DropLine<'a> {
 
 /// `{"type":"drop_summary",...}`: one reason over all peers.
 #[derive(Serialize)]
-struct DropSummaryLine<'a> {
-    r#type: &'static str,
+pub struct DropSummaryLine<'a> {
     ts: &'a str,
     origin: &'static str,
     reason: &'a str,
@@ -183,27 +123,8 @@ struct DropSummaryLine<'a> {
     peers: usize,
 }
 
-/// The observer's count beside a netfilter rule's counter.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct NetfilterCheck {
-    /// `iptables`, `ip6tables` or `nftables`.
-    pub backend: &'static str,
-    /// The rule's comment.
-    pub rule: String,
-    /// `vxlan` or `ipip`.
-    pub proto: &'static str,
-    /// Packets the rule matched since attach.
-    pub packets: u64,
-    /// Packets the observer flagged `calico_allow_set` for the same
-    /// protocol and family since attach.
-    pub observer_packets: u64,
-    /// Whether both agree.
-    pub agree: bool,
-}
-
 #[derive(Serialize)]
-struct NetfilterLine<'a> {
-    r#type: &'static str,
+pub struct NetfilterLine<'a> {
     ts: &'a str,
     #[serde(flatten)]
     check: &'a NetfilterCheck,
@@ -211,8 +132,7 @@ struct NetfilterLine<'a> {
 
 /// `{"type":"unclassified",...}`: frames that could not be parsed, by reason.
 #[derive(Serialize)]
-struct UnclassifiedLine<'a> {
-    r#type: &'static str,
+pub struct UnclassifiedLine<'a> {
     ts: &'a str,
     iface: &'a str,
     ifindex: u32,
@@ -224,8 +144,7 @@ struct UnclassifiedLine<'a> {
 
 /// `{"type":"stats",...}`: the observer's own counters, once per interval.
 #[derive(Serialize)]
-struct StatsLine<'a> {
-    r#type: &'static str,
+pub struct StatsLine<'a> {
     ts: &'a str,
     /// True on the last line the process prints.
     #[serde(rename = "final")]
@@ -266,7 +185,6 @@ pub struct Snapshot<'a> {
 /// cleared (`state` "cleared", with `duration_s`).
 #[derive(Serialize)]
 pub struct AnomalyLine<'a> {
-    r#type: &'static str,
     ts: &'a str,
     state: &'static str,
     #[serde(flatten)]
@@ -285,7 +203,6 @@ impl<'a> AnomalyLine<'a> {
             }
         };
         AnomalyLine {
-            r#type: "anomaly",
             ts,
             state,
             anomaly,
@@ -299,7 +216,7 @@ impl<'a> AnomalyLine<'a> {
 type DropIndex<'a> = HashMap<(u32, Proto, Option<IpAddr>, u32), BTreeMap<&'a str, u64>>;
 
 /// Indexes `drops` once per snapshot (rows times drops would be quadratic).
-fn index_drops(drops: &[DropRow]) -> DropIndex<'_> {
+pub(super) fn index_drops(drops: &[DropRow]) -> DropIndex<'_> {
     let mut index = DropIndex::new();
     for d in drops {
         let id = &d.row.id;
@@ -313,7 +230,7 @@ fn index_drops(drops: &[DropRow]) -> DropIndex<'_> {
 }
 
 /// Drops by reason of `row` (rx rows only).
-fn drops_of<'a>(row: &Row, index: &DropIndex<'a>) -> BTreeMap<&'a str, u64> {
+pub(super) fn drops_of<'a>(row: &Row, index: &DropIndex<'a>) -> BTreeMap<&'a str, u64> {
     if row.id.direction != Direction::Rx {
         return BTreeMap::new();
     }
@@ -324,7 +241,9 @@ fn drops_of<'a>(row: &Row, index: &DropIndex<'a>) -> BTreeMap<&'a str, u64> {
 }
 
 /// Per (origin, reason): packets and distinct peers.
-fn drop_summary(drops: &[DropRow]) -> BTreeMap<(&'static str, &str), (u64, usize, bool)> {
+pub(super) fn drop_summary(
+    drops: &[DropRow],
+) -> BTreeMap<(&'static str, &str), (u64, usize, bool)> {
     let mut summary: BTreeMap<(&'static str, &str), (u64, usize, bool)> = BTreeMap::new();
     for d in drops {
         let entry = summary
@@ -337,11 +256,132 @@ fn drop_summary(drops: &[DropRow]) -> BTreeMap<(&'static str, &str), (u64, usize
     summary
 }
 
-fn iface_name(ifaces: &HashMap<u32, String>, ifindex: u32) -> String {
+pub(super) fn iface_name(ifaces: &HashMap<u32, String>, ifindex: u32) -> String {
     ifaces
         .get(&ifindex)
         .cloned()
         .unwrap_or_else(|| format!("if{ifindex}"))
+}
+
+/// `{"type":"dataplane",...}`: what the data plane prescribes, printed when
+/// it changes.
+#[derive(Serialize)]
+pub struct DataplaneLine<'a> {
+    pub ts: String,
+    pub devices: &'a [TunnelDevice],
+    pub underlay: &'a [UnderlayInterface],
+    pub expected_peers: &'a BTreeMap<IpAddr, ExpectedPeer>,
+    pub unresolved_routes: Vec<&'a TunnelRoute>,
+}
+
+/// `{"type":"interface",...}`: an interface went away or came back.
+#[derive(Serialize)]
+pub struct InterfaceLine<'a> {
+    pub ts: String,
+    pub iface: &'a str,
+    pub event: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ifindex: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<&'a str>,
+}
+
+/// `{"type":"diagnosis",...}`: the last line of `observer diagnose --output json`.
+#[derive(Serialize)]
+pub struct DiagnosisLine<'a> {
+    pub ts: String,
+    pub netns: Option<&'a str>,
+    pub interfaces: &'a [String],
+    pub duration_s: f64,
+    pub healthy: bool,
+    pub findings: Vec<&'a FindingRecord>,
+    pub findings_not_kept: u64,
+    pub measured: Vec<Measured>,
+    pub netfilter: &'a [NetfilterCheck],
+    pub text: &'a str,
+}
+
+/// Packets per (peer, encapsulation) over the whole run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Measured {
+    pub peer: IpAddr,
+    pub proto: &'static str,
+    pub sent: u64,
+    pub received: u64,
+    pub dropped: u64,
+    /// `node`, `not a node`, or `unknown` when the data plane names no nodes.
+    pub role: &'static str,
+}
+
+/// `{"type":"replay",...}`: one capture's own counters.
+#[derive(Serialize)]
+pub struct ReplayLine<'a> {
+    /// The capture, as given on the command line; rows carry it as `iface`.
+    pub iface: &'a str,
+    /// The capture's number (from 1); rows carry it as `ifindex`.
+    pub ifindex: u32,
+    pub format: &'static str,
+    pub frames: u64,
+    pub tx_frames: u64,
+    pub truncated: u64,
+    pub truncated_bytes: u64,
+    pub cut: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub first_ts: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_ts: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<&'a str>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct AllowSetLine {
+    /// `vxlan` or `ipip`.
+    pub proto: &'static str,
+    /// Whether sources are checked against it.
+    pub active: bool,
+    /// Where the members came from.
+    pub sources: Vec<String>,
+    /// Number of prefixes mirrored.
+    pub prefixes: usize,
+    /// Set names looked for.
+    pub looked_for: Vec<String>,
+    /// Problems met reading the sets.
+    pub problems: Vec<String>,
+}
+
+/// Every JSON line the observer prints: the schema (README "Output"). Each
+/// variant's `type` is its name in snake case; `lab` lines and `observer
+/// check`'s single object are outside it.
+#[derive(Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Line<'a> {
+    /// Once per interface, after attaching.
+    Attach(AttachLine<'a>),
+    /// What an allow-set holds, when it changed.
+    AllowSet(&'a AllowSetLine),
+    /// The data plane's view, when it changed.
+    Dataplane(DataplaneLine<'a>),
+    /// An interface went away or came back.
+    Interface(InterfaceLine<'a>),
+    /// Counters of one (iface, direction, proto, peer, vni).
+    Peer(PeerLine<'a>),
+    /// Frames that could not be parsed, by reason.
+    Unclassified(UnclassifiedLine<'a>),
+    /// One drop row.
+    Drop(DropLine<'a>),
+    /// One drop reason over all peers.
+    DropSummary(DropSummaryLine<'a>),
+    /// A netfilter rule's counter beside the observer's.
+    Netfilter(NetfilterLine<'a>),
+    /// An anomaly raised or cleared.
+    Anomaly(AnomalyLine<'a>),
+    /// The observer's own counters, once per interval.
+    Stats(StatsLine<'a>),
+    /// One replayed capture's own counters.
+    Replay(ReplayLine<'a>),
+    /// The last line of `observer diagnose`.
+    Diagnosis(DiagnosisLine<'a>),
 }
 
 /// Writes one interval as JSON lines: rows that changed during the interval
@@ -355,8 +395,7 @@ pub fn write_json(out: &mut impl Write, snap: &Snapshot<'_>) -> io::Result<()> {
         if row.id.reason == Unclassified::None {
             write_line(
                 out,
-                &PeerLine {
-                    r#type: "peer",
+                &Line::Peer(PeerLine {
                     ts: &ts,
                     iface: &iface,
                     ifindex: row.id.ifindex,
@@ -371,13 +410,12 @@ pub fn write_json(out: &mut impl Write, snap: &Snapshot<'_>) -> io::Result<()> {
                     inner_src: row.inner.map(|i| i.0),
                     inner_dst: row.inner.map(|i| i.1),
                     drops: drops_of(row, &drop_index),
-                },
+                }),
             )?;
         } else {
             write_line(
                 out,
-                &UnclassifiedLine {
-                    r#type: "unclassified",
+                &Line::Unclassified(UnclassifiedLine {
                     ts: &ts,
                     iface: &iface,
                     ifindex: row.id.ifindex,
@@ -385,53 +423,46 @@ pub fn write_json(out: &mut impl Write, snap: &Snapshot<'_>) -> io::Result<()> {
                     reason: row.id.reason.name(),
                     packets: row.packets,
                     bytes: row.bytes,
-                },
+                }),
             )?;
         }
     }
     for d in snap.drops.iter().filter(|d| d.row.changed || snap.is_final) {
         let line = DropLine {
-            r#type: "drop",
             ts: &ts,
             iface: &iface_name(snap.ifaces, d.row.id.ifindex),
             ifindex: d.row.id.ifindex,
             proto: d.row.id.proto.name(),
             peer: d.row.id.peer,
             vni: d.row.id.vni,
+            mtu: d.row.id.mtu,
             origin: d.row.id.origin.name(),
             reason: &d.reason,
             packets: d.row.packets,
             bytes: d.row.bytes,
             message: &d.message,
         };
-        write_line(out, &line)?;
+        write_line(out, &Line::Drop(line))?;
     }
     for ((origin, reason), (packets, peers, changed)) in drop_summary(snap.drops) {
         if changed || snap.is_final {
             let line = DropSummaryLine {
-                r#type: "drop_summary",
                 ts: &ts,
                 origin,
                 reason,
                 packets,
                 peers,
             };
-            write_line(out, &line)?;
+            write_line(out, &Line::DropSummary(line))?;
         }
     }
     for event in snap.anomaly_events {
-        write_line(out, &AnomalyLine::new(event, &ts))?;
+        write_line(out, &Line::Anomaly(AnomalyLine::new(event, &ts)))?;
     }
     for check in snap.netfilter {
-        let line = NetfilterLine {
-            r#type: "netfilter",
-            ts: &ts,
-            check,
-        };
-        write_line(out, &line)?;
+        write_line(out, &Line::Netfilter(NetfilterLine { ts: &ts, check }))?;
     }
     let stats = StatsLine {
-        r#type: "stats",
         ts: &ts,
         is_final: snap.is_final,
         flow_entries: snap.stats.flow_entries,
@@ -439,12 +470,12 @@ pub fn write_json(out: &mut impl Write, snap: &Snapshot<'_>) -> io::Result<()> {
         flow_insert_failures: snap.stats.flow_insert_failures,
         rows_forgotten: snap.rows_forgotten,
     };
-    write_line(out, &stats)?;
+    write_line(out, &Line::Stats(stats))?;
     out.flush()
 }
 
 /// Writes `line` as one JSON line.
-pub fn write_line(out: &mut impl Write, line: &impl Serialize) -> io::Result<()> {
+pub fn write_line(out: &mut impl Write, line: &Line<'_>) -> io::Result<()> {
     serde_json::to_writer(&mut *out, line).map_err(io::Error::other)?;
     out.write_all(b"\n")
 }
@@ -453,204 +484,22 @@ fn round2(value: f64) -> f64 {
     (value * 100.0).round() / 100.0
 }
 
-/// Human rate with SI prefixes: `1.5 M`, `980`, `12.0 k`.
-pub fn si(value: f64) -> String {
-    let units = [(1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")];
-    for (scale, unit) in units {
-        if value >= scale {
-            return format!("{:.1}{unit}", value / scale);
-        }
-    }
-    format!("{value:.0}")
-}
-
-/// Rows shown in the table before "(N more)".
-const TABLE_ROWS: usize = 40;
-
-/// Writes one interval as a table; `clear` redraws the screen (terminal).
-pub fn write_table(out: &mut impl Write, snap: &Snapshot<'_>, clear: bool) -> io::Result<()> {
-    let drop_index = index_drops(snap.drops);
-    if clear {
-        write!(out, "\x1b[2J\x1b[H")?;
-    }
-    writeln!(out, "observer  {}", timestamp(snap.at))?;
-    for a in snap.attachments {
-        writeln!(
-            out,
-            "  {} (ifindex {}): rx via {}, tx via {}",
-            a.iface, a.ifindex, a.rx, a.tx
-        )?;
-    }
-    writeln!(
-        out,
-        "\n{:<10} {:<3} {:<10} {:<39} {:>8} {:>9} {:>9} {:>12} {:>12}  INNER SAMPLE",
-        "IFACE", "DIR", "PROTO", "PEER", "VNI", "PKT/S", "BIT/S", "PACKETS", "BYTES"
-    )?;
-    let peers: Vec<&Row> = snap
-        .rows
-        .iter()
-        .filter(|r| r.id.reason == Unclassified::None)
-        .collect();
-    for row in peers.iter().take(TABLE_ROWS) {
-        let peer = row
-            .id
-            .peer
-            .map_or("(all non-tunnel IP)".to_string(), |p| p.to_string());
-        let vni = if row.id.vni != 0
-            || matches!(row.id.proto, Proto::Vxlan | Proto::Geneve | Proto::VxlanGpe)
-        {
-            row.id.vni.to_string()
-        } else {
-            "-".to_string()
-        };
-        let mut inner = row
-            .inner
-            .map_or(String::new(), |(s, d)| format!("{s} > {d}"));
-        let drops = drops_of(row, &drop_index);
-        if !drops.is_empty() {
-            let list: Vec<String> = drops.iter().map(|(r, n)| format!("{r}={n}")).collect();
-            inner.push_str(&format!("  DROPS {}", list.join(",")));
-        }
-        writeln!(
-            out,
-            "{:<10} {:<3} {:<10} {:<39} {:>8} {:>9} {:>9} {:>12} {:>12}  {}",
-            iface_name(snap.ifaces, row.id.ifindex),
-            direction_name(row.id.direction),
-            row.id.proto.name(),
-            peer,
-            vni,
-            si(row.pps),
-            si(row.bps),
-            row.packets,
-            row.bytes,
-            inner
-        )?;
-    }
-    if peers.len() > TABLE_ROWS {
-        writeln!(
-            out,
-            "({} more rows; use --output json for all)",
-            peers.len() - TABLE_ROWS
-        )?;
-    }
-
-    // Totals per direction and protocol.
-    let mut totals: BTreeMap<(&str, &str), (u64, u64, f64, f64)> = BTreeMap::new();
-    for row in &peers {
-        let entry = totals
-            .entry((direction_name(row.id.direction), row.id.proto.name()))
-            .or_default();
-        entry.0 += row.packets;
-        entry.1 += row.bytes;
-        entry.2 += row.pps;
-        entry.3 += row.bps;
-    }
-    writeln!(out, "\nTOTALS")?;
-    for ((direction, proto), (packets, bytes, pps, bps)) in totals {
-        writeln!(
-            out,
-            "  {direction:<3} {proto:<10} {:>9} pkt/s {:>9} bit/s {packets:>12} packets {bytes:>14} bytes",
-            si(pps),
-            si(bps)
-        )?;
-    }
-    let unclassified: Vec<&Row> = snap
-        .rows
-        .iter()
-        .filter(|r| r.id.reason != Unclassified::None)
-        .collect();
-    if !unclassified.is_empty() {
-        writeln!(out, "\nUNCLASSIFIED FRAMES")?;
-        for row in unclassified {
-            writeln!(
-                out,
-                "  {:<10} {:<3} {:<16} {:>12} packets",
-                iface_name(snap.ifaces, row.id.ifindex),
-                direction_name(row.id.direction),
-                row.id.reason.name(),
-                row.packets
-            )?;
-        }
-    }
-    if !snap.drops.is_empty() {
-        writeln!(out, "\nDROPS (why packets die)")?;
-        let mut drops: Vec<&DropRow> = snap.drops.iter().collect();
-        drops.sort_by_key(|d| std::cmp::Reverse(d.row.packets));
-        for d in drops.iter().take(TABLE_ROWS) {
-            writeln!(
-                out,
-                "  {:<10} {}",
-                iface_name(snap.ifaces, d.row.id.ifindex),
-                d.message
-            )?;
-        }
-        for ((origin, reason), (packets, peers, _)) in drop_summary(snap.drops) {
-            writeln!(
-                out,
-                "  total {origin:<10} {reason:<24} {packets:>12} packets from {peers} peer(s)"
-            )?;
-        }
-    }
-    if !snap.netfilter.is_empty() {
-        writeln!(out, "\nNETFILTER CROSS-CHECK (since attach)")?;
-        for c in snap.netfilter {
-            writeln!(
-                out,
-                "  {:<9} \"{}\": rule {} / observer {}{}",
-                c.backend,
-                c.rule,
-                c.packets,
-                c.observer_packets,
-                if c.agree { "" } else { "  <-- DISAGREE" }
-            )?;
-        }
-    }
-    write_anomalies(out, snap.anomalies)?;
-    writeln!(
-        out,
-        "\nflow map: {} entries, {} evictions, {} insert failures",
-        snap.stats.flow_entries, snap.stats.flow_evictions, snap.stats.flow_insert_failures
-    )?;
-    out.flush()
-}
-
-/// The table's anomaly section: one line each, then its next step.
-pub fn write_anomalies(out: &mut impl Write, anomalies: &[&Anomaly]) -> io::Result<()> {
-    if anomalies.is_empty() {
-        return writeln!(out, "\nANOMALIES: none");
-    }
-    writeln!(out, "\nANOMALIES ({})", anomalies.len())?;
-    for a in anomalies {
-        writeln!(
-            out,
-            "  {:<15} {:<6} {:<16} since {}  {}",
-            a.kind.name(),
-            a.proto.name(),
-            a.peer.to_string(),
-            humantime::format_rfc3339_seconds(a.since),
-            a.summary
-        )?;
-        writeln!(out, "  {:<15} next: {}", "", a.hint)?;
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::flows::FlowId;
+    use crate::model::rows::{DropId, FlowId, Origin, testing};
+    use crate::report::table::{si, write_table};
 
     fn row(proto: Proto, peer: Option<&str>, reason: Unclassified, changed: bool) -> Row {
+        let id = FlowId {
+            ifindex: 7,
+            proto,
+            reason,
+            peer: peer.map(|p| p.parse().unwrap()),
+            vni: if proto == Proto::Vxlan { 4096 } else { 0 },
+            ..testing::flow_id("0.0.0.0")
+        };
         Row {
-            id: FlowId {
-                ifindex: 7,
-                direction: Direction::Rx,
-                proto,
-                reason,
-                peer: peer.map(|p| p.parse().unwrap()),
-                vni: if proto == Proto::Vxlan { 4096 } else { 0 },
-            },
-            packets: 123,
             bytes: 45678,
             pps: 1.0 / 3.0,
             bps: 8.0,
@@ -659,6 +508,7 @@ mod tests {
                 "10.42.168.210".parse().unwrap(),
             )),
             changed,
+            ..testing::row(id, 123)
         }
     }
 
@@ -783,27 +633,21 @@ mod tests {
         )];
         let drop = |reason: &str, origin| DropRow {
             row: Row {
-                id: crate::model::drops::DropId {
-                    ifindex: 7,
-                    proto: Proto::Vxlan,
-                    peer: Some("10.10.10.244".parse().unwrap()),
-                    vni: 4096,
-                    origin,
-                    reason: 1,
-                },
-                packets: 579,
                 bytes: 0,
-                pps: 0.0,
-                bps: 0.0,
-                inner: None,
-                changed: true,
+                ..testing::row(
+                    DropId {
+                        ifindex: 7,
+                        ..testing::drop_id("10.10.10.244", origin, 1)
+                    },
+                    579,
+                )
             },
             reason: reason.to_string(),
             message: format!("579 VXLAN packets from 10.10.10.244 dropped: {reason}"),
         };
         let drops = [
-            drop("calico_allow_set", crate::model::drops::Origin::Classifier),
-            drop("NETFILTER_DROP", crate::model::drops::Origin::Kernel),
+            drop("calico_allow_set", Origin::Classifier),
+            drop("NETFILTER_DROP", Origin::Kernel),
         ];
         let ifaces = HashMap::from([(7, "eth0".to_string())]);
         let snap = Snapshot {

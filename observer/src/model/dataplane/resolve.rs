@@ -7,7 +7,6 @@ use std::{
     net::IpAddr,
 };
 
-use ipnet::IpNet;
 use observer_common::Proto;
 
 use super::{
@@ -133,21 +132,6 @@ pub(super) fn expected_peers(
     peers
 }
 
-/// The item of the longest prefix that contains `addr` (the first one
-/// among equally long prefixes).
-pub(crate) fn longest_prefix<T>(
-    items: impl IntoIterator<Item = (IpNet, T)>,
-    addr: IpAddr,
-) -> Option<T> {
-    let mut best: Option<(u8, T)> = None;
-    for (net, item) in items {
-        if net.contains(&addr) && best.as_ref().is_none_or(|(len, _)| net.prefix_len() > *len) {
-            best = Some((net.prefix_len(), item));
-        }
-    }
-    best.map(|(_, item)| item)
-}
-
 /// Interfaces that carry tunnel traffic, sorted by name: each tunnel
 /// device's lower device, else the interface holding its local address;
 /// plus the interfaces the routes to peer nodes leave by. Loopback and
@@ -189,6 +173,7 @@ pub(super) fn underlay(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ipnet::IpNet;
 
     fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()
@@ -386,26 +371,6 @@ mod tests {
             BTreeSet::from([Proto::Gre])
         );
         assert_eq!(peers[&ip("198.18.0.13")].devices, vec!["gnv0".to_string()]);
-    }
-
-    #[test]
-    fn longest_prefix_wins() {
-        let items = [
-            (net("10.42.0.0/16"), "wide"),
-            (net("10.42.1.0/26"), "block"),
-            (net("10.42.1.0/26"), "second"),
-            (net("fd42::/64"), "v6"),
-        ];
-        assert_eq!(longest_prefix(items, ip("10.42.1.5")), Some("block"));
-        assert_eq!(longest_prefix(items, ip("10.42.1.64")), Some("wide"));
-        assert_eq!(longest_prefix(items, ip("fd42::7")), Some("v6"));
-        assert_eq!(longest_prefix(items, ip("10.43.0.1")), None);
-        // An IPv4 address never matches an IPv6 prefix and vice versa.
-        assert_eq!(longest_prefix([(net("::/0"), 1)], ip("10.0.0.1")), None);
-        assert_eq!(
-            longest_prefix([(net("0.0.0.0/0"), 1)], ip("10.0.0.1")),
-            Some(1)
-        );
     }
 
     #[test]

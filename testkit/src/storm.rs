@@ -1,7 +1,6 @@
 //! Sends copies of one IPv4 frame, each from another source address, with
 //! sendmmsg on an AF_PACKET socket: the flood of distinct peers that the
-//! bounded-memory test and `cargo xtask soak` need. std and libc only,
-//! because xtask includes this file by path.
+//! bounded-memory test, the traffic bench and `cargo xtask soak` need.
 
 use std::{
     io,

@@ -1,0 +1,345 @@
+//! Attaching: XDP (native, generic), tcx or clsact for tc, tp_btf for
+//! kfree_skb, with the fallbacks; following interfaces that are deleted and
+//! re-created.
+
+use std::ffi::CString;
+
+use anyhow::{Context, Result, anyhow, bail};
+use aya::programs::{
+    BtfTracePoint, LinkOrder, SchedClassifier, TcAttachType, Xdp, XdpMode as AyaXdpMode,
+    tc::{self, NlOptions, SchedClassifierLinkId, TcAttachOptions},
+    xdp::XdpLinkId,
+};
+
+use super::{
+    AttachedWith, Attachment, DropHook, Hook, InterfaceEvent, Observer, XdpMode,
+    load::load_tc_ingress,
+};
+
+/// The link of the program counting received packets.
+pub(super) enum RxLink {
+    Xdp(XdpLinkId),
+    Tc(SchedClassifierLinkId),
+}
+
+/// The links of one attachment, to release them when the interface is
+/// re-created.
+pub(super) struct Links {
+    rx: Option<RxLink>,
+    tx: Option<SchedClassifierLinkId>,
+    mode: XdpMode,
+    /// The interface exists and the links are live.
+    present: bool,
+}
+
+impl Observer {
+    /// How kernel drops are counted.
+    pub fn drop_hook(&self) -> &DropHook {
+        &self.drop_hook
+    }
+
+    /// Kernel info (run time and count when BPF stats are on) of the
+    /// attached kfree_skb program.
+    pub fn drop_hook_info(&self) -> Result<aya::programs::ProgramInfo> {
+        let DropHook::Attached(name) = self.drop_hook else {
+            bail!("the kfree_skb program is not attached");
+        };
+        let program = self
+            .ebpf
+            .program(name)
+            .with_context(|| format!("{name} missing"))?;
+        Ok(program.info()?)
+    }
+
+    /// Attaches the skb:kfree_skb program variant of the plan once.
+    /// Failure is reported, not fatal: packet counters work without it.
+    fn attach_drop_hook(&mut self) {
+        if self.drop_hook != DropHook::Pending {
+            return;
+        }
+        if let Some(problem) = &self.btf_problem {
+            self.drop_hook = DropHook::Unavailable(problem.clone());
+            return;
+        }
+        let Some(name) = self.plan.drops.program_name() else {
+            self.drop_hook = DropHook::Unavailable("this kernel has no BTF".to_string());
+            return;
+        };
+        let attached = self.load_drop_program().and_then(|_| {
+            let program: &mut BtfTracePoint = self
+                .ebpf
+                .program_mut(name)
+                .with_context(|| format!("{name} missing"))?
+                .try_into()?;
+            program.attach()?;
+            Ok(())
+        });
+        self.drop_hook = match attached {
+            Ok(()) => DropHook::Attached(name),
+            Err(e) => {
+                let why = format!("skb:kfree_skb ({name}): {e:#}");
+                tracing::warn!(%why, "kernel drops will not be counted");
+                DropHook::Unavailable(why)
+            }
+        };
+    }
+
+    /// Interfaces attached so far.
+    pub fn attachments(&self) -> &[Attachment] {
+        &self.attachments
+    }
+
+    /// Programs attached now: two per interface present (rx and tx), plus
+    /// the kfree_skb program.
+    pub fn programs_attached(&self) -> usize {
+        let interfaces = self.links.iter().filter(|l| l.present).count();
+        2 * interfaces + usize::from(matches!(self.drop_hook, DropHook::Attached(_)))
+    }
+
+    /// Attaches the ingress (XDP or tc) and egress (tc) programs to `iface`.
+    pub fn attach(&mut self, iface: &str, mode: XdpMode) -> Result<&Attachment> {
+        let (attachment, links) = self.attach_links(iface, mode)?;
+        self.attachments.push(attachment);
+        self.links.push(links);
+        Ok(self.attachments.last().expect("just pushed"))
+    }
+
+    fn attach_links(&mut self, iface: &str, mode: XdpMode) -> Result<(Attachment, Links)> {
+        let ifindex = ifindex(iface)?;
+        let (rx, xdp_fallback_reason, rx_link) = self.attach_rx(iface, ifindex, mode)?;
+        let (tx, tx_link) = self.attach_tc(iface, TcAttachType::Egress, Hook::TcEgress)?;
+        self.watch(iface, ifindex)?;
+        self.attach_drop_hook();
+        let attachment = Attachment {
+            iface: iface.to_string(),
+            ifindex,
+            rx,
+            tx,
+            xdp_fallback_reason,
+        };
+        let links = Links {
+            rx: Some(rx_link),
+            tx: Some(tx_link),
+            mode,
+            present: true,
+        };
+        Ok((attachment, links))
+    }
+
+    /// Follows interfaces that were deleted or re-created since the last
+    /// call: a deleted interface takes its bpf links with it; when one of
+    /// that name exists again (a new ifindex), the programs are attached to
+    /// it. Returns what changed. Rows of the old ifindex keep their totals.
+    pub fn follow_interfaces(&mut self) -> Vec<InterfaceEvent> {
+        let mut events = Vec::new();
+        for i in 0..self.attachments.len() {
+            let name = self.attachments[i].iface.clone();
+            let now = ifindex(&name).ok();
+            let old = self.attachments[i].ifindex;
+            match now {
+                Some(index) if index == old && self.links[i].present => {}
+                None if self.links[i].present => {
+                    self.links[i].present = false;
+                    self.unwatch(old);
+                    events.push(InterfaceEvent::Gone {
+                        iface: name,
+                        ifindex: old,
+                    });
+                }
+                None => {}
+                Some(index) => {
+                    self.detach_links(i);
+                    let mode = self.links[i].mode;
+                    match self.attach_links(&name, mode) {
+                        Ok((attachment, links)) => {
+                            self.unwatch(old);
+                            self.attachments[i] = attachment;
+                            self.links[i] = links;
+                            events.push(InterfaceEvent::Reattached {
+                                iface: name,
+                                ifindex: index,
+                            });
+                        }
+                        Err(e) => {
+                            self.links[i].present = false;
+                            events.push(InterfaceEvent::Failed {
+                                iface: name,
+                                error: format!("{e:#}"),
+                            });
+                        }
+                    }
+                }
+            }
+        }
+        events
+    }
+
+    /// Releases the (already defunct) links of attachment `i`.
+    fn detach_links(&mut self, i: usize) {
+        let links = &mut self.links[i];
+        let (rx, tx) = (links.rx.take(), links.tx.take());
+        if let Some(rx) = rx {
+            let _ = match rx {
+                RxLink::Xdp(id) => self
+                    .program(Hook::Xdp)
+                    .and_then(|p| Ok(<&mut Xdp>::try_from(p)?.detach(id)?)),
+                RxLink::Tc(id) => self
+                    .program(Hook::TcIngress)
+                    .and_then(|p| Ok(<&mut SchedClassifier>::try_from(p)?.detach(id)?)),
+            };
+        }
+        if let Some(tx) = tx {
+            let _ = self
+                .program(Hook::TcEgress)
+                .and_then(|p| Ok(<&mut SchedClassifier>::try_from(p)?.detach(tx)?));
+        }
+    }
+
+    fn attach_rx(
+        &mut self,
+        iface: &str,
+        ifindex: u32,
+        mode: XdpMode,
+    ) -> Result<(AttachedWith, Option<String>, RxLink)> {
+        let tries: &[(AyaXdpMode, AttachedWith)] = match mode {
+            XdpMode::Auto => &[
+                (AyaXdpMode::Driver, AttachedWith::XdpNative),
+                (AyaXdpMode::Skb, AttachedWith::XdpGeneric),
+            ],
+            XdpMode::Native => &[(AyaXdpMode::Driver, AttachedWith::XdpNative)],
+            XdpMode::Generic => &[(AyaXdpMode::Skb, AttachedWith::XdpGeneric)],
+            XdpMode::Off => &[],
+        };
+        let mut last_error = None;
+        for (aya_mode, attached) in tries {
+            let xdp: &mut Xdp = self.program(Hook::Xdp)?.try_into()?;
+            match xdp.attach_to_if_index(ifindex, *aya_mode) {
+                Ok(id) => return Ok((*attached, None, RxLink::Xdp(id))),
+                Err(e) => last_error = Some(format!("{attached}: {}", error_chain(&e))),
+            }
+        }
+        match (mode, last_error) {
+            (XdpMode::Off, _) => {
+                let (rx, id) = self.attach_tc(iface, TcAttachType::Ingress, Hook::TcIngress)?;
+                Ok((rx, Some("--xdp-mode off".to_string()), RxLink::Tc(id)))
+            }
+            (XdpMode::Auto, Some(reason)) => {
+                tracing::warn!(
+                    iface,
+                    %reason,
+                    "XDP attach failed (another XDP program on the interface?); counting rx with tc ingress instead"
+                );
+                let (rx, id) = self.attach_tc(iface, TcAttachType::Ingress, Hook::TcIngress)?;
+                Ok((rx, Some(reason), RxLink::Tc(id)))
+            }
+            (_, reason) => bail!(
+                "cannot attach XDP to {iface}: {}. The driver may lack this XDP mode, or another XDP program owns the interface; try --xdp-mode auto or --xdp-mode off",
+                reason.unwrap_or_default()
+            ),
+        }
+    }
+
+    /// Loads tc ingress now if it was deferred.
+    fn ensure_tc_ingress(&mut self) -> Result<()> {
+        if self.tc_ingress_loaded {
+            return Ok(());
+        }
+        self.tc_ingress_loaded = true;
+        match load_tc_ingress(&mut self.ebpf, &self.features.release) {
+            Ok(checks) => {
+                self.tc_checks = checks;
+                Ok(())
+            }
+            Err(e) => {
+                let text = format!("{e:#}");
+                self.load_failures.push((Hook::TcIngress, text.clone()));
+                bail!("{text}")
+            }
+        }
+    }
+
+    fn attach_tc(
+        &mut self,
+        iface: &str,
+        attach_type: TcAttachType,
+        hook: Hook,
+    ) -> Result<(AttachedWith, SchedClassifierLinkId)> {
+        if hook == Hook::TcIngress {
+            self.ensure_tc_ingress()?;
+        }
+        let tcx_known_absent = self.features.tcx == Some(false);
+        let classifier: &mut SchedClassifier = self.program(hook)?.try_into()?;
+        let tcx_error = if tcx_known_absent {
+            "this kernel has no tcx links".to_string()
+        } else {
+            match classifier.attach_with_options(
+                iface,
+                attach_type,
+                TcAttachOptions::TcxOrder(LinkOrder::default()),
+            ) {
+                Ok(id) => return Ok((AttachedWith::Tcx, id)),
+                Err(e) => error_chain(&e),
+            }
+        };
+        // Kernels before 6.6 have no tcx: fall back to a clsact filter.
+        if let Err(e) = tc::qdisc_add_clsact(iface) {
+            let text = error_chain(&e);
+            if !text.contains("exists") {
+                bail!(
+                    "cannot attach tc {attach_type:?} to {iface}: tcx failed ({tcx_error}) and adding a clsact qdisc failed ({text})"
+                );
+            }
+        }
+        let id = classifier
+            .attach_with_options(iface, attach_type, TcAttachOptions::Netlink(NlOptions::default()))
+            .map_err(|e| {
+                anyhow!(
+                    "cannot attach tc {attach_type:?} to {iface}: tcx failed ({tcx_error}), clsact failed ({})",
+                    error_chain(&e)
+                )
+            })?;
+        if !tcx_known_absent {
+            tracing::warn!(
+                iface,
+                %tcx_error,
+                "tcx attach failed; attached with clsact, which a killed observer leaves behind"
+            );
+        }
+        Ok((AttachedWith::Clsact, id))
+    }
+
+    fn program(&mut self, hook: Hook) -> Result<&mut aya::programs::Program> {
+        let name = self.program_name(hook);
+        if let Some(why) = self.load_failure(hook) {
+            bail!("{name} is not loaded: {why}");
+        }
+        self.ebpf
+            .program_mut(name)
+            .with_context(|| format!("program {name} missing"))
+    }
+}
+
+/// Interface index of `iface` in the current network namespace.
+pub fn ifindex(iface: &str) -> Result<u32> {
+    let name =
+        CString::new(iface).map_err(|_| anyhow!("interface name {iface:?} contains a NUL byte"))?;
+    // SAFETY: valid NUL-terminated string.
+    let index = unsafe { libc::if_nametoindex(name.as_ptr()) };
+    if index == 0 {
+        bail!(
+            "interface {iface} not found (list interfaces with `ip link`; use --netns NAME for one inside a network namespace)"
+        );
+    }
+    Ok(index)
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}

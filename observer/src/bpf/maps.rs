@@ -1,0 +1,349 @@
+//! The maps: one typed reader per map the programs write (flows, drops,
+//! self counters), and every write userspace makes (MTUs, watched
+//! interfaces, the port table, allow-sets, local VNIs, check switches).
+
+use std::{
+    collections::{BTreeSet, HashSet},
+    hash::Hash,
+    net::IpAddr,
+};
+
+use anyhow::{Context, Result};
+use aya::{
+    Pod,
+    maps::{
+        Array, HashMap as BpfHashMap, MapData, MapError, PerCpuArray, PerCpuHashMap, PerCpuValues,
+        lpm_trie::{Key, LpmTrie},
+    },
+};
+use ipnet::IpNet;
+use observer_common::{
+    CONFIG_MAP, DROPS_MAP, DropKey, DropValue, FLOWS_MAP, FlowKey, FlowValue, IFACE_MTU_MAP,
+    IPIP_ALLOW_V4_MAP, IPIP_ALLOW_V6_MAP, LOCAL_VNIS_MAP, STATS_MAP, Stat, VXLAN_ALLOW_V4_MAP,
+    VXLAN_ALLOW_V6_MAP, WATCHED_MAP, WatchedIface, config,
+};
+
+use super::Observer;
+use crate::{
+    model::rows::{DropCounters, DropId, FlowCounters, FlowId, KernelStats},
+    node::{
+        allowsets::{SetKind, Snapshot},
+        localnet,
+    },
+};
+
+impl Observer {
+    /// Tells the programs the MTU of interface `ifindex`: received tunnel
+    /// packets above it count as `over_mtu`.
+    pub fn set_mtu(&mut self, ifindex: u32, mtu: u32) -> Result<()> {
+        let mut mtus: BpfHashMap<_, u32, u32> = BpfHashMap::try_from(
+            self.ebpf
+                .map_mut(IFACE_MTU_MAP)
+                .context("IFACE_MTU map missing")?,
+        )?;
+        mtus.insert(ifindex, mtu, 0)?;
+        Ok(())
+    }
+
+    /// Registers `ifindex` of the current namespace for the kernel drop
+    /// filter and the MTU check.
+    pub(super) fn watch(&mut self, iface: &str, ifindex: u32) -> Result<()> {
+        let netns = localnet::netns_inode()?;
+        let mut watched: BpfHashMap<_, WatchedIface, u8> = BpfHashMap::try_from(
+            self.ebpf
+                .map_mut(WATCHED_MAP)
+                .context("WATCHED map missing")?,
+        )?;
+        watched.insert(WatchedIface { netns, ifindex }, 1, 0)?;
+        match localnet::mtu(iface) {
+            Ok(mtu) => self.set_mtu(ifindex, mtu)?,
+            Err(e) => {
+                tracing::warn!(iface, error = %format!("{e:#}"), "MTU unknown: over_mtu not checked")
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn unwatch(&mut self, ifindex: u32) {
+        let Ok(netns) = localnet::netns_inode() else {
+            return;
+        };
+        if let Some(map) = self.ebpf.map_mut(WATCHED_MAP)
+            && let Ok(mut watched) = BpfHashMap::<_, WatchedIface, u8>::try_from(map)
+        {
+            let _ = watched.remove(&WatchedIface { netns, ifindex });
+        }
+        if let Some(map) = self.ebpf.map_mut(IFACE_MTU_MAP)
+            && let Ok(mut mtus) = BpfHashMap::<_, u32, u32>::try_from(map)
+        {
+            let _ = mtus.remove(&ifindex);
+        }
+    }
+
+    fn flow_map(&self) -> Result<PerCpuHashMap<&MapData, FlowKey, FlowValue>> {
+        Ok(PerCpuHashMap::try_from(
+            self.ebpf.map(FLOWS_MAP).context("FLOWS map missing")?,
+        )?)
+    }
+
+    /// Reads every row of the flow map, summed over CPUs.
+    pub fn read_flows(&self) -> Result<Vec<(FlowId, FlowCounters)>> {
+        walk(&self.flow_map()?, FLOWS_MAP, |key, values| {
+            (FlowId::from_key(key), FlowCounters::sum(values.iter()))
+        })
+    }
+
+    /// Reads every row of the drop map, summed over CPUs.
+    pub fn read_drops(&self) -> Result<Vec<(DropId, DropCounters)>> {
+        let map: PerCpuHashMap<&MapData, DropKey, DropValue> =
+            PerCpuHashMap::try_from(self.ebpf.map(DROPS_MAP).context("DROPS map missing")?)?;
+        walk(&map, DROPS_MAP, |key, values| {
+            let mut total = DropCounters::default();
+            for value in values.iter() {
+                total.packets += value.packets;
+                total.bytes += value.bytes;
+            }
+            (DropId::from_key(key), total)
+        })
+    }
+
+    /// Reads the kernel self counters (walks the flow map to count its
+    /// entries; a caller that just read the rows uses [`Observer::stats_for`]).
+    pub fn read_stats(&self) -> Result<KernelStats> {
+        let flow_entries = self.flow_map()?.keys().filter(|k| k.is_ok()).count() as u64;
+        self.stats_for(flow_entries)
+    }
+
+    /// The kernel self counters, given the number of flow-map entries (the
+    /// length of a [`Observer::read_flows`] just made), so the map is walked
+    /// once per interval, not twice.
+    pub fn stats_for(&self, flow_entries: u64) -> Result<KernelStats> {
+        let stats: PerCpuArray<&MapData, u64> =
+            PerCpuArray::try_from(self.ebpf.map(STATS_MAP).context("STATS map missing")?)?;
+        let read = |stat: Stat| -> Result<u64> { Ok(stats.get(&(stat as u32), 0)?.iter().sum()) };
+        let flow_inserts = read(Stat::FlowInserts)?;
+        Ok(KernelStats {
+            flow_entries,
+            flow_inserts,
+            flow_evictions: flow_inserts.saturating_sub(flow_entries),
+            flow_insert_failures: read(Stat::FlowInsertFailures)?,
+        })
+    }
+}
+
+/// Walks a per-CPU LRU map once, decoding each key with its per-CPU values.
+fn walk<K, V, Id, C>(
+    map: &PerCpuHashMap<&MapData, K, V>,
+    name: &str,
+    decode: impl Fn(&K, &PerCpuValues<V>) -> (Id, C),
+) -> Result<Vec<(Id, C)>>
+where
+    K: Pod + Eq + Hash,
+    V: Pod,
+{
+    dedup_listing(map.iter(), decode).with_context(|| format!("reading the {name} map"))
+}
+
+/// The rows of a map listing, each key once.
+///
+/// A key the LRU evicts while the walk stands on it makes the kernel
+/// restart the walk from the first bucket, so keys already listed come
+/// again: each is kept once (the first reading; both are as fresh). A key
+/// evicted between listing and reading is skipped. FLOWS and DROPS share
+/// this walk, so their readings cannot drift apart.
+fn dedup_listing<K, Vals, Id, C>(
+    listing: impl Iterator<Item = Result<(K, Vals), MapError>>,
+    decode: impl Fn(&K, &Vals) -> (Id, C),
+) -> Result<Vec<(Id, C)>, MapError>
+where
+    K: Copy + Eq + Hash,
+{
+    let mut rows = Vec::new();
+    let mut seen = HashSet::new();
+    for item in listing {
+        match item {
+            Ok((key, values)) => {
+                if seen.insert(key) {
+                    rows.push(decode(&key, &values));
+                }
+            }
+            Err(MapError::KeyNotFound) => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(rows)
+}
+
+// ----------------------------------------------------------- lookup maps
+
+/// Network-order words of an address, as the programs read them from packets.
+fn words(addr: IpAddr) -> [u32; 4] {
+    let bytes = match addr {
+        IpAddr::V4(v4) => {
+            let mut b = [0u8; 16];
+            b[..4].copy_from_slice(&v4.octets());
+            b
+        }
+        IpAddr::V6(v6) => v6.octets(),
+    };
+    let mut out = [0u32; 4];
+    for (word, chunk) in out.iter_mut().zip(bytes.chunks_exact(4)) {
+        *word = u32::from_ne_bytes([chunk[0], chunk[1], chunk[2], chunk[3]]);
+    }
+    out
+}
+
+fn set_switch(observer: &mut Observer, index: u32, on: bool) -> Result<()> {
+    let mut switches: Array<&mut MapData, u32> = Array::try_from(
+        observer
+            .ebpf
+            .map_mut(CONFIG_MAP)
+            .context("CONFIG map missing")?,
+    )?;
+    switches.set(index, u32::from(on), 0)?;
+    Ok(())
+}
+
+/// Replaces the contents of one LPM trie with `prefixes` (inserting the new
+/// ones before removing stale ones, so no moment lets everything through).
+fn sync_trie<K: aya::Pod + Ord>(
+    observer: &mut Observer,
+    map: &str,
+    prefixes: impl Iterator<Item = (u32, K)>,
+) -> Result<()> {
+    let mut trie: LpmTrie<&mut MapData, K, u8> = LpmTrie::try_from(
+        observer
+            .ebpf
+            .map_mut(map)
+            .with_context(|| format!("{map} missing"))?,
+    )?;
+    let wanted: BTreeSet<(u32, K)> = prefixes.collect();
+    let present: BTreeSet<(u32, K)> = trie
+        .keys()
+        .filter_map(|k| k.ok())
+        .map(|k| (k.prefix_len(), k.data()))
+        .collect();
+    for (len, data) in wanted.difference(&present) {
+        trie.insert(&Key::new(*len, *data), 1, 0)
+            .with_context(|| format!("adding a prefix to {map} (more than it holds?)"))?;
+    }
+    for (len, data) in present.difference(&wanted) {
+        trie.remove(&Key::new(*len, *data))?;
+    }
+    Ok(())
+}
+
+impl Observer {
+    /// Writes the allow-sets of `snapshot` into the tries and switches.
+    pub fn apply_allow_sets(&mut self, snapshot: &Snapshot) -> Result<()> {
+        apply_allow_sets(self, snapshot)
+    }
+
+    /// Writes the VNIs of the local vxlan devices (see [`apply_local_vnis`]).
+    pub fn apply_local_vnis(&mut self, vnis: &[u32]) -> Result<()> {
+        apply_local_vnis(self, vnis)
+    }
+}
+
+/// Writes the allow-sets of `snapshot` into the tries and switches.
+fn apply_allow_sets(observer: &mut Observer, snapshot: &Snapshot) -> Result<()> {
+    for kind in SetKind::ALL {
+        let set = snapshot.get(kind);
+        let (v4_map, v6_map, v4_switch, v6_switch) = match kind {
+            SetKind::Vxlan => (
+                VXLAN_ALLOW_V4_MAP,
+                VXLAN_ALLOW_V6_MAP,
+                config::VXLAN_ALLOW_V4,
+                config::VXLAN_ALLOW_V6,
+            ),
+            SetKind::Ipip => (
+                IPIP_ALLOW_V4_MAP,
+                IPIP_ALLOW_V6_MAP,
+                config::IPIP_ALLOW_V4,
+                config::IPIP_ALLOW_V6,
+            ),
+        };
+        sync_trie(
+            observer,
+            v4_map,
+            set.prefixes.iter().filter_map(|p| match p {
+                IpNet::V4(n) => {
+                    Some((u32::from(n.prefix_len()), words(IpAddr::V4(n.network()))[0]))
+                }
+                IpNet::V6(_) => None,
+            }),
+        )?;
+        sync_trie(
+            observer,
+            v6_map,
+            set.prefixes.iter().filter_map(|p| match p {
+                IpNet::V6(n) => Some((u32::from(n.prefix_len()), words(IpAddr::V6(n.network())))),
+                IpNet::V4(_) => None,
+            }),
+        )?;
+        set_switch(observer, v4_switch, set.ipv4)?;
+        set_switch(observer, v6_switch, set.ipv6)?;
+    }
+    Ok(())
+}
+
+/// Writes the local VNIs; the VNI check is on only when there is at least
+/// one local vxlan device (otherwise every VXLAN packet would be flagged).
+fn apply_local_vnis(observer: &mut Observer, vnis: &[u32]) -> Result<()> {
+    let mut map: BpfHashMap<&mut MapData, u32, u8> = BpfHashMap::try_from(
+        observer
+            .ebpf
+            .map_mut(LOCAL_VNIS_MAP)
+            .context("LOCAL_VNIS map missing")?,
+    )?;
+    let present: Vec<u32> = map.keys().filter_map(|k| k.ok()).collect();
+    for vni in vnis {
+        map.insert(*vni, 1, 0)
+            .context("adding a VNI to LOCAL_VNIS (more local vxlan devices than it holds?)")?;
+    }
+    for stale in present.iter().filter(|v| !vnis.contains(v)) {
+        map.remove(stale)?;
+    }
+    set_switch(observer, config::VNI_CHECK, !vnis.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn words_are_network_order_in_memory() {
+        let w = words("10.10.60.127".parse().unwrap());
+        assert_eq!(w[0].to_ne_bytes(), [10, 10, 60, 127]);
+        assert_eq!(&w[1..], &[0, 0, 0]);
+        let w = words("2001:db8::1".parse().unwrap());
+        assert_eq!(w[0].to_ne_bytes(), [0x20, 0x01, 0x0d, 0xb8]);
+        assert_eq!(w[3].to_ne_bytes(), [0, 0, 0, 1]);
+    }
+
+    #[test]
+    fn a_key_listed_again_after_a_restart_counts_once() {
+        // The kernel listed keys 1 and 2, restarted from the first bucket
+        // after an eviction, and listed 1 and 2 again, then 3; key 4 was
+        // evicted between listing and reading.
+        let listing = vec![
+            Ok((1u32, 10u64)),
+            Ok((2, 20)),
+            Ok((1, 11)),
+            Ok((2, 21)),
+            Err(MapError::KeyNotFound),
+            Ok((3, 30)),
+        ];
+        let rows = dedup_listing(listing.into_iter(), |k, v| (*k, *v)).unwrap();
+        assert_eq!(rows, vec![(1, 10), (2, 20), (3, 30)]);
+    }
+
+    #[test]
+    fn other_errors_end_the_walk() {
+        let listing = vec![
+            Ok((1u32, 1u64)),
+            Err(MapError::InvalidName { name: "x".into() }),
+        ];
+        assert!(dedup_listing(listing.into_iter(), |k, v| (*k, *v)).is_err());
+    }
+}

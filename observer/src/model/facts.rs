@@ -1,0 +1,185 @@
+//! What the model knows of the node: the plain data `node` reads into
+//! (allow-sets, the peers the data plane expects) and the pure helpers the
+//! anomaly rules use on it. `node` fills these; nothing here does I/O.
+
+use std::{collections::BTreeSet, net::IpAddr};
+
+use ipnet::IpNet;
+use observer_common::Proto;
+use serde::{Serialize, Serializer};
+
+/// Which encapsulation an allow-set guards.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum SetKind {
+    /// VXLAN sources (Calico: cali40all-vxlan-net / cali60all-vxlan-net).
+    Vxlan,
+    /// IPIP sources (Calico: cali40all-hosts-net).
+    Ipip,
+}
+
+impl SetKind {
+    /// Both kinds.
+    pub const ALL: [SetKind; 2] = [SetKind::Vxlan, SetKind::Ipip];
+
+    /// Name used in output and on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            SetKind::Vxlan => "vxlan",
+            SetKind::Ipip => "ipip",
+        }
+    }
+
+    /// Calico's set names for this kind.
+    pub fn calico_sets(self) -> &'static [&'static str] {
+        match self {
+            SetKind::Vxlan => &["cali40all-vxlan-net", "cali60all-vxlan-net"],
+            SetKind::Ipip => &["cali40all-hosts-net"],
+        }
+    }
+}
+
+/// The members found for one kind, and where they came from.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AllowSet {
+    /// Prefixes, normalised (host bits cleared), sorted, deduplicated.
+    pub prefixes: BTreeSet<IpNet>,
+    /// Where they were found, e.g. `ipset cali40all-vxlan-net`.
+    pub sources: Vec<String>,
+    /// An IPv4 set was found: IPv4 sources are checked (an empty but
+    /// existing set means "nobody is allowed").
+    pub ipv4: bool,
+    /// An IPv6 set was found: IPv6 sources are checked.
+    pub ipv6: bool,
+}
+
+impl AllowSet {
+    /// True when any source was found.
+    pub fn active(&self) -> bool {
+        !self.sources.is_empty()
+    }
+
+    pub(crate) fn add(
+        &mut self,
+        source: String,
+        family: Option<Family>,
+        prefixes: impl IntoIterator<Item = IpNet>,
+    ) {
+        let prefixes: Vec<IpNet> = prefixes.into_iter().collect();
+        let has_v4 = prefixes.iter().any(|p| matches!(p, IpNet::V4(_)));
+        let has_v6 = prefixes.iter().any(|p| matches!(p, IpNet::V6(_)));
+        self.ipv4 |= family == Some(Family::V4) || has_v4;
+        self.ipv6 |= family == Some(Family::V6) || has_v6;
+        self.prefixes.extend(prefixes);
+        if !self.sources.contains(&source) {
+            self.sources.push(source);
+        }
+    }
+}
+
+/// Address family of a set, when its definition says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Family {
+    /// IPv4 (`family inet`, `ipv4_addr`).
+    V4,
+    /// IPv6 (`family inet6`, `ipv6_addr`).
+    V6,
+}
+
+/// One read of all allow-sets, plus what could not be read.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Snapshot {
+    /// VXLAN allow-set.
+    pub vxlan: AllowSet,
+    /// IPIP allow-set.
+    pub ipip: AllowSet,
+    /// Problems worth telling the user (tool missing, set unreadable).
+    pub problems: Vec<String>,
+}
+
+impl Snapshot {
+    /// The set of `kind`.
+    pub fn get(&self, kind: SetKind) -> &AllowSet {
+        match kind {
+            SetKind::Vxlan => &self.vxlan,
+            SetKind::Ipip => &self.ipip,
+        }
+    }
+
+    pub(crate) fn get_mut(&mut self, kind: SetKind) -> &mut AllowSet {
+        match kind {
+            SetKind::Vxlan => &mut self.vxlan,
+            SetKind::Ipip => &mut self.ipip,
+        }
+    }
+}
+
+/// What this node expects to exchange with one peer node.
+#[derive(Debug, Clone, PartialEq, Serialize, Default)]
+pub struct ExpectedPeer {
+    /// Pod blocks routed to the peer, sorted.
+    pub blocks: Vec<IpNet>,
+    /// Encapsulations used towards it.
+    #[serde(serialize_with = "proto_names")]
+    pub encaps: BTreeSet<Proto>,
+    /// Tunnel devices leading to it, sorted.
+    pub devices: Vec<String>,
+    /// Smallest route MTU metric among its routes, when any is set.
+    pub route_mtu: Option<u32>,
+}
+
+/// Serializes a [`Proto`] as its name (`"vxlan"`); observer-common has no serde.
+pub fn proto_name<S: Serializer>(proto: &Proto, serializer: S) -> Result<S::Ok, S::Error> {
+    serializer.serialize_str(proto.name())
+}
+
+pub fn proto_names<S: Serializer>(
+    protos: &BTreeSet<Proto>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    serializer.collect_seq(protos.iter().map(|p| p.name()))
+}
+
+/// The item of the longest prefix that contains `addr` (the first one
+/// among equally long prefixes).
+pub fn longest_prefix<T>(items: impl IntoIterator<Item = (IpNet, T)>, addr: IpAddr) -> Option<T> {
+    let mut best: Option<(u8, T)> = None;
+    for (net, item) in items {
+        if net.contains(&addr) && best.as_ref().is_none_or(|(len, _)| net.prefix_len() > *len) {
+            best = Some((net.prefix_len(), item));
+        }
+    }
+    best.map(|(_, item)| item)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    fn net(s: &str) -> IpNet {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn longest_prefix_wins() {
+        let items = [
+            (net("10.42.0.0/16"), "wide"),
+            (net("10.42.1.0/26"), "block"),
+            (net("10.42.1.0/26"), "second"),
+            (net("fd42::/64"), "v6"),
+        ];
+        assert_eq!(longest_prefix(items, ip("10.42.1.5")), Some("block"));
+        assert_eq!(longest_prefix(items, ip("10.42.1.64")), Some("wide"));
+        assert_eq!(longest_prefix(items, ip("fd42::7")), Some("v6"));
+        assert_eq!(longest_prefix(items, ip("10.43.0.1")), None);
+        // An IPv4 address never matches an IPv6 prefix and vice versa.
+        assert_eq!(longest_prefix([(net("::/0"), 1)], ip("10.0.0.1")), None);
+        assert_eq!(
+            longest_prefix([(net("0.0.0.0/0"), 1)], ip("10.0.0.1")),
+            Some(1)
+        );
+    }
+}

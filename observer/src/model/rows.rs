@@ -1,0 +1,509 @@
+//! The rows kernel maps decode into: flow identities and counters, drop
+//! identities with their reasons named (classifier reasons by our name,
+//! kernel reasons by the running kernel's), the one-line explanation an SRE
+//! acts on, and the kernel's own self counters. Plain data: the `bpf` layer
+//! fills these from the maps.
+
+use std::{
+    collections::HashMap,
+    fmt,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+};
+
+use observer_common::{
+    ClassifierDrop, Direction, DropKey, FlowKey, FlowValue, Proto, REASON_NOT_REPORTED,
+    Unclassified, drop_origin, family,
+};
+
+use crate::model::aggregate::Row;
+
+/// Identity of one counter row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct FlowId {
+    /// Interface index the packet was seen on.
+    pub ifindex: u32,
+    /// rx or tx.
+    pub direction: Direction,
+    /// Encapsulation (`Other` for plain IP and unclassified frames).
+    pub proto: Proto,
+    /// Why the frame was not classified (`None` when it was).
+    pub reason: Unclassified,
+    /// Outer source (rx) or destination (tx); `None` for aggregates.
+    pub peer: Option<IpAddr>,
+    /// VNI (VXLAN, VXLAN-GPE, Geneve), else 0.
+    pub vni: u32,
+}
+
+impl FlowId {
+    /// Decodes a kernel key. Unknown enum bytes decode to safe defaults
+    /// rather than failing: the map is the kernel's, not ours to trust blindly.
+    pub fn from_key(key: &FlowKey) -> FlowId {
+        FlowId {
+            ifindex: key.ifindex,
+            direction: if key.direction == Direction::Tx as u8 {
+                Direction::Tx
+            } else {
+                Direction::Rx
+            },
+            proto: Proto::from_u8(key.proto),
+            reason: Unclassified::from_u8(key.reason),
+            peer: decode_addr(&key.peer, key.peer_family),
+            vni: key.vni,
+        }
+    }
+}
+
+/// Counters of one row, summed over CPUs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FlowCounters {
+    /// Packets as on the wire.
+    pub packets: u64,
+    /// Bytes as on the wire (Ethernet header included).
+    pub bytes: u64,
+    /// One (inner source, inner destination) sample, when the encapsulation has one.
+    pub inner: Option<(IpAddr, IpAddr)>,
+}
+
+impl FlowCounters {
+    /// Sums per-CPU values; the inner sample is taken from any CPU that has one.
+    pub fn sum<'a>(values: impl IntoIterator<Item = &'a FlowValue>) -> FlowCounters {
+        let mut total = FlowCounters::default();
+        for value in values {
+            total.packets += value.packets;
+            total.bytes += value.bytes;
+            if total.inner.is_none()
+                && let (Some(src), Some(dst)) = (
+                    decode_addr(&value.inner_src, value.inner_family),
+                    decode_addr(&value.inner_dst, value.inner_family),
+                )
+            {
+                total.inner = Some((src, dst));
+            }
+        }
+        total
+    }
+}
+
+/// Turns the kernel's address words (network byte order in memory) into an address.
+pub fn decode_addr(words: &[u32; 4], addr_family: u8) -> Option<IpAddr> {
+    let mut bytes = [0u8; 16];
+    for (chunk, word) in bytes.chunks_exact_mut(4).zip(words) {
+        chunk.copy_from_slice(&word.to_ne_bytes());
+    }
+    match addr_family {
+        family::V4 => Some(IpAddr::V4(Ipv4Addr::new(
+            bytes[0], bytes[1], bytes[2], bytes[3],
+        ))),
+        family::V6 => Some(IpAddr::V6(Ipv6Addr::from(bytes))),
+        _ => None,
+    }
+}
+
+/// Where a drop was seen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Origin {
+    /// Flagged by the ingress classifier; the packet itself passed the
+    /// observer (the node's own rules drop it later).
+    Classifier,
+    /// Freed by the kernel with a drop reason.
+    Kernel,
+}
+
+impl Origin {
+    /// Name in JSON.
+    pub fn name(self) -> &'static str {
+        match self {
+            Origin::Classifier => "classifier",
+            Origin::Kernel => "kernel",
+        }
+    }
+}
+
+/// Identity of one drop row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct DropId {
+    /// Interface the packet arrived on.
+    pub ifindex: u32,
+    /// Outer protocol.
+    pub proto: Proto,
+    /// Outer source (`None` for the `other` aggregate).
+    pub peer: Option<IpAddr>,
+    /// VNI when the encapsulation has one.
+    pub vni: u32,
+    /// For `path_mtu` rows, the next-hop MTU the router reported (the
+    /// kernel key carries it in its `vni` field, see `DropKey`).
+    pub mtu: Option<u32>,
+    /// Classifier or kernel.
+    pub origin: Origin,
+    /// `ClassifierDrop` value or the kernel's drop reason value.
+    pub reason: u32,
+}
+
+impl DropId {
+    /// Decodes a kernel key; a `path_mtu` key's `vni` is its MTU.
+    pub fn from_key(key: &DropKey) -> DropId {
+        let origin = if key.origin == drop_origin::KERNEL {
+            Origin::Kernel
+        } else {
+            Origin::Classifier
+        };
+        let path_mtu = origin == Origin::Classifier && key.reason == ClassifierDrop::PathMtu as u32;
+        DropId {
+            ifindex: key.ifindex,
+            proto: Proto::from_u8(key.proto),
+            peer: decode_addr(&key.peer, key.peer_family),
+            vni: if path_mtu { 0 } else { key.vni },
+            mtu: path_mtu.then_some(key.vni),
+            origin,
+            reason: key.reason,
+        }
+    }
+
+    /// Reason name: ours for the classifier, the kernel's for the kernel.
+    pub fn reason_name(&self, kernel: &KernelReasons) -> String {
+        match self.origin {
+            Origin::Classifier => classifier_reason(self.reason).map_or_else(
+                || format!("classifier_{}", self.reason),
+                |r| r.name().to_string(),
+            ),
+            Origin::Kernel => kernel.name(self.reason),
+        }
+    }
+}
+
+/// The running kernel's drop reason names (`enum skb_drop_reason` and its
+/// subsystems, from BTF; their numbering differs between kernels).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KernelReasons {
+    /// Reason value -> name without `SKB_DROP_REASON_`.
+    pub reasons: HashMap<u32, String>,
+    /// Subsystem (upper 16 bits) -> name.
+    pub subsystems: HashMap<u32, String>,
+}
+
+impl KernelReasons {
+    /// The kernel's name of drop reason `value` (`NETFILTER_DROP`, ...).
+    /// Reasons of other subsystems (upper 16 bits set) are named
+    /// `SUBSYSTEM:n`, e.g. `OPENVSWITCH:3`; [`REASON_NOT_REPORTED`] (a
+    /// kernel before 5.17) is `NOT_REPORTED`.
+    pub fn name(&self, value: u32) -> String {
+        if value == REASON_NOT_REPORTED {
+            return "NOT_REPORTED".to_string();
+        }
+        let subsystem = value >> 16;
+        if subsystem != 0 {
+            let name = self
+                .subsystems
+                .get(&subsystem)
+                .cloned()
+                .unwrap_or_else(|| format!("subsystem_{subsystem}"));
+            return format!("{name}:{}", value & 0xffff);
+        }
+        self.reasons
+            .get(&value)
+            .cloned()
+            .unwrap_or_else(|| format!("reason_{value}"))
+    }
+}
+
+/// Packets and bytes of a drop row, summed over CPUs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DropCounters {
+    /// Packets.
+    pub packets: u64,
+    /// Bytes.
+    pub bytes: u64,
+}
+
+fn classifier_reason(value: u32) -> Option<ClassifierDrop> {
+    u16::try_from(value).ok().and_then(ClassifierDrop::from_u16)
+}
+
+/// What a classifier reason means, for the one-line message.
+fn classifier_meaning(reason: ClassifierDrop, mtu: u32, allow_sets: &str) -> String {
+    match reason {
+        ClassifierDrop::CalicoAllowSet => format!("source not in {allow_sets}"),
+        ClassifierDrop::VxlanNoIFlag => "VXLAN header without the I flag".to_string(),
+        ClassifierDrop::VniUnknown => "VNI configured on no local vxlan device".to_string(),
+        ClassifierDrop::OuterFragment => "outer IP packet is a fragment".to_string(),
+        ClassifierDrop::OverMtu => "outer IP packet larger than the interface MTU".to_string(),
+        ClassifierDrop::PathMtu => {
+            format!("too big for the path (a router reported next-hop MTU {mtu})")
+        }
+    }
+}
+
+/// The sentence for a drop row, e.g. "579 VXLAN packets from 10.10.10.244
+/// dropped: source not in cali40all-vxlan-net". `allow_sets` names the sets
+/// of the row's protocol.
+pub fn message(id: &DropId, packets: u64, reason: &str, allow_sets: &str) -> String {
+    let what = match id.proto {
+        Proto::Other => "non-tunnel".to_string(),
+        proto => proto.name().to_uppercase(),
+    };
+    let path_mtu = id.origin == Origin::Classifier && id.reason == ClassifierDrop::PathMtu as u32;
+    // A path_mtu row counts packets this node sent: its peer is the destination.
+    let from = id.peer.map_or(String::new(), |p| {
+        format!(" {} {p}", if path_mtu { "to" } else { "from" })
+    });
+    let plural = if packets == 1 { "packet" } else { "packets" };
+    let verb = match id.origin {
+        Origin::Classifier if path_mtu => "dropped on the path",
+        Origin::Classifier if id.reason != ClassifierDrop::CalicoAllowSet as u32 => "flagged",
+        _ => "dropped",
+    };
+    let why = match (id.origin, classifier_reason(id.reason)) {
+        (Origin::Classifier, Some(r)) => classifier_meaning(r, id.mtu.unwrap_or(0), allow_sets),
+        _ => format!("kernel drop reason {reason}"),
+    };
+    format!("{packets} {what} {plural}{from} {verb}: {why}")
+}
+
+impl fmt::Display for Origin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A drop row with its reason named and explained.
+#[derive(Debug, Clone)]
+pub struct DropRow {
+    /// Totals and rates.
+    pub row: Row<DropId>,
+    /// Reason name (`calico_allow_set`, `NETFILTER_DROP`, ...).
+    pub reason: String,
+    /// One-line explanation.
+    pub message: String,
+}
+
+/// Kernel-side self counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KernelStats {
+    /// Keys in the flow map now.
+    pub flow_entries: u64,
+    /// Keys ever inserted.
+    pub flow_inserts: u64,
+    /// Keys evicted by the LRU (inserts minus live entries: nothing else deletes).
+    pub flow_evictions: u64,
+    /// Packets not counted because their key could not be inserted.
+    pub flow_insert_failures: u64,
+}
+
+/// Name of a direction in JSON, labels and the table.
+pub fn direction_name(direction: Direction) -> &'static str {
+    match direction {
+        Direction::Rx => "rx",
+        Direction::Tx => "tx",
+    }
+}
+
+/// Row builders for unit tests, one set for every module: defaults
+/// (interface 2, rx, VXLAN, VNI 4096, 100 bytes a packet, moved this
+/// interval) that a test overrides with struct update syntax.
+#[cfg(test)]
+pub mod testing {
+    use observer_common::{Direction, Proto, Unclassified};
+
+    use super::{DropId, DropRow, FlowId, Origin};
+    use crate::model::aggregate::Row;
+
+    /// A received VXLAN flow from `peer`.
+    pub fn flow_id(peer: &str) -> FlowId {
+        FlowId {
+            ifindex: 2,
+            direction: Direction::Rx,
+            proto: Proto::Vxlan,
+            reason: Unclassified::None,
+            peer: Some(peer.parse().expect("an address")),
+            vni: 4096,
+        }
+    }
+
+    /// A VXLAN drop from `peer` with `reason` of `origin`.
+    pub fn drop_id(peer: &str, origin: Origin, reason: u32) -> DropId {
+        DropId {
+            ifindex: 2,
+            proto: Proto::Vxlan,
+            peer: Some(peer.parse().expect("an address")),
+            vni: 4096,
+            mtu: None,
+            origin,
+            reason,
+        }
+    }
+
+    /// The row of `id` with `packets` (100 bytes each), no rates.
+    pub fn row<K>(id: K, packets: u64) -> Row<K> {
+        Row {
+            id,
+            packets,
+            bytes: packets * 100,
+            pps: 0.0,
+            bps: 0.0,
+            inner: None,
+            changed: true,
+        }
+    }
+
+    /// The drop row of `id` with `packets`, its reason named `reason`.
+    pub fn drop_row(id: DropId, packets: u64, reason: &str) -> DropRow {
+        DropRow {
+            row: row(id, packets),
+            reason: reason.to_string(),
+            message: String::new(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn words(bytes: [u8; 16]) -> [u32; 4] {
+        let mut w = [0u32; 4];
+        for (i, chunk) in bytes.chunks_exact(4).enumerate() {
+            w[i] = u32::from_ne_bytes(chunk.try_into().unwrap());
+        }
+        w
+    }
+
+    #[test]
+    fn decodes_ipv4_and_ipv6_in_network_order() {
+        let mut b = [0u8; 16];
+        b[..4].copy_from_slice(&[10, 10, 60, 127]);
+        assert_eq!(
+            decode_addr(&words(b), family::V4),
+            Some("10.10.60.127".parse().unwrap())
+        );
+        let v6: Ipv6Addr = "2001:db8::1".parse().unwrap();
+        assert_eq!(
+            decode_addr(&words(v6.octets()), family::V6),
+            Some(IpAddr::V6(v6))
+        );
+        assert_eq!(decode_addr(&words(b), family::NONE), None);
+    }
+
+    #[test]
+    fn sums_cpus_and_keeps_first_inner_sample() {
+        let mut inner = [0u8; 16];
+        inner[..4].copy_from_slice(&[10, 42, 0, 1]);
+        let with_sample = FlowValue {
+            packets: 2,
+            bytes: 200,
+            inner_src: words(inner),
+            inner_dst: words(inner),
+            inner_family: family::V4,
+            _pad: [0; 7],
+        };
+        let without = FlowValue {
+            packets: 3,
+            bytes: 300,
+            ..FlowValue::default()
+        };
+        let total = FlowCounters::sum([&without, &with_sample]);
+        assert_eq!((total.packets, total.bytes), (5, 500));
+        let ip: IpAddr = "10.42.0.1".parse().unwrap();
+        assert_eq!(total.inner, Some((ip, ip)));
+    }
+
+    #[test]
+    fn unknown_enum_bytes_decode_safely() {
+        let key = FlowKey {
+            peer: [0; 4],
+            ifindex: 3,
+            vni: 0,
+            direction: 9,
+            proto: 200,
+            peer_family: 77,
+            reason: 99,
+        };
+        let id = FlowId::from_key(&key);
+        assert_eq!(id.direction, Direction::Rx);
+        assert_eq!(id.proto, Proto::Other);
+        assert_eq!(id.reason, Unclassified::Unsupported);
+        assert_eq!(id.peer, None);
+    }
+
+    fn id(origin: Origin, reason: u32) -> DropId {
+        DropId {
+            ifindex: 2,
+            proto: Proto::Vxlan,
+            peer: Some("10.10.10.244".parse().unwrap()),
+            vni: 4096,
+            mtu: None,
+            origin,
+            reason,
+        }
+    }
+
+    #[test]
+    fn the_incident_in_one_line() {
+        let msg = message(
+            &id(Origin::Classifier, ClassifierDrop::CalicoAllowSet as u32),
+            579,
+            "calico_allow_set",
+            "cali40all-vxlan-net",
+        );
+        assert_eq!(
+            msg,
+            "579 VXLAN packets from 10.10.10.244 dropped: source not in cali40all-vxlan-net"
+        );
+    }
+
+    #[test]
+    fn kernel_reasons_use_the_kernel_name() {
+        let msg = message(&id(Origin::Kernel, 12), 1, "NETFILTER_DROP", "");
+        assert_eq!(
+            msg,
+            "1 VXLAN packet from 10.10.10.244 dropped: kernel drop reason NETFILTER_DROP"
+        );
+    }
+
+    #[test]
+    fn other_checks_are_flags_not_drops() {
+        let msg = message(
+            &id(Origin::Classifier, ClassifierDrop::VniUnknown as u32),
+            3,
+            "vni_unknown",
+            "",
+        );
+        assert_eq!(
+            msg,
+            "3 VXLAN packets from 10.10.10.244 flagged: VNI configured on no local vxlan device"
+        );
+    }
+
+    #[test]
+    fn path_mtu_keys_carry_their_mtu_in_its_own_field() {
+        let key = DropKey {
+            peer: [0; 4],
+            ifindex: 2,
+            vni: 1400,
+            reason: ClassifierDrop::PathMtu as u32,
+            origin: drop_origin::CLASSIFIER,
+            proto: Proto::Ipip as u8,
+            peer_family: family::NONE,
+            _pad: 0,
+        };
+        let id = DropId::from_key(&key);
+        assert_eq!((id.vni, id.mtu), (0, Some(1400)));
+        let other = DropKey {
+            reason: ClassifierDrop::VniUnknown as u32,
+            ..key
+        };
+        assert_eq!(DropId::from_key(&other).mtu, None);
+        assert_eq!(DropId::from_key(&other).vni, 1400);
+    }
+
+    #[test]
+    fn kernel_reasons_are_named_from_the_table() {
+        let kernel = KernelReasons {
+            reasons: HashMap::from([(12, "NETFILTER_DROP".to_string())]),
+            subsystems: HashMap::from([(3, "OPENVSWITCH".to_string())]),
+        };
+        assert_eq!(kernel.name(12), "NETFILTER_DROP");
+        assert_eq!(kernel.name(99), "reason_99");
+        assert_eq!(kernel.name((3 << 16) | 5), "OPENVSWITCH:5");
+        assert_eq!(kernel.name(REASON_NOT_REPORTED), "NOT_REPORTED");
+    }
+}

@@ -1,0 +1,197 @@
+//! The table for people: one screen per interval, redrawn on a terminal.
+
+use std::{
+    collections::BTreeMap,
+    io::{self, Write},
+};
+
+use observer_common::{Proto, Unclassified};
+
+use super::lines::{Snapshot, drop_summary, drops_of, iface_name, index_drops, timestamp};
+use crate::model::{
+    aggregate::Row,
+    anomalies::Anomaly,
+    rows::{DropRow, direction_name},
+};
+
+/// Rows shown in the table before "(N more)".
+const TABLE_ROWS: usize = 40;
+
+/// Writes one interval as a table; `clear` redraws the screen (terminal).
+pub fn write_table(out: &mut impl Write, snap: &Snapshot<'_>, clear: bool) -> io::Result<()> {
+    let drop_index = index_drops(snap.drops);
+    if clear {
+        write!(out, "\x1b[2J\x1b[H")?;
+    }
+    writeln!(out, "observer  {}", timestamp(snap.at))?;
+    for a in snap.attachments {
+        writeln!(
+            out,
+            "  {} (ifindex {}): rx via {}, tx via {}",
+            a.iface, a.ifindex, a.rx, a.tx
+        )?;
+    }
+    writeln!(
+        out,
+        "\n{:<10} {:<3} {:<10} {:<39} {:>8} {:>9} {:>9} {:>12} {:>12}  INNER SAMPLE",
+        "IFACE", "DIR", "PROTO", "PEER", "VNI", "PKT/S", "BIT/S", "PACKETS", "BYTES"
+    )?;
+    let peers: Vec<&Row> = snap
+        .rows
+        .iter()
+        .filter(|r| r.id.reason == Unclassified::None)
+        .collect();
+    for row in peers.iter().take(TABLE_ROWS) {
+        let peer = row
+            .id
+            .peer
+            .map_or("(all non-tunnel IP)".to_string(), |p| p.to_string());
+        let vni = if row.id.vni != 0
+            || matches!(row.id.proto, Proto::Vxlan | Proto::Geneve | Proto::VxlanGpe)
+        {
+            row.id.vni.to_string()
+        } else {
+            "-".to_string()
+        };
+        let mut inner = row
+            .inner
+            .map_or(String::new(), |(s, d)| format!("{s} > {d}"));
+        let drops = drops_of(row, &drop_index);
+        if !drops.is_empty() {
+            let list: Vec<String> = drops.iter().map(|(r, n)| format!("{r}={n}")).collect();
+            inner.push_str(&format!("  DROPS {}", list.join(",")));
+        }
+        writeln!(
+            out,
+            "{:<10} {:<3} {:<10} {:<39} {:>8} {:>9} {:>9} {:>12} {:>12}  {}",
+            iface_name(snap.ifaces, row.id.ifindex),
+            direction_name(row.id.direction),
+            row.id.proto.name(),
+            peer,
+            vni,
+            si(row.pps),
+            si(row.bps),
+            row.packets,
+            row.bytes,
+            inner
+        )?;
+    }
+    if peers.len() > TABLE_ROWS {
+        writeln!(
+            out,
+            "({} more rows; use --output json for all)",
+            peers.len() - TABLE_ROWS
+        )?;
+    }
+
+    // Totals per direction and protocol.
+    let mut totals: BTreeMap<(&str, &str), (u64, u64, f64, f64)> = BTreeMap::new();
+    for row in &peers {
+        let entry = totals
+            .entry((direction_name(row.id.direction), row.id.proto.name()))
+            .or_default();
+        entry.0 += row.packets;
+        entry.1 += row.bytes;
+        entry.2 += row.pps;
+        entry.3 += row.bps;
+    }
+    writeln!(out, "\nTOTALS")?;
+    for ((direction, proto), (packets, bytes, pps, bps)) in totals {
+        writeln!(
+            out,
+            "  {direction:<3} {proto:<10} {:>9} pkt/s {:>9} bit/s {packets:>12} packets {bytes:>14} bytes",
+            si(pps),
+            si(bps)
+        )?;
+    }
+    let unclassified: Vec<&Row> = snap
+        .rows
+        .iter()
+        .filter(|r| r.id.reason != Unclassified::None)
+        .collect();
+    if !unclassified.is_empty() {
+        writeln!(out, "\nUNCLASSIFIED FRAMES")?;
+        for row in unclassified {
+            writeln!(
+                out,
+                "  {:<10} {:<3} {:<16} {:>12} packets",
+                iface_name(snap.ifaces, row.id.ifindex),
+                direction_name(row.id.direction),
+                row.id.reason.name(),
+                row.packets
+            )?;
+        }
+    }
+    if !snap.drops.is_empty() {
+        writeln!(out, "\nDROPS (why packets die)")?;
+        let mut drops: Vec<&DropRow> = snap.drops.iter().collect();
+        drops.sort_by_key(|d| std::cmp::Reverse(d.row.packets));
+        for d in drops.iter().take(TABLE_ROWS) {
+            writeln!(
+                out,
+                "  {:<10} {}",
+                iface_name(snap.ifaces, d.row.id.ifindex),
+                d.message
+            )?;
+        }
+        for ((origin, reason), (packets, peers, _)) in drop_summary(snap.drops) {
+            writeln!(
+                out,
+                "  total {origin:<10} {reason:<24} {packets:>12} packets from {peers} peer(s)"
+            )?;
+        }
+    }
+    if !snap.netfilter.is_empty() {
+        writeln!(out, "\nNETFILTER CROSS-CHECK (since attach)")?;
+        for c in snap.netfilter {
+            writeln!(
+                out,
+                "  {:<9} \"{}\": rule {} / observer {}{}",
+                c.backend,
+                c.rule,
+                c.packets,
+                c.observer_packets,
+                if c.agree { "" } else { "  <-- DISAGREE" }
+            )?;
+        }
+    }
+    write_anomalies(out, snap.anomalies)?;
+    writeln!(
+        out,
+        "\nflow map: {} entries, {} evictions, {} insert failures",
+        snap.stats.flow_entries, snap.stats.flow_evictions, snap.stats.flow_insert_failures
+    )?;
+    out.flush()
+}
+
+/// The table's anomaly section: one line each, then its next step.
+pub fn write_anomalies(out: &mut impl Write, anomalies: &[&Anomaly]) -> io::Result<()> {
+    if anomalies.is_empty() {
+        return writeln!(out, "\nANOMALIES: none");
+    }
+    writeln!(out, "\nANOMALIES ({})", anomalies.len())?;
+    for a in anomalies {
+        writeln!(
+            out,
+            "  {:<15} {:<6} {:<16} since {}  {}",
+            a.kind.name(),
+            a.proto.name(),
+            a.peer.to_string(),
+            humantime::format_rfc3339_seconds(a.since),
+            a.summary
+        )?;
+        writeln!(out, "  {:<15} next: {}", "", a.hint)?;
+    }
+    Ok(())
+}
+
+/// Human rate with SI prefixes: `1.5 M`, `980`, `12.0 k`.
+pub fn si(value: f64) -> String {
+    let units = [(1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")];
+    for (scale, unit) in units {
+        if value >= scale {
+            return format!("{:.1}{unit}", value / scale);
+        }
+    }
+    format!("{value:.0}")
+}
