@@ -11,8 +11,8 @@ use ipnet::IpNet;
 use observer::{
     bpf::testrun,
     bpf::{Hook, LoadConfig, Observer},
+    model::facts::{AllowSet, AllowSets, SetSource},
     model::rows::Origin,
-    node::allowsets::{AllowSet, Snapshot},
 };
 use observer_common::{ClassifierDrop, Proto};
 use support::frames::*;
@@ -28,7 +28,7 @@ fn allow(prefixes: &[&str]) -> AllowSet {
         ipv4: true,
         ipv6: true,
         prefixes,
-        sources: vec!["test".into()],
+        sources: vec![SetSource::Ipset("test".into())],
     }
 }
 
@@ -77,7 +77,7 @@ fn allow_set_membership_decides_calico_allow_set() {
     if !support::have_root("allow_set_membership_decides_calico_allow_set") {
         return;
     }
-    let snapshot = Snapshot {
+    let snapshot = AllowSets {
         vxlan: allow(&["198.18.1.0/24", "198.18.9.9/32", "fd00:1::/64"]),
         ipip: allow(&["198.18.2.0/24"]),
         problems: vec![],
@@ -173,9 +173,9 @@ fn removing_a_member_takes_effect_and_empty_set_flags_everyone() {
     let frame = vxlan_frame(addr("198.18.1.7"), addr("198.18.0.1"), 4096, &inner());
     // No allow-set at all: nothing is checked.
     assert!(run(&obs, Hook::Xdp, &frame, 2).is_empty());
-    let with = |p: &[&str]| Snapshot {
+    let with = |p: &[&str]| AllowSets {
         vxlan: allow(p),
-        ..Snapshot::default()
+        ..AllowSets::default()
     };
     obs.apply_allow_sets(&with(&["198.18.1.7/32"])).unwrap();
     assert!(run(&obs, Hook::Xdp, &frame, 2).is_empty());
@@ -309,7 +309,7 @@ fn egress_and_plain_traffic_are_never_flagged() {
         return;
     }
     let mut obs = observer();
-    obs.apply_allow_sets(&Snapshot {
+    obs.apply_allow_sets(&AllowSets {
         vxlan: allow(&[]),
         ipip: allow(&[]),
         problems: vec![],

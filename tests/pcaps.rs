@@ -11,12 +11,7 @@
 
 mod support;
 
-use std::{
-    collections::BTreeMap,
-    fs,
-    net::IpAddr,
-    path::{Path, PathBuf},
-};
+use std::{collections::BTreeMap, fs, net::IpAddr, path::Path};
 
 use observer::{
     bpf::testrun,
@@ -105,27 +100,10 @@ fn captures_match_tcpdump() {
     if !support::have_root("captures_match_tcpdump") {
         return;
     }
-    let dir = support::pcaps_dir();
-    if !dir.is_dir() {
-        if std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") {
-            panic!(
-                "reference captures missing at {} and CI=true",
-                dir.display()
-            );
-        }
-        eprintln!(
-            "skipping captures_match_tcpdump: no captures at {} (set OBSERVER_PCAPS)",
-            dir.display()
-        );
+    let Some(captures) = support::reference_captures("captures_match_tcpdump") else {
         return;
-    }
-    let mut captures: Vec<PathBuf> = fs::read_dir(&dir)
-        .expect("listing the captures")
-        .map(|e| e.expect("directory entry").path())
-        .filter(|p| p.extension().is_some_and(|e| e == "pcap"))
-        .collect();
-    captures.sort();
-    assert!(!captures.is_empty(), "no *.pcap in {}", dir.display());
+    };
+    let dir = support::pcaps_dir();
 
     let obs = Observer::load(&LoadConfig::default()).expect("loading the eBPF programs");
     let mut rows = BTreeMap::new();

@@ -130,23 +130,12 @@ fn reference_captures_replay_as_tcpdump_decodes_them() {
     if !support::have_root("reference_captures_replay_as_tcpdump_decodes_them") {
         return;
     }
-    let dir = support::pcaps_dir();
-    if !dir.is_dir() {
-        assert!(
-            !std::env::var("CI").is_ok_and(|v| v == "true" || v == "1"),
-            "reference captures missing at {} and CI=true",
-            dir.display()
-        );
-        eprintln!("skipping: no captures at {}", dir.display());
+    let Some(captures) =
+        support::reference_captures("reference_captures_replay_as_tcpdump_decodes_them")
+    else {
         return;
-    }
-    let mut captures: Vec<PathBuf> = fs::read_dir(&dir)
-        .expect("listing the captures")
-        .map(|e| e.expect("directory entry").path())
-        .filter(|p| p.extension().is_some_and(|e| e == "pcap"))
-        .collect();
-    captures.sort();
-    assert!(!captures.is_empty(), "no *.pcap in {}", dir.display());
+    };
+    let dir = support::pcaps_dir();
     let ns = Netns::new("rpr");
     let paths: Vec<&str> = captures.iter().map(|p| p.to_str().unwrap()).collect();
     let run = replay(&ns, &paths);

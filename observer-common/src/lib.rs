@@ -238,14 +238,90 @@ pub enum Stat {
 /// Number of slots in [`STATS_MAP`].
 pub const STAT_COUNT: u32 = 2;
 
+/// Proves at compile time, on both sides, that a map type has no padding:
+/// its size is the sum of its fields' sizes and its last field ends it.
+/// Padding bytes would carry uninitialised memory between kernel and user
+/// space, which `aya::Pod` forbids and the eBPF verifier rejects in keys.
+macro_rules! assert_no_padding {
+    ($ty:ident { $($field:ident),+ }, $last:ident) => {
+        const _: () = {
+            let fields = 0 $(+ size_of_field(|v: &$ty| &v.$field))+;
+            assert!(core::mem::size_of::<$ty>() == fields);
+            assert!(
+                core::mem::offset_of!($ty, $last) + size_of_field(|v: &$ty| &v.$last)
+                    == core::mem::size_of::<$ty>()
+            );
+        };
+    };
+}
+
+/// The size of the field a projection returns (the closure is never called:
+/// it only names the field's type).
+const fn size_of_field<S, F>(_: fn(&S) -> &F) -> usize {
+    core::mem::size_of::<F>()
+}
+
+assert_no_padding!(
+    FlowKey {
+        peer,
+        ifindex,
+        vni,
+        direction,
+        proto,
+        peer_family,
+        reason
+    },
+    reason
+);
+assert_no_padding!(
+    FlowValue {
+        packets,
+        bytes,
+        inner_src,
+        inner_dst,
+        inner_family,
+        _pad
+    },
+    _pad
+);
+assert_no_padding!(
+    DropKey {
+        peer,
+        ifindex,
+        vni,
+        reason,
+        origin,
+        proto,
+        peer_family,
+        _pad
+    },
+    _pad
+);
+assert_no_padding!(DropValue { packets, bytes }, bytes);
+assert_no_padding!(WatchedIface { netns, ifindex }, ifindex);
+assert_no_padding!(
+    SkbLayout {
+        skb_dev,
+        skb_head,
+        skb_mac_header,
+        skb_tail,
+        skb_data,
+        skb_len,
+        dev_ifindex,
+        dev_nd_net,
+        net_inum,
+        valid
+    },
+    valid
+);
+
 #[cfg(feature = "user")]
 mod pod {
-    // SAFETY: plain #[repr(C)] integers and byte arrays, no implicit padding
-    // (FlowKey: 16+4+4+4 = 28 bytes; FlowValue: 8+8+16+16+1+7 = 56 bytes).
+    // SAFETY: plain #[repr(C)] integers and arrays of them without padding,
+    // proven by the `assert_no_padding!` lines above; every bit pattern is
+    // a valid value.
     unsafe impl aya::Pod for super::FlowKey {}
     unsafe impl aya::Pod for super::FlowValue {}
-    // SAFETY: as above (DropKey: 16+4+4+4+1+1+1+1 = 32; DropValue 16;
-    // WatchedIface 8; SkbLayout 10*4).
     unsafe impl aya::Pod for super::DropKey {}
     unsafe impl aya::Pod for super::DropValue {}
     unsafe impl aya::Pod for super::WatchedIface {}

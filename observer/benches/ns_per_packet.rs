@@ -37,7 +37,7 @@ use observer_common::{Proto, Unclassified};
 use std::{collections::BTreeSet, net::Ipv4Addr};
 
 use ipnet::{IpNet, Ipv4Net};
-use observer::node::allowsets::{AllowSet, Snapshot};
+use observer::model::facts::{AllowSet, AllowSets, SetSource};
 
 #[path = "system/mod.rs"]
 mod system;
@@ -287,14 +287,14 @@ fn allow_set_cases(vxlan: &[u8]) -> anyhow::Result<()> {
             Ipv4Addr::from(frames::UNDERLAY_SRC),
             32,
         )?));
-        let snapshot = Snapshot {
+        let snapshot = AllowSets {
             vxlan: AllowSet {
                 prefixes,
-                sources: vec!["bench".into()],
+                sources: vec![SetSource::Ipset("bench".into())],
                 ipv4: true,
                 ipv6: false,
             },
-            ..Snapshot::default()
+            ..AllowSets::default()
         };
         observer.apply_allow_sets(&snapshot)?;
         let xdp = observer.program_fd(Hook::Xdp)?;

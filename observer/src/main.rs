@@ -3,11 +3,15 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use observer::cli::{Cli, Command};
+use observer::{
+    cli::{Cli, Command},
+    cmd::{self, pipe},
+};
 
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
+        // A closed stderr drops the log instead of panicking (see cmd::pipe).
+        .with_writer(pipe::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("OBSERVER_LOG")
@@ -16,32 +20,49 @@ fn main() -> ExitCode {
         .init();
     let cli = Cli::parse();
     match cli.command {
-        Command::Attach(args) => match observer::cmd::attach::run(args) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => fail(e, ExitCode::FAILURE),
-        },
+        Command::Attach(args) => exit(
+            cmd::attach::run(args).map(|()| ExitCode::SUCCESS),
+            ExitCode::FAILURE,
+        ),
         // 0 healthy, 1 problem found, 2 could not run (clap's usage errors
         // also exit 2).
-        Command::Diagnose(args) => match observer::cmd::diagnose::run(args) {
-            Ok(true) => ExitCode::SUCCESS,
-            Ok(false) => ExitCode::from(1),
-            Err(e) => fail(e, ExitCode::from(2)),
-        },
-        Command::Lab(args) => match observer::cmd::lab::run(args) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => fail(e, ExitCode::FAILURE),
-        },
+        Command::Diagnose(args) => exit(
+            cmd::diagnose::run(args).map(|healthy| {
+                if healthy {
+                    ExitCode::SUCCESS
+                } else {
+                    ExitCode::from(1)
+                }
+            }),
+            ExitCode::from(2),
+        ),
+        Command::Lab(args) => exit(
+            cmd::lab::run(args).map(|()| ExitCode::SUCCESS),
+            ExitCode::FAILURE,
+        ),
         // 0 ok, 1 damaged capture, 2 could not run (see `replay --help`).
-        Command::Replay(args) => observer::cmd::replay::run(args),
+        Command::Replay(args) => exit(
+            cmd::replay::run(args).map(ExitCode::from),
+            ExitCode::from(cmd::replay::EXIT_USAGE),
+        ),
         // 0 as designed, 1 with fallbacks, 2 cannot run.
-        Command::Check(args) => match observer::cmd::check::run(args.output) {
-            Ok(verdict) => ExitCode::from(verdict.exit_code()),
-            Err(e) => fail(e, ExitCode::from(2)),
-        },
+        Command::Check(args) => exit(
+            cmd::check::run(args.output).map(|verdict| ExitCode::from(verdict.exit_code())),
+            ExitCode::from(2),
+        ),
     }
 }
 
-fn fail(e: anyhow::Error, code: ExitCode) -> ExitCode {
-    eprintln!("observer: error: {e:#}");
-    code
+/// The exit status of a command: its own when it ran, 0 when the reader of
+/// stdout or stderr went away (`| head`: the command stopped quietly, see
+/// `cmd::pipe`), else `failed`, after printing the error.
+fn exit(result: anyhow::Result<ExitCode>, failed: ExitCode) -> ExitCode {
+    match result {
+        Ok(status) => status,
+        Err(e) if pipe::is_broken_pipe(&e) => ExitCode::SUCCESS,
+        Err(e) => {
+            pipe::eprintln(format_args!("observer: error: {e:#}"));
+            failed
+        }
+    }
 }

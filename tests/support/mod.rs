@@ -36,3 +36,30 @@ pub fn pcaps_dir() -> std::path::PathBuf {
     }
     std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/pcaps")
 }
+
+/// The reference captures (`*.pcap` of [`pcaps_dir`], sorted); `None`, and
+/// the test `name` skips, when there are none outside CI. With CI=true
+/// missing captures fail the test.
+pub fn reference_captures(name: &str) -> Option<Vec<std::path::PathBuf>> {
+    let dir = pcaps_dir();
+    if !dir.is_dir() {
+        assert!(
+            !std::env::var("CI").is_ok_and(|v| v == "true" || v == "1"),
+            "reference captures missing at {} and CI=true",
+            dir.display()
+        );
+        eprintln!(
+            "skipping {name}: no captures at {} (set OBSERVER_PCAPS)",
+            dir.display()
+        );
+        return None;
+    }
+    let mut captures: Vec<std::path::PathBuf> = std::fs::read_dir(&dir)
+        .expect("listing the captures")
+        .map(|e| e.expect("directory entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "pcap"))
+        .collect();
+    captures.sort();
+    assert!(!captures.is_empty(), "no *.pcap in {}", dir.display());
+    Some(captures)
+}

@@ -4,6 +4,7 @@
 
 mod fuzz;
 mod lab;
+mod layers;
 mod registered;
 mod setup;
 mod soak;
@@ -48,7 +49,8 @@ enum Task {
     /// alert rules, the PrometheusRule and the privileged DaemonSet in sync,
     /// kubernetes-validate --strict of the manifests), `cargo fuzz build`
     /// of the fuzz target (built, not run), that every tests/*.rs has a
-    /// [[test]] entry in observer/Cargo.toml (and every entry a file), and
+    /// [[test]] entry in observer/Cargo.toml (and every entry a file), that
+    /// observer/src imports only downwards and without cycles (`layers`), and
     /// `cargo test --workspace`, then `vm-test --kernel 5.10,6.1,6.12` (the kernel
     /// suite in VMs; the host's run is part of `cargo test`). The
     /// integration tests load eBPF programs and create network namespaces,
@@ -105,6 +107,11 @@ enum Task {
     /// missing) for --seconds (default 300). The corpus grows in
     /// fuzz/corpus/capture, crashes land in fuzz/artifacts/capture.
     Fuzz(fuzz::FuzzArgs),
+    /// Check observer/src's layering (what `cargo xtask test` checks in its
+    /// `layers` step): model imports no other layer, report and node only
+    /// model, bpf model and node, cli all but cmd; no two modules import
+    /// each other, directly or through others. Lists every violation.
+    Layers,
 }
 
 fn main() {
@@ -143,6 +150,7 @@ fn run(task: Task) -> Result<()> {
             setup::setup()?;
             fuzz::fuzz(&args)
         }
+        Task::Layers => layers::check(),
     }
 }
 
@@ -158,7 +166,7 @@ fn test(fail_fast: bool, only: &[String]) -> Result<()> {
         Err(_) => println!("xtask: CI is not set (tests needing root skip without it)"),
     }
     type Step = (&'static str, fn() -> Result<()>);
-    let steps: [Step; 11] = [
+    let steps: [Step; 12] = [
         ("setup", setup::setup),
         ("fmt", || {
             util::run(util::cargo().args(["fmt", "--all", "--", "--check"]))
@@ -196,6 +204,8 @@ fn test(fail_fast: bool, only: &[String]) -> Result<()> {
         // Every tests/*.rs has a [[test]] entry in observer/Cargo.toml (an
         // unregistered file would silently never run), and every entry a file.
         ("registered", registered::check),
+        // observer/src imports only downwards, without cycles (ARCHITECTURE.md).
+        ("layers", layers::check),
         ("test", || {
             util::run(util::cargo().args(["test", "--workspace"]))
         }),

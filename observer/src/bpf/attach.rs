@@ -7,30 +7,13 @@ use std::ffi::CString;
 use anyhow::{Context, Result, anyhow, bail};
 use aya::programs::{
     BtfTracePoint, LinkOrder, SchedClassifier, TcAttachType, Xdp, XdpMode as AyaXdpMode,
-    tc::{self, NlOptions, SchedClassifierLinkId, TcAttachOptions},
-    xdp::XdpLinkId,
+    tc::{self, NlOptions, SchedClassifierLinkId, TcAttachOptions, TcError},
 };
 
 use super::{
-    AttachedWith, Attachment, DropHook, Hook, InterfaceEvent, Observer, XdpMode,
+    AttachedWith, Attachment, DropHook, Hook, InterfaceEvent, Links, Observer, RxLink, XdpMode,
     load::load_tc_ingress,
 };
-
-/// The link of the program counting received packets.
-pub(super) enum RxLink {
-    Xdp(XdpLinkId),
-    Tc(SchedClassifierLinkId),
-}
-
-/// The links of one attachment, to release them when the interface is
-/// re-created.
-pub(super) struct Links {
-    rx: Option<RxLink>,
-    tx: Option<SchedClassifierLinkId>,
-    mode: XdpMode,
-    /// The interface exists and the links are live.
-    present: bool,
-}
 
 impl Observer {
     /// How kernel drops are counted.
@@ -282,13 +265,14 @@ impl Observer {
             }
         };
         // Kernels before 6.6 have no tcx: fall back to a clsact filter.
-        if let Err(e) = tc::qdisc_add_clsact(iface) {
-            let text = error_chain(&e);
-            if !text.contains("exists") {
-                bail!(
-                    "cannot attach tc {attach_type:?} to {iface}: tcx failed ({tcx_error}) and adding a clsact qdisc failed ({text})"
-                );
-            }
+        match tc::qdisc_add_clsact(iface) {
+            Ok(()) => {}
+            // Another tool (or an earlier run) added it: filters share it.
+            Err(TcError::NetlinkError(e)) if e.raw_os_error() == Some(libc::EEXIST) => {}
+            Err(e) => bail!(
+                "cannot attach tc {attach_type:?} to {iface}: tcx failed ({tcx_error}) and adding a clsact qdisc failed ({})",
+                error_chain(&e)
+            ),
         }
         let id = classifier
             .attach_with_options(iface, attach_type, TcAttachOptions::Netlink(NlOptions::default()))

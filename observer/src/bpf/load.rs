@@ -351,7 +351,6 @@ fn explain_load_error(e: anyhow::Error, release: &str) -> anyhow::Error {
         cause
             .downcast_ref::<io::Error>()
             .is_some_and(|io| io.raw_os_error() == Some(libc::EPERM))
-            || cause.to_string().contains("Operation not permitted")
     });
     if permission {
         return e.context(PermissionDenied(release.to_string()));

@@ -27,7 +27,7 @@ use super::Observer;
 use crate::{
     model::rows::{DropCounters, DropId, FlowCounters, FlowId, KernelStats},
     node::{
-        allowsets::{SetKind, Snapshot},
+        allowsets::{AllowSets, SetKind},
         localnet,
     },
 };
@@ -235,7 +235,7 @@ fn sync_trie<K: aya::Pod + Ord>(
 
 impl Observer {
     /// Writes the allow-sets of `snapshot` into the tries and switches.
-    pub fn apply_allow_sets(&mut self, snapshot: &Snapshot) -> Result<()> {
+    pub fn apply_allow_sets(&mut self, snapshot: &AllowSets) -> Result<()> {
         apply_allow_sets(self, snapshot)
     }
 
@@ -246,7 +246,7 @@ impl Observer {
 }
 
 /// Writes the allow-sets of `snapshot` into the tries and switches.
-fn apply_allow_sets(observer: &mut Observer, snapshot: &Snapshot) -> Result<()> {
+fn apply_allow_sets(observer: &mut Observer, snapshot: &AllowSets) -> Result<()> {
     for kind in SetKind::ALL {
         let set = snapshot.get(kind);
         let (v4_map, v6_map, v4_switch, v6_switch) = match kind {
@@ -309,7 +309,10 @@ fn apply_local_vnis(observer: &mut Observer, vnis: &[u32]) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
+    use observer_common::{ClassifierDrop, Proto};
+
     use super::*;
+    use crate::model::aggregate::DropAggregator;
 
     #[test]
     fn words_are_network_order_in_memory() {
@@ -336,6 +339,48 @@ mod tests {
         ];
         let rows = dedup_listing(listing.into_iter(), |k, v| (*k, *v)).unwrap();
         assert_eq!(rows, vec![(1, 10), (2, 20), (3, 30)]);
+    }
+
+    /// The DROPS walk's old bug: without de-duplication, a key listed twice
+    /// made a read look complete, so a key that had left the map kept its
+    /// kernel baseline and, re-created, lost the packets below it.
+    #[test]
+    fn drop_counts_stay_exact_when_a_restart_lists_a_key_twice() {
+        let key = |last_octet: u8| DropKey {
+            peer: words(IpAddr::from([10, 10, 60, last_octet])),
+            ifindex: 2,
+            vni: 4096,
+            reason: ClassifierDrop::CalicoAllowSet as u32,
+            origin: observer_common::drop_origin::CLASSIFIER,
+            proto: Proto::Vxlan as u8,
+            peer_family: observer_common::family::V4,
+            _pad: 0,
+        };
+        let (a, b, c) = (key(1), key(2), key(3));
+        let read = |listing: Vec<(DropKey, u64)>| {
+            dedup_listing(listing.into_iter().map(Ok), |k: &DropKey, packets: &u64| {
+                let counters = DropCounters {
+                    packets: *packets,
+                    bytes: packets * 100,
+                };
+                (DropId::from_key(k), counters)
+            })
+            .unwrap()
+        };
+        let mut drops = DropAggregator::new(100);
+        drops.update(&read(vec![(a, 10), (b, 100)]));
+        // b was evicted; an eviction during the walk restarted it, so a is
+        // listed twice; c is new.
+        drops.update(&read(vec![(a, 10), (c, 5), (a, 10)]));
+        // b is back, re-created, and counted 150 since.
+        drops.update(&read(vec![(a, 10), (b, 150), (c, 5)]));
+        let mut totals: Vec<(u64, u64)> = drops
+            .finish_interval(1.0)
+            .iter()
+            .map(|row| (row.packets, row.bytes))
+            .collect();
+        totals.sort_unstable();
+        assert_eq!(totals, [(5, 500), (10, 1000), (250, 25000)]);
     }
 
     #[test]

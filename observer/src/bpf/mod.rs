@@ -7,6 +7,7 @@
 use aya::{
     Ebpf,
     maps::{MapData, ProgramArray},
+    programs::{tc::SchedClassifierLinkId, xdp::XdpLinkId},
 };
 
 pub mod attach;
@@ -25,7 +26,6 @@ use crate::{
     bpf::features::{Features, Plan},
     model::{ports::PortConfig, rows::KernelReasons},
 };
-use attach::Links;
 
 /// The eBPF object built by build.rs from `observer-ebpf`.
 pub static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/observer"));
@@ -120,6 +120,22 @@ pub enum DropHook {
     Attached(&'static str),
     /// Could not be attached: kernel drops are not counted.
     Unavailable(String),
+}
+
+/// The link of the program counting received packets.
+pub(crate) enum RxLink {
+    Xdp(XdpLinkId),
+    Tc(SchedClassifierLinkId),
+}
+
+/// The links of one attachment, to release them when the interface is
+/// re-created.
+pub(crate) struct Links {
+    pub(crate) rx: Option<RxLink>,
+    pub(crate) tx: Option<SchedClassifierLinkId>,
+    pub(crate) mode: XdpMode,
+    /// The interface exists and the links are live.
+    pub(crate) present: bool,
 }
 
 /// The loaded programs and their maps.

@@ -6,10 +6,7 @@ use std::{net::IpAddr, path::PathBuf, time::Duration};
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::{
-    bpf::XdpMode, cli::settings::pick, model::ports::PortConfig, node::allowsets::Tagged,
-    report::Format,
-};
+use crate::{bpf::XdpMode, node::allowsets::Tagged, report::Format};
 
 /// See, at the wire, what happens to overlay traffic: encapsulated packets
 /// (VXLAN, VXLAN-GPE, Geneve, IPIP, IPv6-in-IP, GRE, WireGuard) counted per
@@ -249,10 +246,11 @@ pub struct AttachArgs {
     #[arg(long = "allow-cidr", value_name = "[PROTO=]CIDR")]
     pub allow_cidrs: Vec<Tagged<ipnet::IpNet>>,
 
-    /// How often allow-sets, local vxlan devices and Calico's drop-rule
-    /// counters are re-read (each read runs ipset, nft, iptables-save; a
-    /// tool that hangs is given up after 10s and reported); changes take
-    /// effect in the programs at the next refresh. [default: 5s]
+    /// How often allow-sets and Calico's drop-rule counters are re-read
+    /// (each read runs ipset, nft, iptables-save; a tool that hangs is
+    /// given up after 10s and reported); changes take effect in the
+    /// programs at the next refresh. Local vxlan devices (for vni_unknown)
+    /// are re-read when netlink reports a change. [default: 5s]
     #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
     pub allow_set_refresh: Option<Duration>,
 
@@ -332,22 +330,6 @@ pub struct PortArgs {
     /// [default: 51820, 51821].
     #[arg(long = "wireguard-port", value_name = "PORT")]
     pub wireguard_ports: Vec<u16>,
-}
-
-impl PortArgs {
-    /// The ports given here, else `file`'s, else the defaults, per
-    /// encapsulation; `file` holds the config file's VXLAN, VXLAN-GPE,
-    /// Geneve and WireGuard lists.
-    pub fn resolve(&self, file: [Option<Vec<u16>>; 4]) -> PortConfig {
-        let defaults = PortConfig::default();
-        let [vxlan, vxlan_gpe, geneve, wireguard] = file;
-        PortConfig {
-            vxlan: pick(&self.vxlan_ports, vxlan, defaults.vxlan),
-            vxlan_gpe: pick(&self.vxlan_gpe_ports, vxlan_gpe, defaults.vxlan_gpe),
-            geneve: pick(&self.geneve_ports, geneve, defaults.geneve),
-            wireguard: pick(&self.wireguard_ports, wireguard, defaults.wireguard),
-        }
-    }
 }
 
 /// Parses `500ms`, `2s`, `1m`, `1h30m`; a bare number means seconds.

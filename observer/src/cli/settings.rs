@@ -12,7 +12,7 @@ use serde::Deserialize;
 
 use crate::{
     bpf::XdpMode,
-    cli::{AttachArgs, parse_duration},
+    cli::{AttachArgs, PortArgs, parse_duration},
     model::anomalies::Thresholds,
     model::dataplane::DeclaredTunnel,
     model::ports::PortConfig,
@@ -88,8 +88,24 @@ pub struct Settings {
     pub tunnel_devices: Vec<DeclaredTunnel>,
 }
 
+impl PortArgs {
+    /// The ports given here, else `file`'s, else the defaults, per
+    /// encapsulation; `file` holds the config file's VXLAN, VXLAN-GPE,
+    /// Geneve and WireGuard lists.
+    pub fn resolve(&self, file: [Option<Vec<u16>>; 4]) -> PortConfig {
+        let defaults = PortConfig::default();
+        let [vxlan, vxlan_gpe, geneve, wireguard] = file;
+        PortConfig {
+            vxlan: pick(&self.vxlan_ports, vxlan, defaults.vxlan),
+            vxlan_gpe: pick(&self.vxlan_gpe_ports, vxlan_gpe, defaults.vxlan_gpe),
+            geneve: pick(&self.geneve_ports, geneve, defaults.geneve),
+            wireguard: pick(&self.wireguard_ports, wireguard, defaults.wireguard),
+        }
+    }
+}
+
 /// The command-line values when given, else the file's, else `default`.
-pub(crate) fn pick<T: Clone>(cli: &[T], file: Option<Vec<T>>, default: Vec<T>) -> Vec<T> {
+fn pick<T: Clone>(cli: &[T], file: Option<Vec<T>>, default: Vec<T>) -> Vec<T> {
     if !cli.is_empty() {
         cli.to_vec()
     } else {

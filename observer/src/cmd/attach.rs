@@ -2,16 +2,22 @@
 //! print and export, until a signal or `--duration` ends the run. Follows
 //! interfaces that are deleted and re-created, and reloads settings on
 //! SIGHUP.
+//!
+//! [`Monitor`] is such a run for any command to drive (start, then wait
+//! and tick until the last interval, then finish); [`run`] is attach's.
 
 use std::{
     collections::HashMap,
     io::{self, IsTerminal, Write},
     path::PathBuf,
-    time::{Instant, SystemTime},
+    time::{Duration, Instant, SystemTime},
 };
 
 use anyhow::{Context, Result, bail};
-use tokio::signal::unix::{Signal, SignalKind, signal};
+use tokio::{
+    runtime::Runtime,
+    signal::unix::{Signal, SignalKind, signal},
+};
 
 use crate::{
     bpf::{self, InterfaceEvent, LoadConfig, Observer},
@@ -19,10 +25,11 @@ use crate::{
     cli::settings::Settings,
     cmd::checks::NodeChecks,
     model::aggregate::{Aggregator, DropAggregator},
-    model::anomalies::{Engine, Event, Findings, Known},
+    model::anomalies::{Anomaly, Engine, Event, Known},
     model::crosscheck::NetfilterCheck,
     model::dataplane::{DataPlane, DeclaredTunnel},
     model::hooks::{AttachedWith, Attachment},
+    model::rows::Row,
     model::rows::{DropRow, KernelStats},
     node::allowsets::AllowSetConfig,
     node::dataplane::{self, ChangeWatcher},
@@ -38,132 +45,79 @@ use crate::{
     },
 };
 
-/// Default `--duration` of `observer diagnose`.
-pub const DIAGNOSE_DURATION: std::time::Duration = std::time::Duration::from_secs(10);
-
 /// Userspace rows kept per kernel flow-map entry: rows outlive evicted
 /// kernel keys so totals stay monotonic, within this bound.
 const ROWS_PER_FLOW: usize = 4;
 
-/// Runs the attach command.
+/// Runs the attach command: prints every interval until a signal,
+/// `--duration` or a closed stdout ends the run.
 pub fn run(args: AttachArgs) -> Result<()> {
     // Namespace first: setns only moves the calling thread, so it must
     // happen before the runtime starts any.
     if let Some(name) = &args.netns {
         netns::enter(name)?;
     }
-    monitor(&args, Mode::Attach).map(|_| ())
-}
-
-/// Which command runs the monitor.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mode {
-    /// `observer attach`: prints every interval until stopped.
-    Attach,
-    /// `observer diagnose`: bounded; prints intervals only as JSON lines
-    /// or a live table on a terminal, and keeps what the write-up needs.
-    Diagnose,
-}
-
-/// What a finished run leaves for the diagnosis.
-#[derive(Debug, Default)]
-pub struct Outcome {
-    /// Every anomaly seen during the run.
-    pub findings: Findings,
-    /// The last read: rows, drop rows, netfilter cross-check.
-    pub rows: Vec<crate::model::aggregate::Row>,
-    /// Drop rows of the last read.
-    pub drops: Vec<DropRow>,
-    /// Netfilter cross-check of the last read.
-    pub netfilter: Vec<NetfilterCheck>,
-    /// What the node knew at the end.
-    pub known: Known,
-    /// Interfaces watched.
-    pub interfaces: Vec<String>,
-    /// How long it ran.
-    pub seconds: f64,
-    /// The output format used.
-    pub format: Option<Format>,
-}
-
-/// Loads, attaches and runs the read loop in the current network
-/// namespace until a signal, `--duration` or a closed stdout.
-pub fn monitor(args: &AttachArgs, mode: Mode) -> Result<Outcome> {
-    let settings = Settings::load(args)?;
-    preflight::check_privileges()?;
-    preflight::check_btf(std::path::Path::new(preflight::KERNEL_BTF))?;
-    let mut seen = std::collections::HashSet::new();
-    for iface in &settings.interfaces {
-        if !seen.insert(iface) {
-            bail!("interface {iface} is given twice");
-        }
-        bpf::ifindex(iface).with_context(|| match &args.netns {
-            Some(ns) => format!("in network namespace {ns}"),
-            None => "in the current network namespace".to_string(),
-        })?;
-    }
-
-    let mut observer = Observer::load(&LoadConfig {
-        max_flows: settings.max_flows,
-        ports: settings.ports.clone(),
-        defer_tc_ingress: true,
-    })?;
     let format = args.output.unwrap_or(if io::stdout().is_terminal() {
-        Format::Table
-    } else if mode == Mode::Diagnose {
-        // A diagnosis piped to a file or a script is the write-up alone.
         Format::Table
     } else {
         Format::Json
     });
-    // Signal handlers go in before the first attach line: a script that
-    // stops the observer as soon as it is attached must get the final
-    // counters and exit 0, not die from the default signal action.
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("starting the async runtime")?;
-    let signals = {
-        let _guard = runtime.enter();
-        Signals {
-            interrupt: signal(SignalKind::interrupt()).context("installing the SIGINT handler")?,
-            terminate: signal(SignalKind::terminate()).context("installing the SIGTERM handler")?,
-            hangup: signal(SignalKind::hangup()).context("installing the SIGHUP handler")?,
-        }
+    let options = Options {
+        format,
+        print: true,
+        duration: args.duration,
     };
-    for iface in &settings.interfaces {
-        observer.attach(iface, settings.xdp_mode)?;
-        let program_ids = observer.program_ids()?;
-        let attachment = observer.attachments().last().expect("attached just now");
-        tracing::info!(
-            iface = %attachment.iface,
-            rx = %attachment.rx,
-            tx = %attachment.tx,
-            "attached"
-        );
-        if format == Format::Json {
-            let line = attach_line(&observer, attachment, &program_ids, SystemTime::now());
-            if report::write_line(&mut io::stdout(), &Line::Attach(line)).is_err() {
-                return Ok(Outcome::default());
-            }
+    let mut monitor = Monitor::start(&args, options)?;
+    loop {
+        let is_final = monitor.wait();
+        monitor.tick(is_final)?;
+        if is_final {
+            break;
         }
     }
+    monitor.finish();
+    Ok(())
+}
 
-    let mut monitor = Monitor::new(&mut observer, args, settings, format, mode);
-    let result = runtime.block_on(monitor.run(signals));
-    monitor.remove_textfile();
-    let outcome = Outcome {
-        findings: std::mem::take(&mut monitor.findings),
-        interfaces: monitor.settings.interfaces.clone(),
-        known: std::mem::take(&mut monitor.known),
-        seconds: monitor.started.elapsed().as_secs_f64(),
-        format: Some(format),
-        ..std::mem::take(&mut monitor.last)
-    };
-    // Dropping the observer closes the links: everything is detached.
-    drop(monitor);
-    drop(observer);
-    result.map(|()| outcome)
+/// How a [`Monitor`] runs; the command that drives it chooses.
+#[derive(Debug, Clone, Copy)]
+pub struct Options {
+    /// Output format.
+    pub format: Format,
+    /// Whether the run prints on stdout: the attach lines, then what every
+    /// interval read (JSON lines, or the table). Without it the run reads,
+    /// exports and logs only.
+    pub print: bool,
+    /// How long the run lasts; `None`: until a signal.
+    pub duration: Option<Duration>,
+}
+
+/// What one interval read, as [`Monitor::tick`] returns it (after printing
+/// it). Borrows the monitor until the next interval.
+#[derive(Debug)]
+pub struct Interval<'m> {
+    /// Rows of this read (totals since attach; `changed` this interval).
+    pub rows: Vec<Row>,
+    /// Drop rows of this read.
+    pub drops: Vec<DropRow>,
+    /// The latest netfilter cross-check (counters are read every refresh
+    /// period, not every interval).
+    pub netfilter: Vec<NetfilterCheck>,
+    /// Anomalies raised or cleared by this read.
+    pub events: Vec<Event>,
+    /// Anomalies active after this read.
+    pub active: Vec<&'m Anomaly>,
+}
+
+/// What a finished run leaves, as [`Monitor::finish`] returns it.
+#[derive(Debug, Default)]
+pub struct Finished {
+    /// Interfaces watched.
+    pub interfaces: Vec<String>,
+    /// What the node knew at the end.
+    pub known: Known,
+    /// How long it ran.
+    pub seconds: f64,
 }
 
 /// The signals the run reacts to.
@@ -173,12 +127,94 @@ struct Signals {
     hangup: Signal,
 }
 
-/// State of a running attach.
-struct Monitor<'a> {
-    observer: &'a mut Observer,
+/// What wakes a waiting run.
+enum Wake {
+    /// The next interval is due.
+    Tick,
+    /// A signal or the end of `--duration`: the last interval.
+    Stop,
+    /// SIGHUP: reload the settings.
+    Hangup,
+}
+
+/// When the run reads next and when it stops.
+struct Clock {
+    signals: Signals,
+    ticker: tokio::time::Interval,
+    /// Period of `ticker`.
+    period: Duration,
+    deadline: Option<tokio::time::Instant>,
+    /// When the last interval was read (or counting started).
+    last: Instant,
+}
+
+impl Clock {
+    /// A clock whose first interval is due one `period` from now, without
+    /// an end.
+    fn new(runtime: &Runtime, signals: Signals, period: Duration) -> Clock {
+        let _guard = runtime.enter();
+        Clock {
+            signals,
+            ticker: ticker(period),
+            period,
+            deadline: None,
+            last: Instant::now(),
+        }
+    }
+
+    /// Counting starts now: the first interval is due one period later,
+    /// the run ends `duration` later.
+    fn restart(&mut self, runtime: &Runtime, duration: Option<Duration>) {
+        let _guard = runtime.enter();
+        let now = tokio::time::Instant::now();
+        self.ticker = ticker(self.period);
+        self.deadline = duration.map(|d| now + d);
+        self.last = Instant::now();
+    }
+
+    /// A new period (a reload): the next interval is due one `period` from
+    /// now.
+    fn set_period(&mut self, runtime: &Runtime, period: Duration) {
+        let _guard = runtime.enter();
+        self.period = period;
+        self.ticker = ticker(period);
+    }
+
+    async fn next(&mut self) -> Wake {
+        let deadline = self.deadline;
+        tokio::select! {
+            _ = self.ticker.tick() => Wake::Tick,
+            _ = self.signals.interrupt.recv() => Wake::Stop,
+            _ = self.signals.terminate.recv() => Wake::Stop,
+            _ = self.signals.hangup.recv() => Wake::Hangup,
+            _ = async {
+                match deadline {
+                    Some(d) => tokio::time::sleep_until(d).await,
+                    None => std::future::pending().await,
+                }
+            } => Wake::Stop,
+        }
+    }
+}
+
+/// A ticker whose first tick is one `period` from now; needs the
+/// runtime's context.
+fn ticker(period: Duration) -> tokio::time::Interval {
+    let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    ticker
+}
+
+/// A running attach: loaded and attached by [`Monitor::start`]; every
+/// [`Monitor::wait`] then [`Monitor::tick`] reads, exports, logs and (with
+/// [`Options::print`]) prints an interval; [`Monitor::finish`] or a drop
+/// detaches and removes the textfile.
+pub struct Monitor<'a> {
+    observer: Observer,
     args: &'a AttachArgs,
     settings: Settings,
     format: Format,
+    print: bool,
     aggregator: Aggregator,
     drop_aggregator: DropAggregator,
     checks: NodeChecks,
@@ -187,21 +223,22 @@ struct Monitor<'a> {
     ifaces: HashMap<u32, String>,
     /// Where the textfile was last written, to remove it on exit.
     written: Option<PathBuf>,
-    mode: Mode,
     engine: Engine,
-    /// Every anomaly of the run (diagnose only).
-    findings: Findings,
-    /// The last read (diagnose only).
-    last: Outcome,
     /// When counting started; the engine's clock.
     started: Instant,
     /// The node's data plane, re-read when netlink reports a change.
     dataplane: DataPlaneState,
+    /// The VNIs of this node's vxlan devices as last written into the
+    /// programs (from the data-plane view).
+    local_vnis: Vec<u32>,
     /// What the anomaly rules know of the peers: rebuilt when the data
     /// plane or the allow-sets change.
     known: Known,
     /// The latest netfilter cross-check (read every refresh period).
     netfilter: Vec<NetfilterCheck>,
+    clock: Clock,
+    // Last: the timers and signals above go before the runtime.
+    runtime: Runtime,
 }
 
 /// The data-plane view and what keeps it current.
@@ -261,48 +298,143 @@ impl DataPlaneState {
 }
 
 impl<'a> Monitor<'a> {
-    fn new(
-        observer: &'a mut Observer,
-        args: &'a AttachArgs,
-        settings: Settings,
-        format: Format,
-        mode: Mode,
-    ) -> Self {
+    /// Loads and attaches in the current network namespace, prints the
+    /// attach lines, reads the allow-sets and the data plane; the first
+    /// interval is due one `interval` later.
+    pub fn start(args: &'a AttachArgs, options: Options) -> Result<Monitor<'a>> {
+        let settings = Settings::load(args)?;
+        preflight::check_privileges()?;
+        preflight::check_btf(std::path::Path::new(preflight::KERNEL_BTF))?;
+        let mut seen = std::collections::HashSet::new();
+        for iface in &settings.interfaces {
+            if !seen.insert(iface) {
+                bail!("interface {iface} is given twice");
+            }
+            bpf::ifindex(iface).with_context(|| match &args.netns {
+                Some(ns) => format!("in network namespace {ns}"),
+                None => "in the current network namespace".to_string(),
+            })?;
+        }
+
+        let mut observer = Observer::load(&LoadConfig {
+            max_flows: settings.max_flows,
+            ports: settings.ports.clone(),
+            defer_tc_ingress: true,
+        })?;
+        // Signal handlers go in before the first attach line: a script that
+        // stops the observer as soon as it is attached must get the final
+        // counters and exit 0, not die from the default signal action.
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("starting the async runtime")?;
+        let signals = {
+            let _guard = runtime.enter();
+            Signals {
+                interrupt: signal(SignalKind::interrupt())
+                    .context("installing the SIGINT handler")?,
+                terminate: signal(SignalKind::terminate())
+                    .context("installing the SIGTERM handler")?,
+                hangup: signal(SignalKind::hangup()).context("installing the SIGHUP handler")?,
+            }
+        };
+        for iface in &settings.interfaces {
+            observer.attach(iface, settings.xdp_mode)?;
+            let program_ids = observer.program_ids()?;
+            let attachment = observer.attachments().last().expect("attached just now");
+            tracing::info!(
+                iface = %attachment.iface,
+                rx = %attachment.rx,
+                tx = %attachment.tx,
+                "attached"
+            );
+            if options.print && options.format == Format::Json {
+                let line = attach_line(&observer, attachment, &program_ids, SystemTime::now());
+                report::write_line(&mut io::stdout(), &Line::Attach(line))
+                    .context("writing output")?;
+            }
+        }
+
         let max_rows = (settings.max_flows as usize).saturating_mul(ROWS_PER_FLOW);
         let settings_thresholds = settings.thresholds;
         let settings_tunnels = settings.tunnel_devices.clone();
+        let settings_ports = settings.ports.clone();
         let checks = NodeChecks::new(allow_set_config(&settings), settings.allow_set_refresh);
         let ifaces = observer
             .attachments()
             .iter()
             .map(|a| (a.ifindex, a.iface.clone()))
             .collect();
-        Monitor {
+        let clock = Clock::new(&runtime, signals, settings.interval);
+        let mut monitor = Monitor {
             observer,
             args,
             exporter: Exporter::new(settings.max_peers),
             settings,
-            format,
+            format: options.format,
+            print: options.print,
             aggregator: Aggregator::new(max_rows),
             drop_aggregator: DropAggregator::new(max_rows),
             checks,
             ifaces,
             written: None,
-            mode,
             engine: Engine::new(settings_thresholds, 0.0),
-            findings: Findings::default(),
-            last: Outcome::default(),
             started: Instant::now(),
             dataplane: DataPlaneState::new(settings_tunnels),
-            known: Known::default(),
+            local_vnis: Vec::new(),
+            known: Known {
+                ports: settings_ports,
+                ..Known::default()
+            },
             netfilter: Vec::new(),
+            clock,
+            runtime,
+        };
+
+        let reports = monitor.refresh_allow_sets()?;
+        monitor
+            .print_allow_sets(&reports)
+            .context("writing output")?;
+        monitor.refresh_dataplane()?;
+        // Baseline of the netfilter counters: the comparison is since attach.
+        monitor.checks.netfilter(&[], true);
+        monitor.clock.restart(&monitor.runtime, options.duration);
+        Ok(monitor)
+    }
+
+    /// Waits for the next interval; true when it is the last one (a
+    /// signal, or the end of [`Options::duration`]). SIGHUP reloads the
+    /// settings meanwhile.
+    pub fn wait(&mut self) -> bool {
+        loop {
+            match self.runtime.block_on(self.clock.next()) {
+                Wake::Tick => return false,
+                Wake::Stop => return true,
+                Wake::Hangup => {
+                    self.reload();
+                    if self.settings.interval != self.clock.period {
+                        self.clock.set_period(&self.runtime, self.settings.interval);
+                    }
+                }
+            }
         }
+    }
+
+    /// Ends the run: detaches everything and removes the textfile.
+    pub fn finish(mut self) -> Finished {
+        self.remove_textfile();
+        Finished {
+            interfaces: self.settings.interfaces.clone(),
+            known: std::mem::take(&mut self.known),
+            seconds: self.started.elapsed().as_secs_f64(),
+        }
+        // Dropping the observer closes the links: everything is detached.
     }
 
     /// Re-reads the allow-sets when due; `known` follows when they changed
     /// (it is rebuilt on change, not every interval). Returns the reports.
     fn refresh_allow_sets(&mut self) -> Result<Vec<AllowSetLine>> {
-        let reports = self.checks.refresh(self.observer)?;
+        let reports = self.checks.refresh(&mut self.observer)?;
         if !reports.is_empty() {
             self.known.allow = self.checks.allow_sets().cloned();
         }
@@ -310,8 +442,9 @@ impl<'a> Monitor<'a> {
     }
 
     /// Re-reads the data plane when netlink says it changed, printing the
-    /// new view as a JSON line.
-    fn refresh_dataplane(&mut self) -> io::Result<()> {
+    /// new view as a JSON line and writing this node's VNIs into the
+    /// programs.
+    fn refresh_dataplane(&mut self) -> Result<()> {
         if !self.dataplane.refresh() {
             return Ok(());
         }
@@ -320,6 +453,7 @@ impl<'a> Monitor<'a> {
         };
         let expected_peers = view.expected_peers();
         let local = view.local_addresses();
+        let vnis = view.vxlan_vnis();
         let line = DataplaneLine {
             ts: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
             devices: &view.devices,
@@ -333,26 +467,22 @@ impl<'a> Monitor<'a> {
             unresolved_routes = line.unresolved_routes.len(),
             "data plane read"
         );
-        if self.prints_intervals() {
-            self.print_lines(&[Line::Dataplane(line)])?;
-        }
+        self.print_lines(&[Line::Dataplane(line)])
+            .context("writing output")?;
         self.known.nodes = expected_peers;
         self.known.local = local;
+        // vni_unknown checks VXLAN packets against this node's own VNIs;
+        // with no vxlan device the check is off.
+        if self.local_vnis != vnis {
+            self.observer.apply_local_vnis(&vnis)?;
+            self.local_vnis = vnis;
+        }
         Ok(())
     }
 
-    /// Whether interval output goes to stdout: always for attach; for
-    /// diagnose as JSON lines or a live table on a terminal.
-    fn prints_intervals(&self) -> bool {
-        match self.mode {
-            Mode::Attach => true,
-            Mode::Diagnose => self.format == Format::Json || io::stdout().is_terminal(),
-        }
-    }
-
-    /// Prints JSON lines (nothing in table mode).
+    /// Prints JSON lines (nothing in table mode or without printing).
     fn print_lines(&self, lines: &[Line<'_>]) -> io::Result<()> {
-        if self.format != Format::Json || lines.is_empty() {
+        if !self.print || self.format != Format::Json || lines.is_empty() {
             return Ok(());
         }
         let mut out = io::stdout().lock();
@@ -368,81 +498,31 @@ impl<'a> Monitor<'a> {
         self.print_lines(&lines)
     }
 
-    async fn run(&mut self, mut signals: Signals) -> Result<()> {
-        let reports = self.refresh_allow_sets()?;
-        if stop_on_closed_stdout(self.print_allow_sets(&reports))? {
-            return Ok(());
-        }
-        if stop_on_closed_stdout(self.refresh_dataplane())? {
-            return Ok(());
-        }
-        // Baseline of the netfilter counters: the comparison is since attach.
-        self.checks.netfilter(&[], true);
-        let start = tokio::time::Instant::now();
-        let duration = match self.mode {
-            Mode::Attach => self.args.duration,
-            Mode::Diagnose => Some(self.args.duration.unwrap_or(DIAGNOSE_DURATION)),
-        };
-        let deadline = duration.map(|d| start + d);
-        let mut interval = self.settings.interval;
-        let mut ticker = tokio::time::interval_at(start + interval, interval);
-        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut last = Instant::now();
-        loop {
-            let is_final = tokio::select! {
-                _ = ticker.tick() => false,
-                _ = signals.interrupt.recv() => true,
-                _ = signals.terminate.recv() => true,
-                _ = signals.hangup.recv() => {
-                    self.reload();
-                    if self.settings.interval != interval {
-                        interval = self.settings.interval;
-                        ticker = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
-                        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-                    }
-                    continue;
-                }
-                _ = async {
-                    match deadline {
-                        Some(d) => tokio::time::sleep_until(d).await,
-                        None => std::future::pending().await,
-                    }
-                } => true,
-            };
-            if stop_on_closed_stdout(self.tick(is_final, last.elapsed().as_secs_f64()))? {
-                return Ok(());
-            }
-            last = Instant::now();
-            if is_final {
-                return Ok(());
-            }
-        }
-    }
-
-    /// One interval: follow interfaces, refresh node facts, read, print, export.
-    fn tick(&mut self, is_final: bool, seconds: f64) -> io::Result<()> {
+    /// One interval: follow interfaces, refresh node facts, read, print,
+    /// export. `is_final` after [`Monitor::wait`] said so: every row is
+    /// printed and the netfilter counters are read.
+    pub fn tick(&mut self, is_final: bool) -> Result<Interval<'_>> {
+        let seconds = self.clock.last.elapsed().as_secs_f64();
         let events = self.observer.follow_interfaces();
-        self.report_interface_events(&events)?;
-        let reports = self.refresh_allow_sets().map_err(io::Error::other)?;
+        self.report_interface_events(&events)
+            .context("writing output")?;
+        let reports = self.refresh_allow_sets()?;
         self.refresh_dataplane()?;
-        let flows = self.observer.read_flows().map_err(io::Error::other)?;
+        let flows = self.observer.read_flows()?;
         self.aggregator.update(&flows);
-        self.drop_aggregator
-            .update(&self.observer.read_drops().map_err(io::Error::other)?);
+        self.drop_aggregator.update(&self.observer.read_drops()?);
         let rows = self.aggregator.finish_interval(seconds);
-        let drop_rows = self
-            .checks
-            .drop_rows(self.observer, self.drop_aggregator.finish_interval(seconds));
+        let drop_rows = self.checks.drop_rows(
+            &self.observer,
+            self.drop_aggregator.finish_interval(seconds),
+        );
         // Netfilter lines are printed when the counters were read; the
         // table and the diagnosis keep the latest comparison.
         let fresh_netfilter = self.checks.netfilter(&drop_rows, is_final);
         if let Some(checks) = &fresh_netfilter {
             self.netfilter = checks.clone();
         }
-        let stats = self
-            .observer
-            .stats_for(flows.len() as u64)
-            .map_err(io::Error::other)?;
+        let stats = self.observer.stats_for(flows.len() as u64)?;
         let at = SystemTime::now();
         let events = self.engine.observe(
             self.started.elapsed().as_secs_f64(),
@@ -454,47 +534,48 @@ impl<'a> Monitor<'a> {
         for event in &events {
             log_event(event);
         }
-        if self.mode == Mode::Diagnose {
-            self.findings.record(&events);
-        }
         self.export(&rows, &drop_rows, stats, at);
         let active = self.engine.active();
-        let snapshot = Snapshot {
-            rows: &rows,
-            stats,
-            rows_forgotten: self.aggregator.forgotten_rows(),
-            ifaces: &self.ifaces,
-            attachments: self.observer.attachments(),
-            at,
-            is_final,
-            drops: &drop_rows,
-            netfilter: match (self.format, &fresh_netfilter) {
-                (Format::Json, Some(fresh)) => fresh,
-                (Format::Json, None) => &[],
-                (Format::Table, _) => &self.netfilter,
-            },
-            anomaly_events: &events,
-            anomalies: &active,
-        };
-        let result = if self.prints_intervals() {
-            self.print_allow_sets(&reports)?;
-            let mut out = io::stdout().lock();
-            match self.format {
-                Format::Json => lines::write_json(&mut out, &snapshot),
-                Format::Table => {
-                    table::write_table(&mut out, &snapshot, io::stdout().is_terminal() && !is_final)
-                }
-            }
-        } else {
-            Ok(())
-        };
-        if self.mode == Mode::Diagnose {
-            self.findings.still_active(&active);
-            self.last.rows = rows;
-            self.last.drops = drop_rows;
-            self.last.netfilter = self.netfilter.clone();
+        if self.print {
+            let snapshot = Snapshot {
+                rows: &rows,
+                stats,
+                rows_forgotten: self.aggregator.forgotten_rows(),
+                ifaces: &self.ifaces,
+                attachments: self.observer.attachments(),
+                at,
+                is_final,
+                drops: &drop_rows,
+                netfilter: match (self.format, &fresh_netfilter) {
+                    (Format::Json, Some(fresh)) => fresh,
+                    (Format::Json, None) => &[],
+                    (Format::Table, _) => &self.netfilter,
+                },
+                anomaly_events: &events,
+                anomalies: &active,
+            };
+            self.print_allow_sets(&reports)
+                .and_then(|()| {
+                    let mut out = io::stdout().lock();
+                    match self.format {
+                        Format::Json => lines::write_json(&mut out, &snapshot),
+                        Format::Table => table::write_table(
+                            &mut out,
+                            &snapshot,
+                            io::stdout().is_terminal() && !is_final,
+                        ),
+                    }
+                })
+                .context("writing output")?;
         }
-        result
+        self.clock.last = Instant::now();
+        Ok(Interval {
+            rows,
+            drops: drop_rows,
+            netfilter: self.netfilter.clone(),
+            events,
+            active,
+        })
     }
 
     fn report_interface_events(&mut self, events: &[InterfaceEvent]) -> io::Result<()> {
@@ -544,13 +625,7 @@ impl<'a> Monitor<'a> {
     }
 
     /// Writes the textfile; a failure is counted and logged, never fatal.
-    fn export(
-        &mut self,
-        rows: &[crate::model::aggregate::Row],
-        drops: &[DropRow],
-        stats: KernelStats,
-        at: SystemTime,
-    ) {
+    fn export(&mut self, rows: &[Row], drops: &[DropRow], stats: KernelStats, at: SystemTime) {
         let Some(dir) = self.settings.textfile_dir.clone() else {
             return;
         };
@@ -627,6 +702,13 @@ impl<'a> Monitor<'a> {
     }
 }
 
+impl Drop for Monitor<'_> {
+    /// Also when a run ends early (an error, a closed stdout).
+    fn drop(&mut self) {
+        self.remove_textfile();
+    }
+}
+
 /// Anomalies also go to the log, so a long-running attach leaves a trace
 /// in the journal whatever the output format.
 fn log_event(event: &Event) {
@@ -652,16 +734,6 @@ fn allow_set_config(settings: &Settings) -> AllowSetConfig {
     AllowSetConfig {
         sets: settings.allow_sets.clone(),
         cidrs: settings.allow_cidrs.clone(),
-    }
-}
-
-/// `Ok(true)` when stdout's reader went away (`| head`): stop quietly,
-/// detaching everything.
-fn stop_on_closed_stdout(result: io::Result<()>) -> Result<bool> {
-    match result {
-        Ok(()) => Ok(false),
-        Err(e) if e.kind() == io::ErrorKind::BrokenPipe => Ok(true),
-        Err(e) => Err(e).context("writing output"),
     }
 }
 

@@ -9,6 +9,7 @@ use std::{
     path::Path,
 };
 
+use anyhow::Context;
 use serde::Serialize;
 
 use crate::{
@@ -115,11 +116,8 @@ pub fn run(format: Option<Format>) -> anyhow::Result<Verdict> {
             .and_then(|()| out.write_all(b"\n")),
         Format::Table => write_text(&mut out, &report),
     };
-    if let Err(e) = written
-        && e.kind() != io::ErrorKind::BrokenPipe
-    {
-        return Err(e.into());
-    }
+    // A closed pipe is main's to end quietly, like every command's.
+    written.context("writing output")?;
     Ok(report.verdict)
 }
 

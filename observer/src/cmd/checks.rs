@@ -1,41 +1,32 @@
 //! The node-side facts behind the drop checks, refreshed while attached:
-//! allow-sets (mirrored into the programs), local VNIs, and the netfilter
-//! rule counters the observer's own counts are compared with.
+//! allow-sets (mirrored into the programs) and the netfilter rule counters
+//! the observer's own counts are compared with. (Local VNIs come with the
+//! data-plane view, which `attach` already follows.)
 
-use std::{
-    collections::HashMap,
-    time::{Duration, Instant},
-};
+use std::time::{Duration, Instant};
 
 use anyhow::Result;
-use observer_common::{ClassifierDrop, Proto};
+use observer_common::Proto;
 
 use crate::{
     bpf::Observer,
-    model::aggregate::Row,
-    model::crosscheck::{NetfilterCheck, fold_rule_counter},
+    model::crosscheck::{NetfilterCheck, RuleTally},
     model::rows::DropRow,
-    model::rows::{self, DropId, Origin},
-    node::allowsets::{self, AllowSetConfig, SetKind, Snapshot},
-    node::localnet,
+    model::rows::Row,
+    model::rows::{self, DropId},
+    node::allowsets::{self, AllowSetConfig, AllowSets, SetKind},
     node::netfilter,
     report::lines::AllowSetLine,
 };
-
-/// A netfilter rule: (backend, comment).
-type RuleId = (&'static str, String);
 
 /// Refresh state of the node-side checks.
 pub struct NodeChecks {
     config: AllowSetConfig,
     refresh: Duration,
     last_refresh: Option<Instant>,
-    allow: Option<Snapshot>,
-    vnis: Option<Vec<u32>>,
-    /// Per rule (backend, comment): the last counter read and the packets
-    /// matched since attach. Summing differences keeps the count right when
-    /// Calico re-creates a rule (its counter restarts at zero).
-    rule_counts: Option<HashMap<RuleId, (u64, u64)>>,
+    allow: Option<AllowSets>,
+    /// Calico's drop-rule counters since attach.
+    rule_tally: RuleTally,
     /// When the rule counters were last read.
     last_rules_read: Option<Instant>,
     reported_problems: Vec<String>,
@@ -49,16 +40,15 @@ impl NodeChecks {
             refresh,
             last_refresh: None,
             allow: None,
-            vnis: None,
-            rule_counts: None,
+            rule_tally: RuleTally::default(),
             last_rules_read: None,
             reported_problems: Vec::new(),
         }
     }
 
-    /// Re-reads allow-sets and local VNIs when a refresh is due, mirrors
-    /// changes into the programs, and returns a report per allow-set that
-    /// changed (all of them on the first call).
+    /// Re-reads the allow-sets when a refresh is due, mirrors changes into
+    /// the programs, and returns a report per allow-set that changed (all
+    /// of them on the first call).
     pub fn refresh(&mut self, observer: &mut Observer) -> Result<Vec<AllowSetLine>> {
         if self
             .last_refresh
@@ -67,17 +57,6 @@ impl NodeChecks {
             return Ok(Vec::new());
         }
         self.last_refresh = Some(Instant::now());
-
-        match localnet::vxlan_vnis() {
-            Ok(vnis) if self.vnis.as_ref() != Some(&vnis) => {
-                observer.apply_local_vnis(&vnis)?;
-                self.vnis = Some(vnis);
-            }
-            Ok(_) => {}
-            Err(e) => self.warn_once(format!(
-                "local vxlan devices unknown, vni_unknown not checked: {e:#}"
-            )),
-        }
 
         let snapshot = allowsets::read(&self.config);
         for problem in &snapshot.problems {
@@ -105,7 +84,7 @@ impl NodeChecks {
             reports.push(AllowSetLine {
                 proto: kind.name(),
                 active: set.active(),
-                sources: set.sources.clone(),
+                sources: set.sources.iter().map(ToString::to_string).collect(),
                 prefixes: set.prefixes.len(),
                 looked_for,
                 problems: snapshot.problems.clone(),
@@ -119,7 +98,7 @@ impl NodeChecks {
     }
 
     /// The allow-sets as last read (`None` before the first refresh).
-    pub fn allow_sets(&self) -> Option<&Snapshot> {
+    pub fn allow_sets(&self) -> Option<&AllowSets> {
         self.allow.as_ref()
     }
 
@@ -139,13 +118,7 @@ impl NodeChecks {
         let names: Vec<&str> = self
             .allow
             .as_ref()
-            .map(|s| {
-                s.get(kind)
-                    .sources
-                    .iter()
-                    .map(|src| src.rsplit(' ').next().unwrap_or(src))
-                    .collect()
-            })
+            .map(|s| s.get(kind).set_names())
             .unwrap_or_default();
         if names.is_empty() {
             "the allow-set".to_string()
@@ -194,57 +167,10 @@ impl NodeChecks {
     }
 
     fn read_netfilter(&mut self, drops: &[DropRow]) -> Vec<NetfilterCheck> {
-        let (rules, problems) = netfilter::read_calico_drop_rules();
+        let (readings, problems) = netfilter::read_calico_drop_rules();
         for problem in problems {
             self.warn_once(problem);
         }
-        let mut now: HashMap<RuleId, (SetKind, u64)> = HashMap::new();
-        for (kind, rule) in rules {
-            now.entry((rule.backend, rule.comment))
-                .or_insert((kind, 0))
-                .1 += rule.packets;
-        }
-        let first = self.rule_counts.is_none();
-        let counts = self.rule_counts.get_or_insert_with(HashMap::new);
-        for (key, (_, packets)) in &now {
-            fold_rule_counter(
-                counts.entry(key.clone()).or_insert((*packets, 0)),
-                *packets,
-                first,
-            );
-        }
-        let mut checks: Vec<NetfilterCheck> = now
-            .iter()
-            .map(|(key, (kind, _))| {
-                let (backend, comment) = key;
-                let since = counts.get(key).map_or(0, |(_, since)| *since);
-                let ipv6 = comment.contains("IPv6");
-                let observer_packets = drops
-                    .iter()
-                    .filter(|d| {
-                        d.row.id.origin == Origin::Classifier
-                            && d.row.id.reason == ClassifierDrop::CalicoAllowSet as u32
-                            && match kind {
-                                SetKind::Vxlan => d.row.id.proto == Proto::Vxlan,
-                                SetKind::Ipip => {
-                                    matches!(d.row.id.proto, Proto::Ipip | Proto::Ip6ip)
-                                }
-                            }
-                            && d.row.id.peer.is_some_and(|p| p.is_ipv6() == ipv6)
-                    })
-                    .map(|d| d.row.packets)
-                    .sum();
-                NetfilterCheck {
-                    backend,
-                    rule: comment.clone(),
-                    proto: kind.name(),
-                    packets: since,
-                    observer_packets,
-                    agree: since == observer_packets,
-                }
-            })
-            .collect();
-        checks.sort_by(|a, b| (a.backend, &a.rule).cmp(&(b.backend, &b.rule)));
-        checks
+        self.rule_tally.update(&readings, drops)
     }
 }

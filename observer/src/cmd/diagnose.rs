@@ -3,19 +3,24 @@
 //! next) and an exit status scripts can use.
 
 use std::{
+    collections::BTreeMap,
     fmt::Write as _,
-    io::{self, Write},
+    io::{self, IsTerminal, Write},
     net::IpAddr,
-    time::SystemTime,
+    time::{Duration, SystemTime},
 };
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
+use observer_common::Proto;
 
 use crate::{
-    cli::DiagnoseArgs,
-    cmd::attach::{self, Mode, Outcome},
-    model::anomalies::{self, Known},
+    cli::{AttachArgs, DiagnoseArgs},
+    cmd::attach::{Monitor, Options},
+    model::anomalies::{self, Anomaly, Event, FindingRecord, Kind, Known},
+    model::crosscheck::NetfilterCheck,
     model::dataplane::DeclaredTunnel,
+    model::rows::DropRow,
+    model::rows::Row,
     node::dataplane,
     node::netns,
     report::{
@@ -23,6 +28,92 @@ use crate::{
         lines::{DiagnosisLine, Measured},
     },
 };
+
+/// Default `--duration`.
+pub const DURATION: Duration = Duration::from_secs(10);
+
+/// Findings kept for one write-up; beyond it they are only counted.
+pub const MAX_FINDINGS: usize = 256;
+
+/// Every anomaly seen during a bounded run (`observer diagnose`), with its
+/// latest evidence, whether it still holds, and how long it lasted.
+#[derive(Debug, Default)]
+pub struct Findings {
+    entries: BTreeMap<(Kind, IpAddr, Proto), FindingRecord>,
+    /// Findings not kept because [`MAX_FINDINGS`] were already.
+    pub overflow: u64,
+}
+
+impl Findings {
+    /// Folds in one read's events.
+    pub fn record(&mut self, events: &[Event]) {
+        for event in events {
+            let (anomaly, active, duration) = match event {
+                Event::Raised(a) => (a, true, None),
+                Event::Cleared { anomaly, duration } => (anomaly, false, Some(*duration)),
+            };
+            let key = (anomaly.kind, anomaly.peer, anomaly.proto);
+            if !self.entries.contains_key(&key) && self.entries.len() >= MAX_FINDINGS {
+                self.overflow += 1;
+                continue;
+            }
+            let entry = self.entries.entry(key).or_insert_with(|| FindingRecord {
+                anomaly: anomaly.clone(),
+                active,
+                duration_s: None,
+                meaning: anomaly.kind.meaning(),
+            });
+            entry.active = active;
+            entry.duration_s = duration.map(|d| (d.as_secs_f64() * 10.0).round() / 10.0);
+            if !active {
+                entry.anomaly.evidence = anomaly.evidence.clone();
+                entry.anomaly.summary = anomaly.summary.clone();
+            }
+        }
+    }
+
+    /// Refreshes the evidence of the anomalies active now.
+    pub fn still_active(&mut self, active: &[&Anomaly]) {
+        for a in active {
+            if let Some(entry) = self.entries.get_mut(&(a.kind, a.peer, a.proto)) {
+                entry.anomaly.evidence = a.evidence.clone();
+                entry.anomaly.summary = a.summary.clone();
+                entry.anomaly.hint = a.hint.clone();
+            }
+        }
+    }
+
+    /// Findings in kind order (most decisive first), then peer.
+    pub fn list(&self) -> Vec<&FindingRecord> {
+        let mut list: Vec<&FindingRecord> = self.entries.values().collect();
+        list.sort_by_key(|f| (f.anomaly.kind, f.anomaly.peer));
+        list
+    }
+
+    /// Whether nothing was found.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty() && self.overflow == 0
+    }
+}
+
+/// What a finished run leaves for the diagnosis.
+#[derive(Debug, Default)]
+pub struct Outcome {
+    /// Every anomaly seen during the run.
+    pub findings: Findings,
+    /// Rows of the last read.
+    pub rows: Vec<Row>,
+    /// Drop rows of the last read.
+    pub drops: Vec<DropRow>,
+    /// Netfilter cross-check of the last read.
+    pub netfilter: Vec<NetfilterCheck>,
+    /// What the node knew at the end.
+    pub known: Known,
+    /// Interfaces watched.
+    pub interfaces: Vec<String>,
+    /// How long it ran.
+    pub seconds: f64,
+}
 
 /// Runs the diagnosis; `Ok(true)` when nothing was found.
 pub fn run(args: DiagnoseArgs) -> Result<bool> {
@@ -34,12 +125,20 @@ pub fn run(args: DiagnoseArgs) -> Result<bool> {
         args.ifaces = tunnel_interfaces(&args.tunnel_devices)?;
         tracing::info!(interfaces = %args.ifaces.join(", "), "watching the interfaces that carry tunnel traffic");
     }
-    let outcome = attach::monitor(&args, Mode::Diagnose)?;
+    // A diagnosis piped to a file or a script is the write-up alone.
+    let format = args.output.unwrap_or(Format::Table);
+    let options = Options {
+        format,
+        // Intervals as JSON lines, or as a live table on a terminal.
+        print: format == Format::Json || io::stdout().is_terminal(),
+        duration: Some(args.duration.unwrap_or(DURATION)),
+    };
+    let outcome = observe(&args, options)?;
     let healthy = outcome.findings.is_empty();
     let text = write_up(&outcome, args.netns.as_deref());
     let mut out = io::stdout().lock();
-    let written = match outcome.format {
-        Some(Format::Json) => {
+    match format {
+        Format::Json => {
             let line = DiagnosisLine {
                 ts: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
                 netns: args.netns.as_deref(),
@@ -54,13 +153,35 @@ pub fn run(args: DiagnoseArgs) -> Result<bool> {
             };
             report::write_line(&mut out, &Line::Diagnosis(line))
         }
-        _ => write!(out, "{text}"),
-    };
-    match written {
-        Err(e) if e.kind() != io::ErrorKind::BrokenPipe => return Err(e.into()),
-        _ => {}
+        Format::Table => write!(out, "{text}"),
     }
+    .context("writing output")?;
     Ok(healthy)
+}
+
+/// Runs the monitor to its end, keeping every finding and the last read.
+fn observe(args: &AttachArgs, options: Options) -> Result<Outcome> {
+    let mut monitor = Monitor::start(args, options)?;
+    let mut outcome = Outcome::default();
+    loop {
+        let is_final = monitor.wait();
+        let interval = monitor.tick(is_final)?;
+        outcome.findings.record(&interval.events);
+        outcome.findings.still_active(&interval.active);
+        outcome.rows = interval.rows;
+        outcome.drops = interval.drops;
+        outcome.netfilter = interval.netfilter;
+        if is_final {
+            break;
+        }
+    }
+    let finished = monitor.finish();
+    Ok(Outcome {
+        known: finished.known,
+        interfaces: finished.interfaces,
+        seconds: finished.seconds,
+        ..outcome
+    })
 }
 
 /// The interfaces that carry tunnel traffic here.

@@ -6,4 +6,5 @@ pub mod check;
 pub mod checks;
 pub mod diagnose;
 pub mod lab;
+pub mod pipe;
 pub mod replay;

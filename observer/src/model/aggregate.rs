@@ -5,10 +5,7 @@
 
 use std::{collections::HashMap, hash::Hash, net::IpAddr};
 
-use crate::{
-    model::rows::{DropCounters, DropId},
-    model::rows::{FlowCounters, FlowId},
-};
+use crate::model::rows::{DropCounters, DropId, FlowCounters, FlowId, Row};
 
 /// Counters the aggregator can fold: packets, bytes and an optional inner
 /// address sample.
@@ -34,25 +31,6 @@ impl Counters for DropCounters {
     fn totals(&self) -> (u64, u64) {
         (self.packets, self.bytes)
     }
-}
-
-/// One row as reported to the user.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Row<K = FlowId> {
-    /// Identity of the row.
-    pub id: K,
-    /// Packets since attach.
-    pub packets: u64,
-    /// Bytes since attach.
-    pub bytes: u64,
-    /// Packets per second over the last interval.
-    pub pps: f64,
-    /// Bits per second over the last interval.
-    pub bps: f64,
-    /// Latest inner (source, destination) sample.
-    pub inner: Option<(IpAddr, IpAddr)>,
-    /// Whether the counters moved during the last interval.
-    pub changed: bool,
 }
 
 #[derive(Debug, Clone, Default)]

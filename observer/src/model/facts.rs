@@ -43,8 +43,8 @@ impl SetKind {
 pub struct AllowSet {
     /// Prefixes, normalised (host bits cleared), sorted, deduplicated.
     pub prefixes: BTreeSet<IpNet>,
-    /// Where they were found, e.g. `ipset cali40all-vxlan-net`.
-    pub sources: Vec<String>,
+    /// Where they were found.
+    pub sources: Vec<SetSource>,
     /// An IPv4 set was found: IPv4 sources are checked (an empty but
     /// existing set means "nobody is allowed").
     pub ipv4: bool,
@@ -58,9 +58,15 @@ impl AllowSet {
         !self.sources.is_empty()
     }
 
+    /// How messages name the sources: each set by its own name, prefixes
+    /// given on the command line as `--allow-cidr`.
+    pub fn set_names(&self) -> Vec<&str> {
+        self.sources.iter().map(SetSource::short_name).collect()
+    }
+
     pub(crate) fn add(
         &mut self,
-        source: String,
+        source: SetSource,
         family: Option<Family>,
         prefixes: impl IntoIterator<Item = IpNet>,
     ) {
@@ -76,6 +82,50 @@ impl AllowSet {
     }
 }
 
+/// Where allow-set members were found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SetSource {
+    /// An ipset of that name.
+    Ipset(String),
+    /// An nftables set.
+    Nft {
+        /// Table family (`ip`, `ip6`, `inet`).
+        family: String,
+        /// Table name.
+        table: String,
+        /// Set name.
+        name: String,
+    },
+    /// Prefixes given with `--allow-cidr`.
+    AllowCidr,
+}
+
+impl SetSource {
+    /// The set's own name; `--allow-cidr` for prefixes given so.
+    pub fn short_name(&self) -> &str {
+        match self {
+            SetSource::Ipset(name) | SetSource::Nft { name, .. } => name,
+            SetSource::AllowCidr => "--allow-cidr",
+        }
+    }
+}
+
+/// As printed in `allow_set` lines: `ipset NAME`, `nft FAMILY TABLE NAME`,
+/// `--allow-cidr`.
+impl std::fmt::Display for SetSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SetSource::Ipset(name) => write!(f, "ipset {name}"),
+            SetSource::Nft {
+                family,
+                table,
+                name,
+            } => write!(f, "nft {family} {table} {name}"),
+            SetSource::AllowCidr => f.write_str("--allow-cidr"),
+        }
+    }
+}
+
 /// Address family of a set, when its definition says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Family {
@@ -87,7 +137,7 @@ pub enum Family {
 
 /// One read of all allow-sets, plus what could not be read.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Snapshot {
+pub struct AllowSets {
     /// VXLAN allow-set.
     pub vxlan: AllowSet,
     /// IPIP allow-set.
@@ -96,7 +146,7 @@ pub struct Snapshot {
     pub problems: Vec<String>,
 }
 
-impl Snapshot {
+impl AllowSets {
     /// The set of `kind`.
     pub fn get(&self, kind: SetKind) -> &AllowSet {
         match kind {

@@ -15,7 +15,24 @@ use observer_common::{
     Unclassified, drop_origin, family,
 };
 
-use crate::model::aggregate::Row;
+/// One row as reported to the user.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Row<K = FlowId> {
+    /// Identity of the row.
+    pub id: K,
+    /// Packets since attach.
+    pub packets: u64,
+    /// Bytes since attach.
+    pub bytes: u64,
+    /// Packets per second over the last interval.
+    pub pps: f64,
+    /// Bits per second over the last interval.
+    pub bps: f64,
+    /// Latest inner (source, destination) sample.
+    pub inner: Option<(IpAddr, IpAddr)>,
+    /// Whether the counters moved during the last interval.
+    pub changed: bool,
+}
 
 /// Identity of one counter row.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -304,8 +321,7 @@ pub fn direction_name(direction: Direction) -> &'static str {
 pub mod testing {
     use observer_common::{Direction, Proto, Unclassified};
 
-    use super::{DropId, DropRow, FlowId, Origin};
-    use crate::model::aggregate::Row;
+    use super::{DropId, DropRow, FlowId, Origin, Row};
 
     /// A received VXLAN flow from `peer`.
     pub fn flow_id(peer: &str) -> FlowId {

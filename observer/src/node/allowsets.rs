@@ -12,9 +12,10 @@ use anyhow::{Result, anyhow, bail};
 use ipnet::{IpNet, Ipv4Subnets, Ipv6Subnets};
 use serde::Deserialize;
 
-use crate::node::tools;
+use crate::node::tools::{self, ToolError};
 
-pub use crate::model::facts::{AllowSet, Family, SetKind, Snapshot};
+use crate::model::facts::SetSource;
+pub use crate::model::facts::{AllowSet, AllowSets, Family, SetKind};
 
 /// `[PROTO=]VALUE` as given to `--allow-set` / `--allow-cidr`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -59,8 +60,8 @@ pub struct AllowSetConfig {
 /// Reads every configured set from ipset and nftables in the current
 /// network namespace. Never fails: what cannot be read is reported in
 /// `problems` and the rest still counts.
-pub fn read(config: &AllowSetConfig) -> Snapshot {
-    let mut snapshot = Snapshot::default();
+pub fn read(config: &AllowSetConfig) -> AllowSets {
+    let mut snapshot = AllowSets::default();
     let nft_sets = match tools::output("nft", &["-j", "list", "sets"], "its allow-sets") {
         Ok(json) => match parse_nft_sets(&json) {
             Ok(sets) => sets,
@@ -72,7 +73,7 @@ pub fn read(config: &AllowSetConfig) -> Snapshot {
             }
         },
         Err(e) => {
-            snapshot.problems.push(e);
+            snapshot.problems.push(e.to_string());
             Vec::new()
         }
     };
@@ -95,12 +96,14 @@ pub fn read(config: &AllowSetConfig) -> Snapshot {
                 match tools::output("ipset", &["save", name], "its allow-sets") {
                     Ok(text) => {
                         let (family, prefixes) = parse_ipset_save(&text);
-                        snapshot
-                            .get_mut(kind)
-                            .add(format!("ipset {name}"), family, prefixes);
+                        snapshot.get_mut(kind).add(
+                            SetSource::Ipset(name.to_string()),
+                            family,
+                            prefixes,
+                        );
                     }
-                    Err(e) if e.contains("not installed") => {
-                        snapshot.problems.push(e);
+                    Err(e @ ToolError::NotInstalled { .. }) => {
+                        snapshot.problems.push(e.to_string());
                         ipset_missing = true;
                     }
                     // "The set with the given name does not exist": look in nft.
@@ -109,7 +112,11 @@ pub fn read(config: &AllowSetConfig) -> Snapshot {
             }
             for set in nft_sets.iter().filter(|s| s.name == name) {
                 snapshot.get_mut(kind).add(
-                    format!("nft {} {} {}", set.family, set.table, set.name),
+                    SetSource::Nft {
+                        family: set.family.clone(),
+                        table: set.table.clone(),
+                        name: set.name.clone(),
+                    },
                     set.addr_family,
                     set.prefixes.iter().copied(),
                 );
@@ -118,7 +125,7 @@ pub fn read(config: &AllowSetConfig) -> Snapshot {
         for cidr in config.cidrs.iter().filter(|c| c.kind == kind) {
             snapshot
                 .get_mut(kind)
-                .add("--allow-cidr".to_string(), None, [cidr.value.trunc()]);
+                .add(SetSource::AllowCidr, None, [cidr.value.trunc()]);
         }
     }
     snapshot
@@ -370,10 +377,16 @@ mod tests {
     fn empty_but_existing_set_activates_its_family_only() {
         let mut set = AllowSet::default();
         assert!(!set.active());
-        set.add("ipset x".into(), Some(Family::V4), []);
+        set.add(SetSource::Ipset("x".into()), Some(Family::V4), []);
         assert!(set.active() && set.ipv4 && !set.ipv6);
-        set.add("--allow-cidr".into(), None, nets(&["fd00::/64"]));
+        set.add(SetSource::AllowCidr, None, nets(&["fd00::/64"]));
         assert!(set.ipv6);
-        assert_eq!(set.sources, ["ipset x", "--allow-cidr"]);
+        assert_eq!(
+            set.sources,
+            [SetSource::Ipset("x".into()), SetSource::AllowCidr]
+        );
+        assert_eq!(set.set_names(), ["x", "--allow-cidr"]);
+        let printed: Vec<String> = set.sources.iter().map(|s| s.to_string()).collect();
+        assert_eq!(printed, ["ipset x", "--allow-cidr"]);
     }
 }

@@ -1,6 +1,6 @@
-//! Facts about this node's own network that the drop checks need: the
-//! VNIs of local vxlan devices, an interface's MTU, and the identity of
-//! the current network namespace.
+//! Facts about this node's own network that the drop checks need: an
+//! interface's MTU and the identity of the current network namespace.
+//! (The VNIs of local vxlan devices come with the data-plane view.)
 
 use std::{
     ffi::CString,
@@ -8,12 +8,6 @@ use std::{
 };
 
 use anyhow::{Context, Result, bail};
-
-/// VNIs of the vxlan devices in the current network namespace, sorted and
-/// deduplicated (an rtnetlink link dump).
-pub fn vxlan_vnis() -> Result<Vec<u32>> {
-    crate::node::dataplane::vxlan_vnis()
-}
 
 /// MTU of `iface` in the current network namespace (SIOCGIFMTU on a socket
 /// made here: /sys may show another namespace after setns).

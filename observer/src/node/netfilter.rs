@@ -8,19 +8,30 @@
 use anyhow::Result;
 use serde::Deserialize;
 
-use crate::{node::allowsets::SetKind, node::tools};
+use crate::{
+    model::crosscheck::RuleReading,
+    model::facts::{Family, SetKind},
+    node::tools,
+};
 
-/// Calico's drop rules for sources outside the allow-sets.
-pub const CALICO_DROP_RULES: [(&str, SetKind); 3] = [
+/// Calico's drop rules for sources outside the allow-sets: the comment it
+/// writes, the set kind, and the address family of the sources it drops.
+pub const CALICO_DROP_RULES: [(&str, SetKind, Family); 3] = [
     (
         "Drop IPv4 VXLAN packets from non-allowed hosts",
         SetKind::Vxlan,
+        Family::V4,
     ),
     (
         "Drop IPv6 VXLAN packets from non-allowed hosts",
         SetKind::Vxlan,
+        Family::V6,
     ),
-    ("Drop IPIP packets from non-Calico hosts", SetKind::Ipip),
+    (
+        "Drop IPIP packets from non-Calico hosts",
+        SetKind::Ipip,
+        Family::V4,
+    ),
 ];
 
 /// Counters of one commented rule.
@@ -36,9 +47,9 @@ pub struct RuleCounter {
     pub bytes: u64,
 }
 
-/// Counters of Calico's drop rules, summed per (kind, backend), and the
+/// Counters of Calico's drop rules, each with the rule it is, and the
 /// problems met reading them. Missing tools are a problem, not an error.
-pub fn read_calico_drop_rules() -> (Vec<(SetKind, RuleCounter)>, Vec<String>) {
+pub fn read_calico_drop_rules() -> (Vec<RuleReading>, Vec<String>) {
     let mut rules = Vec::new();
     let mut problems = Vec::new();
     for (tool, backend) in [
@@ -47,7 +58,7 @@ pub fn read_calico_drop_rules() -> (Vec<(SetKind, RuleCounter)>, Vec<String>) {
     ] {
         match tools::output(tool, &["-c"], "its rule counters") {
             Ok(text) => rules.extend(parse_iptables_save(&text, backend)),
-            Err(e) => problems.push(e),
+            Err(e) => problems.push(e.to_string()),
         }
     }
     match tools::output("nft", &["-j", "-t", "list", "ruleset"], "its rule counters") {
@@ -55,15 +66,21 @@ pub fn read_calico_drop_rules() -> (Vec<(SetKind, RuleCounter)>, Vec<String>) {
             Ok(found) => rules.extend(found),
             Err(e) => problems.push(format!("cannot parse `nft -j -t list ruleset`: {e}")),
         },
-        Err(e) => problems.push(e),
+        Err(e) => problems.push(e.to_string()),
     }
     let calico = rules
         .into_iter()
         .filter_map(|rule| {
             CALICO_DROP_RULES
                 .iter()
-                .find(|(comment, _)| *comment == rule.comment)
-                .map(|(_, kind)| (*kind, rule))
+                .find(|(comment, _, _)| *comment == rule.comment)
+                .map(|&(_, kind, family)| RuleReading {
+                    backend: rule.backend,
+                    kind,
+                    family,
+                    packets: rule.packets,
+                    comment: rule.comment,
+                })
         })
         .collect();
     (calico, problems)

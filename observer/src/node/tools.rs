@@ -1,6 +1,6 @@
 //! Runs the node's own tools (ipset, nft, iptables-save, ip) whose output
-//! the observer reads, with errors that say whether the tool is missing,
-//! failed or hung.
+//! the observer reads, with typed errors that say whether the tool is
+//! missing, failed or hung.
 
 use std::{
     io::Read,
@@ -14,10 +14,53 @@ use std::{
 /// stop the observer.
 pub const TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Runs `tool args...`; stdout on success, else a one-line explanation
-/// (`X is not installed (or not on PATH): <what> cannot be read`, or that it
-/// did not answer within [`TIMEOUT`]).
-pub fn output(tool: &str, args: &[&str], what: &str) -> Result<String, String> {
+/// Why a tool's output could not be had. Callers branch on the kind: a
+/// tool that is not installed is reported once and not asked again, the
+/// other kinds are retried at the next read.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ToolError {
+    /// The executable is not on PATH.
+    #[error("{tool} is not installed (or not on PATH): {what} cannot be read")]
+    NotInstalled {
+        /// The executable.
+        tool: String,
+        /// What the observer wanted from it.
+        what: String,
+    },
+    /// It ran longer than the timeout and was killed.
+    #[error(
+        "{command} did not answer within {}s (is another process holding its lock?): {what} not read this time",
+        timeout.as_secs()
+    )]
+    TimedOut {
+        /// The command line.
+        command: String,
+        /// The timeout it exceeded.
+        timeout: Duration,
+        /// What the observer wanted from it.
+        what: String,
+    },
+    /// It exited with a failure status.
+    #[error("{command}: {stderr}")]
+    Failed {
+        /// The command line.
+        command: String,
+        /// Its standard error, trimmed.
+        stderr: String,
+    },
+    /// Starting or waiting for it failed otherwise.
+    #[error("running {tool}: {message}")]
+    Io {
+        /// The executable.
+        tool: String,
+        /// The system's error.
+        message: String,
+    },
+}
+
+/// Runs `tool args...`; stdout on success, else why not (see [`ToolError`];
+/// a tool that does not answer within [`TIMEOUT`] is killed).
+pub fn output(tool: &str, args: &[&str], what: &str) -> Result<String, ToolError> {
     output_within(tool, args, what, TIMEOUT)
 }
 
@@ -26,7 +69,12 @@ fn output_within(
     args: &[&str],
     what: &str,
     timeout: Duration,
-) -> Result<String, String> {
+) -> Result<String, ToolError> {
+    let command = || format!("{tool} {}", args.join(" "));
+    let io = |e: std::io::Error| ToolError::Io {
+        tool: tool.to_string(),
+        message: e.to_string(),
+    };
     let mut child = Command::new(tool)
         .args(args)
         .stdin(Stdio::null())
@@ -35,9 +83,12 @@ fn output_within(
         .spawn()
         .map_err(|e| {
             if e.kind() == std::io::ErrorKind::NotFound {
-                format!("{tool} is not installed (or not on PATH): {what} cannot be read")
+                ToolError::NotInstalled {
+                    tool: tool.to_string(),
+                    what: what.to_string(),
+                }
             } else {
-                format!("running {tool}: {e}")
+                io(e)
             }
         })?;
     // Both pipes are drained while waiting: a tool writing more than a
@@ -71,13 +122,13 @@ fn output_within(
             Ok(None) => {
                 let _ = child.kill();
                 let _ = child.wait();
-                return Err(format!(
-                    "{tool} {} did not answer within {}s (is another process holding its lock?): {what} not read this time",
-                    args.join(" "),
-                    timeout.as_secs()
-                ));
+                return Err(ToolError::TimedOut {
+                    command: command(),
+                    timeout,
+                    what: what.to_string(),
+                });
             }
-            Err(e) => return Err(format!("waiting for {tool}: {e}")),
+            Err(e) => return Err(io(e)),
         }
     };
     let output = std::process::Output {
@@ -86,11 +137,10 @@ fn output_within(
         stderr: stderr.join().unwrap_or_default(),
     };
     if !output.status.success() {
-        return Err(format!(
-            "{tool} {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&output.stderr).trim()
-        ));
+        return Err(ToolError::Failed {
+            command: command(),
+            stderr: String::from_utf8_lossy(&output.stderr).trim().to_string(),
+        });
     }
     Ok(String::from_utf8_lossy(&output.stdout).into_owned())
 }
@@ -104,6 +154,13 @@ mod tests {
         let err = output("observer-no-such-tool", &[], "its sets").unwrap_err();
         assert_eq!(
             err,
+            ToolError::NotInstalled {
+                tool: "observer-no-such-tool".into(),
+                what: "its sets".into()
+            }
+        );
+        assert_eq!(
+            err.to_string(),
             "observer-no-such-tool is not installed (or not on PATH): its sets cannot be read"
         );
     }
@@ -111,8 +168,9 @@ mod tests {
     #[test]
     fn a_hung_tool_is_killed_and_named() {
         let started = Instant::now();
-        let err =
-            output_within("sleep", &["30"], "its rules", Duration::from_millis(200)).unwrap_err();
+        let err = output_within("sleep", &["30"], "its rules", Duration::from_millis(200))
+            .unwrap_err()
+            .to_string();
         assert!(started.elapsed() < Duration::from_secs(5));
         assert!(
             err.starts_with("sleep 30 did not answer within 0s"),
@@ -130,7 +188,13 @@ mod tests {
     #[test]
     fn failure_carries_stderr() {
         let err = output("sh", &["-c", "echo boom >&2; exit 3"], "x").unwrap_err();
-        assert!(err.ends_with(": boom"), "{err}");
+        assert_eq!(
+            err,
+            ToolError::Failed {
+                command: "sh -c echo boom >&2; exit 3".into(),
+                stderr: "boom".into()
+            }
+        );
         assert_eq!(output("sh", &["-c", "echo ok"], "x").unwrap(), "ok\n");
     }
 }

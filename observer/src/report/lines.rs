@@ -1,5 +1,6 @@
-//! Renders rows for people (a refreshed table) and for programs (JSON
-//! lines, one object per row; schema in the README).
+//! The JSON lines for programs: one object per row or event, every kind
+//! a variant of [`Line`] (its `type` tag), which is the schema the README
+//! documents; and the per-interval snapshot both renderers read.
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -12,12 +13,12 @@ use observer_common::{Direction, Proto, Unclassified};
 use serde::Serialize;
 
 use crate::{
-    model::aggregate::Row,
     model::anomalies::FindingRecord,
     model::anomalies::{Anomaly, Event},
     model::crosscheck::NetfilterCheck,
     model::dataplane::{ExpectedPeer, TunnelDevice, TunnelRoute, UnderlayInterface},
     model::hooks::Attachment,
+    model::rows::Row,
     model::rows::{DropRow, KernelStats, direction_name},
 };
 

@@ -9,8 +9,8 @@ use observer_common::{Proto, Unclassified};
 
 use super::lines::{Snapshot, drop_summary, drops_of, iface_name, index_drops, timestamp};
 use crate::model::{
-    aggregate::Row,
     anomalies::Anomaly,
+    rows::Row,
     rows::{DropRow, direction_name},
 };
 

@@ -23,10 +23,10 @@ use prometheus::{
 };
 
 use crate::{
-    model::aggregate::Row,
     model::anomalies::{Anomaly, Kind},
     model::rows::DropRow,
     model::rows::KernelStats,
+    model::rows::Row,
 };
 
 /// Name of the file written in the textfile directory.
@@ -35,9 +35,9 @@ pub const TEXTFILE_NAME: &str = "observer.prom";
 pub const OTHER_PEERS: &str = "other";
 
 /// Label key of an encapsulation series: (iface, direction, proto, peer).
-type EncapKey = (String, &'static str, &'static str, Option<IpAddr>);
+type EncapSeries = (String, &'static str, &'static str, Option<IpAddr>);
 /// Label key of a drop series: (iface, proto, peer, reason).
-type DropKey = (String, &'static str, Option<IpAddr>, String);
+type DropSeries = (String, &'static str, Option<IpAddr>, String);
 
 /// Where a row's counts currently go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -132,8 +132,8 @@ pub struct ExportInput<'a> {
 /// Metric state across exports: peer label caps and error counts.
 pub struct Exporter {
     max_peers: usize,
-    encap: SplitFamily<EncapKey>,
-    drop_splits: SplitFamily<DropKey>,
+    encap: SplitFamily<EncapSeries>,
+    drop_splits: SplitFamily<DropSeries>,
     /// Export failures so far (reported in the next successful file).
     pub errors: u64,
     /// Highest eviction count exported so far.
@@ -197,7 +197,7 @@ impl Exporter {
 
         // Rows of different ifindexes with one name (an interface deleted
         // and re-created) add up: the name is the series.
-        let mut encap_now: BTreeMap<EncapKey, Vec<u64>> = BTreeMap::new();
+        let mut encap_now: BTreeMap<EncapSeries, Vec<u64>> = BTreeMap::new();
         for row in input
             .rows
             .iter()
@@ -213,7 +213,7 @@ impl Exporter {
             e[0] += row.packets;
             e[1] += row.bytes;
         }
-        let mut drops_now: BTreeMap<DropKey, Vec<u64>> = BTreeMap::new();
+        let mut drops_now: BTreeMap<DropSeries, Vec<u64>> = BTreeMap::new();
         for d in input.drops {
             let key = (
                 iface(d.row.id.ifindex),
@@ -262,6 +262,23 @@ impl Exporter {
         );
         let [drops] = drop_series;
 
+        // The smallest next-hop MTU routers reported ("fragmentation
+        // needed", "packet too big") per interface and tunnel peer: what the
+        // tunnel device's MTU must fit. Peers beyond the label cap share
+        // "other", so the family stays bounded like the counters.
+        let mut path_mtu: BTreeMap<(String, String), u32> = BTreeMap::new();
+        for d in input.drops {
+            let Some(mtu) = d.row.id.mtu else { continue };
+            let peer = match bucket_of(d.row.id.peer) {
+                Bucket::Own => peer_label(d.row.id.peer),
+                Bucket::Other => OTHER_PEERS.to_string(),
+            };
+            let lowest = path_mtu
+                .entry((iface(d.row.id.ifindex), peer))
+                .or_insert(mtu);
+            *lowest = (*lowest).min(mtu);
+        }
+
         // The kernel's figure is an estimate (inserts minus the entries a
         // walk found, which races with traffic) and may dip; the counter
         // never goes back.
@@ -290,6 +307,15 @@ impl Exporter {
             drops.family(
                 "observer_drops_total",
                 "Received packets dropped by the kernel (reason = kernel drop reason name) or flagged by the observer (calico_allow_set, vni_unknown, vxlan_no_i_flag, outer_fragment, over_mtu, path_mtu), by interface, encapsulation and peer.",
+            ),
+            family(
+                "observer_path_mtu_bytes",
+                "Smallest next-hop MTU that routers reported for tunnel packets this node sent (path_mtu drops), by interface and tunnel peer: the tunnel device's MTU plus the encapsulation must fit in it.",
+                MetricType::GAUGE,
+                path_mtu
+                    .into_iter()
+                    .map(|((iface, peer), mtu)| (vec![("iface", iface), ("peer", peer)], f64::from(mtu)))
+                    .collect(),
             ),
             family(
                 "observer_anomalies_active",
@@ -543,7 +569,7 @@ pub fn write_atomic(dir: &Path, name: &str, text: &str) -> io::Result<PathBuf> {
 mod tests {
     use super::*;
     use crate::model::rows::{Origin, testing};
-    use observer_common::Proto;
+    use observer_common::{ClassifierDrop, Proto};
 
     fn row(peer: &str, packets: u64) -> Row {
         testing::row(testing::flow_id(peer), packets)
@@ -621,6 +647,42 @@ mod tests {
             ),
             Some(0.0)
         );
+    }
+
+    #[test]
+    fn path_mtu_is_a_gauge_of_the_smallest_mtu_per_peer_with_the_cap() {
+        let path_mtu = |peer: &str, mtu: u32| {
+            let mut id = testing::drop_id(peer, Origin::Classifier, ClassifierDrop::PathMtu as u32);
+            id.vni = 0;
+            id.mtu = Some(mtu);
+            testing::drop_row(id, 3, "path_mtu")
+        };
+        let drops = [
+            path_mtu("10.10.60.127", 1400),
+            path_mtu("10.10.60.127", 1300),
+            path_mtu("10.10.60.209", 1450),
+            drop_row("10.10.60.209", 1000),
+            path_mtu("10.10.60.99", 1280),
+        ];
+        // Two peers keep their label (most packets): .209 and .127.
+        let text = export(&mut Exporter::new(2), &[], &drops);
+        assert!(
+            text.contains("# TYPE observer_path_mtu_bytes gauge"),
+            "{text}"
+        );
+        let mtu = |peer: &str| {
+            value(
+                &text,
+                &format!(r#"observer_path_mtu_bytes{{iface="eth0",peer="{peer}"}}"#),
+            )
+        };
+        assert_eq!(mtu("10.10.60.127"), Some(1300.0));
+        assert_eq!(mtu("10.10.60.209"), Some(1450.0));
+        assert_eq!(mtu(OTHER_PEERS), Some(1280.0));
+        assert_eq!(mtu("10.10.60.99"), None);
+        // Without path_mtu drops there is no such family.
+        let none = export(&mut Exporter::new(2), &[], &[drop_row("10.10.60.209", 1)]);
+        assert!(!none.contains("observer_path_mtu_bytes"), "{none}");
     }
 
     #[test]

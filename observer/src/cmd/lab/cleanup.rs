@@ -14,7 +14,7 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
-use super::{run_tool, tunnel::Tunnel};
+use super::{super::pipe, shell::run_tool, tunnel::Tunnel};
 
 /// Prefix of every namespace the lab creates: `obslab-<pid>-<role>`.
 pub const PREFIX: &str = "obslab-";
@@ -124,7 +124,9 @@ impl Cleanup {
                         thread::sleep(Duration::from_millis(20))
                     }
                     Ok(None) => {
-                        eprintln!("lab: {what} ignored SIGTERM for {TERM_GRACE:?}; killing it");
+                        pipe::eprintln(format_args!(
+                            "lab: {what} ignored SIGTERM for {TERM_GRACE:?}; killing it"
+                        ));
                         let _ = child.kill();
                         let _ = child.wait();
                         break;
@@ -142,11 +144,14 @@ impl Drop for Cleanup {
         self.tunnels.clear();
         for ns in &self.namespaces {
             if let Err(e) = run_tool("ip", &["netns", "del", ns]) {
-                eprintln!("lab: cleanup: {e:#}");
+                pipe::eprintln(format_args!("lab: cleanup: {e:#}"));
             }
         }
         if !self.namespaces.is_empty() {
-            eprintln!("lab: removed namespaces {}", self.namespaces.join(" "));
+            pipe::eprintln(format_args!(
+                "lab: removed namespaces {}",
+                self.namespaces.join(" ")
+            ));
         }
     }
 }
@@ -169,8 +174,12 @@ pub fn remove_stale_labs() {
             continue;
         }
         match run_tool("ip", &["netns", "del", name]) {
-            Ok(_) => eprintln!("lab: removed {name}, left by an earlier lab that was killed"),
-            Err(e) => eprintln!("lab: cannot remove stale namespace {name}: {e:#}"),
+            Ok(_) => pipe::eprintln(format_args!(
+                "lab: removed {name}, left by an earlier lab that was killed"
+            )),
+            Err(e) => pipe::eprintln(format_args!(
+                "lab: cannot remove stale namespace {name}: {e:#}"
+            )),
         }
     }
 }

@@ -14,6 +14,7 @@ mod cleanup;
 mod observers;
 mod report;
 pub mod scenarios;
+mod shell;
 mod topology;
 mod traffic;
 mod tunnel;
@@ -21,7 +22,6 @@ pub mod view;
 
 use std::{
     path::Path,
-    process::{Command, Stdio},
     time::{Duration, Instant},
 };
 
@@ -61,7 +61,7 @@ pub fn run(args: LabArgs) -> Result<()> {
         "scenario {}: {}",
         scenario.name(),
         scenario.about()
-    ));
+    ))?;
     let ipip = topology::build(&mut lab, &names, scenario)?;
     view.note(&format!(
         "namespaces {} (gpu {}), {} (router), {} (cp1 {}), {} (cp2 {}); tunl0: {}",
@@ -78,7 +78,7 @@ pub fn run(args: LabArgs) -> Result<()> {
                 "this kernel has no IPIP (CONFIG_NET_IPIP), so a userspace tunnel on a TUN device \
                  sends the same IPIP packets (the observers are told so with --tunnel-device tunl0=ipip)",
         }
-    ));
+    ))?;
     view.lab_line(&json!({
         "fact": "start",
         "scenario": scenario.name(),
@@ -89,10 +89,10 @@ pub fn run(args: LabArgs) -> Result<()> {
         },
         "ipip": ipip,
         "duration_ms": args.duration.as_millis() as u64,
-    }));
+    }))?;
 
     let mut observers = Observers::spawn(&mut lab, &names, args.duration, ipip)?;
-    view.note("observers starting on gpu, cp1 and cp2 (observer diagnose ... eth0)");
+    view.note("observers starting on gpu, cp1 and cp2 (observer diagnose ... eth0)")?;
     let first_ready = observers.wait_ready(&mut view, args.attach_timeout)?;
 
     // Every ping must end before the first observer stops, so that each
@@ -114,13 +114,13 @@ pub fn run(args: LabArgs) -> Result<()> {
     view.note(&format!(
         "{} pings of {count} requests each, one every {PING_INTERVAL:?}, between pod addresses",
         specs.len()
-    ));
+    ))?;
     view.lab_line(&json!({
         "fact": "traffic",
         "pings": specs.len(),
         "count": count,
         "interval_ms": PING_INTERVAL.as_millis() as u64,
-    }));
+    }))?;
 
     observers.wait_end(&mut lab, &mut view, args.duration + Duration::from_secs(30))?;
     let results = traffic::finish(&mut lab, pings, Duration::from_secs(5))?;
@@ -139,8 +139,7 @@ pub fn run(args: LabArgs) -> Result<()> {
         nodes: (0..NODES.len())
             .map(|i| (observers.command(i), observers.lines[i].as_slice()))
             .collect(),
-    });
-    Ok(())
+    })
 }
 
 /// Refuses to start without root or without the tools the lab runs.
@@ -168,30 +167,4 @@ fn is_executable(path: &Path) -> bool {
     use std::os::unix::fs::PermissionsExt;
     path.metadata()
         .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-}
-
-/// Runs `program args`: its stdout, or an error naming the command, how
-/// it ended and what it printed on stderr.
-fn run_tool(program: &str, args: &[&str]) -> Result<String> {
-    let line = format!("{program} {}", args.join(" "));
-    let output = Command::new(program)
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| anyhow::anyhow!("cannot run `{line}`: {e}"))?;
-    if !output.status.success() {
-        bail!(
-            "`{line}` failed ({}): {}",
-            output.status,
-            String::from_utf8_lossy(&output.stderr).trim()
-        );
-    }
-    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
-}
-
-/// `ip netns exec NS argv...`; see [`run_tool`].
-fn in_ns(ns: &str, argv: &[&str]) -> Result<String> {
-    let mut all = vec!["netns", "exec", ns];
-    all.extend_from_slice(argv);
-    run_tool("ip", &all)
 }

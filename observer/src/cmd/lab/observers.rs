@@ -182,7 +182,7 @@ impl Observers {
                 if line["type"] == "allow_set" {
                     self.ready[i] = true;
                 }
-                view.observer_line(i, &line);
+                view.observer_line(i, &line)?;
                 self.lines[i].push(line);
                 Ok(None)
             }

@@ -108,12 +108,12 @@ pub enum Fact {
 }
 
 /// The latest `peer` line of one row, and every inner source it sampled.
-struct Row<'a> {
+struct PeerRow<'a> {
     line: &'a Value,
     inner_srcs: BTreeSet<Ipv4Addr>,
 }
 
-impl Row<'_> {
+impl PeerRow<'_> {
     fn is(&self, direction: &str, proto: &str, peer: Ipv4Addr) -> bool {
         self.line["direction"] == direction
             && self.line["proto"] == proto
@@ -131,13 +131,13 @@ impl Row<'_> {
 
 /// Rows of an observer's output: lines of a row carry cumulative counters,
 /// so the latest one is its total.
-fn rows(lines: &[Value]) -> Vec<Row<'_>> {
-    let mut rows: BTreeMap<String, Row<'_>> = BTreeMap::new();
+fn rows(lines: &[Value]) -> Vec<PeerRow<'_>> {
+    let mut rows: BTreeMap<String, PeerRow<'_>> = BTreeMap::new();
     for line in lines.iter().filter(|l| l["type"] == "peer") {
         let key = ["iface", "direction", "proto", "peer", "vni"]
             .map(|k| line[k].to_string())
             .join("|");
-        let row = rows.entry(key).or_insert_with(|| Row {
+        let row = rows.entry(key).or_insert_with(|| PeerRow {
             line,
             inner_srcs: BTreeSet::new(),
         });
@@ -209,16 +209,16 @@ fn snat_senders(lines: &[Value], outer: Ipv4Addr, proto: &str) -> Vec<Sender> {
 /// [`NODES`]) and Calico's rule counters (`counters`: per node, per
 /// [`RULES`] pair, (ACCEPT, DROP) packets).
 pub fn facts(outputs: &[Vec<Value>], counters: &[RuleCounts]) -> Vec<Fact> {
-    let rows: Vec<Vec<Row<'_>>> = outputs.iter().map(|lines| rows(lines)).collect();
+    let rows: Vec<Vec<PeerRow<'_>>> = outputs.iter().map(|lines| rows(lines)).collect();
     let mut facts = Vec::new();
     for (a, from) in NODES.iter().enumerate() {
         for (b, to) in NODES.iter().enumerate().filter(|(b, _)| *b != a) {
             for block in Block::ALL {
                 let proto = block.proto();
-                let count = |rows: &[Row<'_>], direction, peer| -> u64 {
+                let count = |rows: &[PeerRow<'_>], direction, peer| -> u64 {
                     rows.iter()
                         .filter(|r| r.is(direction, proto, peer))
-                        .map(Row::packets)
+                        .map(PeerRow::packets)
                         .sum()
                 };
                 let sent = count(&rows[a], "tx", to.addr);

@@ -20,10 +20,10 @@ use serde::Serialize;
 
 use super::{
     cleanup::{Cleanup, PREFIX, check_interrupted},
-    in_ns, run_tool,
-    scenarios::Scenario,
+    shell::{in_ns, run_tool},
     tunnel::{Routes, Tunnel},
 };
+use crate::cli::Scenario;
 
 /// The nodes' underlay interface, where the observers attach.
 pub const UNDERLAY: &str = "eth0";

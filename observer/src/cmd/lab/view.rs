@@ -3,16 +3,24 @@
 //! terminal), then the pings, the paths, each node's observer account and
 //! the lab diagnosis. JSON: the observers' lines tagged with `"node"` as
 //! they come, then `{"type":"lab",...}` lines with the facts.
+//!
+//! A write to stdout that fails (a closed pipe: `observer lab | head`) is
+//! the lab's error, "writing output": it ends the lab, whose guard removes
+//! everything, and `main` maps a broken pipe to exit status 0 (see
+//! `cmd::pipe`). Notes on stderr never fail ([`pipe::eprintln`]).
 
 use std::{
-    io::{IsTerminal, Write},
+    fmt,
+    io::{self, IsTerminal, Write},
     time::Instant,
 };
 
+use anyhow::{Context, Result};
 use serde::Serialize;
 use serde_json::{Value, json};
 
 use super::{
+    super::pipe,
     report::{self, Fact},
     scenarios::Scenario,
     topology::NODES,
@@ -58,24 +66,28 @@ impl View {
 
     /// A progress note: on stdout in text, on stderr in JSON (stdout holds
     /// only JSON there).
-    pub fn note(&self, text: &str) {
+    pub fn note(&self, text: &str) -> Result<()> {
         match self.format {
-            LabFormat::Text => println!("lab: {text}"),
-            LabFormat::Json => eprintln!("lab: {text}"),
+            LabFormat::Text => print_line(format_args!("lab: {text}")),
+            LabFormat::Json => {
+                pipe::eprintln(format_args!("lab: {text}"));
+                Ok(())
+            }
         }
     }
 
     /// A `{"type":"lab",...}` line (JSON only).
-    pub fn lab_line(&self, body: &impl Serialize) {
-        if self.format == LabFormat::Json {
-            let mut line = json!({"type": "lab"});
-            if let (Some(out), Ok(Value::Object(fields))) =
-                (line.as_object_mut(), serde_json::to_value(body))
-            {
-                out.extend(fields);
-            }
-            println!("{line}");
+    pub fn lab_line(&self, body: &impl Serialize) -> Result<()> {
+        if self.format != LabFormat::Json {
+            return Ok(());
         }
+        let mut line = json!({"type": "lab"});
+        if let (Some(out), Ok(Value::Object(fields))) =
+            (line.as_object_mut(), serde_json::to_value(body))
+        {
+            out.extend(fields);
+        }
+        print_line(format_args!("{line}"))
     }
 
     /// Marks the start of the traffic (the live view's clock).
@@ -84,50 +96,50 @@ impl View {
     }
 
     /// One line of node `node`'s observer.
-    pub fn observer_line(&mut self, node: usize, line: &Value) {
+    pub fn observer_line(&mut self, node: usize, line: &Value) -> Result<()> {
         if self.format == LabFormat::Json {
             let mut tagged = json!({"node": NODES[node].name});
             if let (Some(out), Some(fields)) = (tagged.as_object_mut(), line.as_object()) {
                 out.extend(fields.clone());
             }
-            println!("{tagged}");
-            return;
+            return print_line(format_args!("{tagged}"));
         }
         if line["type"] != "stats" {
             if line["type"] == "peer" && line["proto"] != "other" {
                 self.current[node].push(line.clone());
             }
-            return;
+            return Ok(());
         }
         self.last[node] = std::mem::take(&mut self.current[node]);
         // The GPU node's interval paces the view: it is the node of the
         // incident, and one refresh per second is enough.
         if node == 0 && line["final"] == false {
-            self.live();
+            self.live().context("writing output")?;
         }
+        Ok(())
     }
 
-    fn live(&self) {
+    fn live(&self) -> io::Result<()> {
         let Some(since) = self.traffic_since else {
-            return;
+            return Ok(());
         };
-        let mut out = std::io::stdout().lock();
+        let mut out = io::stdout().lock();
         if self.terminal {
-            let _ = write!(out, "\x1b[H\x1b[2J");
+            write!(out, "\x1b[H\x1b[2J")?;
         }
-        let _ = writeln!(
+        writeln!(
             out,
             "lab [{:>3}s] tunnel rows that moved in the last second, per node:",
             since.elapsed().as_secs()
-        );
-        let _ = writeln!(
+        )?;
+        writeln!(
             out,
             "  {:<4} {:<3} {:<5} {:<15} {:>7} {:>8}  {:<31} drops",
             "node", "dir", "proto", "peer", "pkt/s", "total", "inner sample"
-        );
+        )?;
         for (node, rows) in NODES.iter().zip(&self.last) {
             if rows.is_empty() {
-                let _ = writeln!(out, "  {:<4} (nothing)", node.name);
+                writeln!(out, "  {:<4} (nothing)", node.name)?;
             }
             for row in rows {
                 let inner = match (row["inner_src"].as_str(), row["inner_dst"].as_str()) {
@@ -143,7 +155,7 @@ impl View {
                             .join(" ")
                     })
                     .unwrap_or_default();
-                let _ = writeln!(
+                writeln!(
                     out,
                     "  {:<4} {:<3} {:<5} {:<15} {:>7.0} {:>8}  {:<31} {drops}",
                     node.name,
@@ -153,84 +165,104 @@ impl View {
                     row["pps"].as_f64().unwrap_or(0.0),
                     row["packets"].as_u64().unwrap_or(0),
                     inner
-                );
+                )?;
             }
         }
-        let _ = out.flush();
+        out.flush()
     }
 
     /// The final write-up: facts and findings.
-    pub fn summary(&self, summary: &Summary) {
+    pub fn summary(&self, summary: &Summary) -> Result<()> {
         let findings = report::findings(summary.facts);
         if self.format == LabFormat::Json {
             for ping in summary.pings {
                 let mut line = serde_json::to_value(ping).unwrap_or_default();
                 line["fact"] = "ping".into();
-                self.lab_line(&line);
+                self.lab_line(&line)?;
             }
             for fact in summary.facts {
-                self.lab_line(fact);
+                self.lab_line(fact)?;
             }
-            self.lab_line(&json!({
+            return self.lab_line(&json!({
                 "fact": "diagnosis",
                 "scenario": summary.scenario.name(),
                 "healthy": findings.is_empty(),
                 "findings": findings,
             }));
-            return;
         }
-        println!();
-        println!("== pings (what the lab sent; the ping processes' own summaries)");
-        for p in summary.pings {
-            println!(
-                "  {:<3} {:<13} -> {:<3} {:<13} {:<5} block {:>4} B: {:>4} sent, {:>4} answered",
-                p.from,
-                p.src,
-                p.to,
-                p.dst,
-                p.block.proto(),
-                p.size,
-                p.transmitted,
-                p.received
-            );
-        }
-        println!();
-        println!("== paths (what the observers counted on the wire)");
-        for fact in summary.facts {
-            if let Fact::Path {
-                proto,
-                from,
-                from_addr,
-                to,
-                to_addr,
-                sent,
-                received,
-            } = fact
-            {
-                println!(
-                    "  {proto:<5} {from:<3} {from_addr:<13} -> {to:<3} {to_addr:<13} {sent:>5} sent (tx at {from}), {received:>5} received (rx at {to})"
-                );
-            }
-        }
-        for (node, (command, lines)) in NODES.iter().zip(&summary.nodes) {
-            println!();
-            println!("== {} {} — {command}", node.name, node.addr);
-            match report::node_writeup(lines) {
-                Some(text) => println!("{}", text.trim_end()),
-                None => println!("  (no diagnosis: the observer ended without one)"),
-            }
-        }
-        println!();
-        println!(
-            "== lab diagnosis ({}: {})",
-            summary.scenario.name(),
-            summary.scenario.about()
-        );
-        if findings.is_empty() {
-            println!("  Healthy: every path delivered all it carried, in both directions.");
-        }
-        for (i, finding) in findings.iter().enumerate() {
-            println!("  {}. {finding}", i + 1);
+        write_up(&mut io::stdout().lock(), summary, &findings).context("writing output")
+    }
+}
+
+/// Writes `line` and a newline on stdout, as `println!` would, but a
+/// failed write is an error instead of a panic.
+fn print_line(line: fmt::Arguments<'_>) -> Result<()> {
+    writeln!(io::stdout().lock(), "{line}").context("writing output")
+}
+
+/// The text write-up: pings, paths, each node's account, the lab diagnosis.
+fn write_up(out: &mut impl Write, summary: &Summary, findings: &[String]) -> io::Result<()> {
+    writeln!(out)?;
+    writeln!(
+        out,
+        "== pings (what the lab sent; the ping processes' own summaries)"
+    )?;
+    for p in summary.pings {
+        writeln!(
+            out,
+            "  {:<3} {:<13} -> {:<3} {:<13} {:<5} block {:>4} B: {:>4} sent, {:>4} answered",
+            p.from,
+            p.src,
+            p.to,
+            p.dst,
+            p.block.proto(),
+            p.size,
+            p.transmitted,
+            p.received
+        )?;
+    }
+    writeln!(out)?;
+    writeln!(out, "== paths (what the observers counted on the wire)")?;
+    for fact in summary.facts {
+        if let Fact::Path {
+            proto,
+            from,
+            from_addr,
+            to,
+            to_addr,
+            sent,
+            received,
+        } = fact
+        {
+            writeln!(
+                out,
+                "  {proto:<5} {from:<3} {from_addr:<13} -> {to:<3} {to_addr:<13} {sent:>5} sent (tx at {from}), {received:>5} received (rx at {to})"
+            )?;
         }
     }
+    for (node, (command, lines)) in NODES.iter().zip(&summary.nodes) {
+        writeln!(out)?;
+        writeln!(out, "== {} {} — {command}", node.name, node.addr)?;
+        match report::node_writeup(lines) {
+            Some(text) => writeln!(out, "{}", text.trim_end())?,
+            None => writeln!(out, "  (no diagnosis: the observer ended without one)")?,
+        }
+    }
+    writeln!(out)?;
+    writeln!(
+        out,
+        "== lab diagnosis ({}: {})",
+        summary.scenario.name(),
+        summary.scenario.about()
+    )?;
+    if findings.is_empty() {
+        writeln!(
+            out,
+            "  Healthy: every path delivered all it carried, in both directions."
+        )?;
+    }
+    for (i, finding) in findings.iter().enumerate() {
+        writeln!(out, "  {}. {finding}", i + 1)?;
+    }
+    Ok(())
 }

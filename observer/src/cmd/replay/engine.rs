@@ -20,10 +20,11 @@ use crate::{
     bpf::testrun,
     bpf::{Hook, Observer},
     cmd::replay::capture::{self, Frame},
-    model::aggregate::{Aggregator, DropAggregator, Row},
+    model::aggregate::{Aggregator, DropAggregator},
     model::rows::DropId,
     model::rows::FlowId,
     model::rows::KernelStats,
+    model::rows::Row,
 };
 
 /// Frames between two reads of the maps: far fewer than the flow map
@@ -47,7 +48,7 @@ pub const MAX_TC_FRAME: usize = 4096 - 64 - 2 - 320;
 
 /// What happened to one frame.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Outcome {
+pub struct FrameOutcome {
     /// Counted as sent (its outer source is `--local`).
     pub tx: bool,
     /// Longer than a test run takes: classified on its first bytes, and
@@ -66,7 +67,7 @@ pub struct FileCounts {
     pub truncated: u64,
     /// Bytes the snap length cut off (original minus captured lengths).
     pub truncated_bytes: u64,
-    /// Frames longer than a test run takes (see [`Outcome::cut`]).
+    /// Frames longer than a test run takes (see [`FrameOutcome::cut`]).
     pub cut: u64,
     /// Frames shorter than an Ethernet header, counted as `truncated_l2`
     /// without a test run (the kernel refuses those).
@@ -82,7 +83,7 @@ pub struct FileRows {
 }
 
 /// A loaded observer fed with frames.
-pub struct Engine {
+pub struct Replayer {
     observer: Observer,
     local: Vec<IpAddr>,
     aggregator: Aggregator,
@@ -94,10 +95,10 @@ pub struct Engine {
     flow_entries: u64,
 }
 
-impl Engine {
+impl Replayer {
     /// Feeds `observer`; frames whose outer source is in `local` count as sent.
-    pub fn new(observer: Observer, local: Vec<IpAddr>) -> Engine {
-        Engine {
+    pub fn new(observer: Observer, local: Vec<IpAddr>) -> Replayer {
+        Replayer {
             observer,
             local,
             // Replay keeps every row: forgetting one would lose counts.
@@ -117,7 +118,7 @@ impl Engine {
 
     /// Runs one frame through its program. Frames shorter than an Ethernet
     /// header are not run (see [`FileCounts::runts`]) and return `None`.
-    pub fn run(&mut self, frame: &Frame) -> Result<Option<Outcome>> {
+    pub fn run(&mut self, frame: &Frame) -> Result<Option<FrameOutcome>> {
         if frame.data.len() < ETH_HLEN {
             return Ok(None);
         }
@@ -142,7 +143,7 @@ impl Engine {
         if self.unfolded >= FOLD_EVERY {
             self.fold()?;
         }
-        Ok(Some(Outcome {
+        Ok(Some(FrameOutcome {
             tx,
             cut: data.len() < frame.data.len(),
         }))

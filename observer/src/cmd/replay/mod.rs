@@ -15,7 +15,6 @@ use std::{
     fs::File,
     io::{self, IsTerminal, Write},
     path::Path,
-    process::ExitCode,
     time::{Duration, SystemTime},
 };
 
@@ -24,9 +23,9 @@ use anyhow::{Context, Result, anyhow};
 use crate::{
     bpf::{LoadConfig, Observer},
     cli::ReplayArgs,
-    cmd::checks::NodeChecks,
-    model::aggregate::Row,
+    cmd::{checks::NodeChecks, pipe},
     model::rows::DropId,
+    model::rows::Row,
     node::allowsets::AllowSetConfig,
     node::preflight,
     report::{
@@ -37,7 +36,7 @@ use crate::{
 };
 
 use capture::Frames;
-use engine::{Engine, FileCounts};
+use engine::{FileCounts, Replayer};
 
 /// Exit status when a capture is damaged; the counts read before the
 /// damage are printed.
@@ -57,15 +56,10 @@ struct Replayed {
     error: Option<(String, u8)>,
 }
 
-/// Runs the replay command; prints errors itself and returns the exit status.
-pub fn run(args: ReplayArgs) -> ExitCode {
-    match replay(&args) {
-        Ok(code) => ExitCode::from(code),
-        Err(e) => {
-            eprintln!("observer: error: {e:#}");
-            ExitCode::from(EXIT_USAGE)
-        }
-    }
+/// Runs the replay command; returns the exit status (0 or [`EXIT_DAMAGED`],
+/// after naming the damaged captures). An error is [`EXIT_USAGE`].
+pub fn run(args: ReplayArgs) -> Result<u8> {
+    replay(&args)
 }
 
 fn open(path: &Path) -> Result<Frames<File>> {
@@ -95,17 +89,16 @@ fn replay(args: &ReplayArgs) -> Result<u8> {
         cidrs: args.allow_cidrs.clone(),
     };
     let mut checks = NodeChecks::new(allow, Duration::MAX);
+    // No local VNIs are written: the capture's belong to the node that
+    // captured, not to this one's vxlan devices, so vni_unknown is off.
     let reports = checks.refresh(&mut observer)?;
-    // The capture's VNIs belong to the node that captured, not to this
-    // one's vxlan devices: vni_unknown is not checked.
-    observer.apply_local_vnis(&[])?;
     let format = args.output.unwrap_or(if io::stdout().is_terminal() {
         Format::Table
     } else {
         Format::Json
     });
 
-    let mut engine = Engine::new(observer, args.local.clone());
+    let mut engine = Replayer::new(observer, args.local.clone());
     let mut replayed = Vec::new();
     let mut rows: Vec<Row> = Vec::new();
     let mut drop_rows: Vec<Row<DropId>> = Vec::new();
@@ -143,16 +136,12 @@ fn replay(args: &ReplayArgs) -> Result<u8> {
         anomaly_events: &[],
         anomalies: &[],
     };
-    let printed = print(format, &reports, &replayed, &snapshot);
-    if let Err(e) = printed
-        && e.kind() != io::ErrorKind::BrokenPipe
-    {
-        return Err(e).context("writing output");
-    }
+    // A closed stdout ends here (see `cmd::pipe`).
+    print(format, &reports, &replayed, &snapshot).context("writing output")?;
     let mut code = 0;
     for r in &replayed {
         if let Some((error, status)) = &r.error {
-            eprintln!("observer: error: capture {}: {error}", r.name);
+            pipe::eprintln(format_args!("observer: error: capture {}: {error}", r.name));
             code = code.max(*status);
         }
     }
@@ -161,7 +150,7 @@ fn replay(args: &ReplayArgs) -> Result<u8> {
 
 /// Replays one capture as number `index`.
 fn replay_file(
-    engine: &mut Engine,
+    engine: &mut Replayer,
     path: &Path,
     index: u32,
 ) -> Result<(Replayed, engine::FileRows)> {

@@ -117,6 +117,27 @@ pub struct TunnelDevice {
     pub up: bool,
 }
 
+impl TunnelDevice {
+    /// The device `link` is, sending `proto`, before its kind's attributes
+    /// (VNI, key, port, addresses, lower device) are read.
+    pub fn of_link(link: &Link, proto: Proto, kind: String) -> TunnelDevice {
+        TunnelDevice {
+            name: link.name.clone(),
+            ifindex: link.ifindex,
+            proto,
+            kind,
+            vni: None,
+            key: None,
+            port: None,
+            local: None,
+            remote: None,
+            lower: None,
+            mtu: link.mtu,
+            up: link.up,
+        }
+    }
+}
+
 /// A unicast route (or one next hop of a multipath route) as dumped.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Route {
@@ -255,20 +276,11 @@ pub fn add_declared(links: &[Link], devices: &mut Vec<TunnelDevice>, declared: &
         let Some(link) = links.iter().find(|l| l.name == d.device) else {
             continue;
         };
-        devices.push(TunnelDevice {
-            name: link.name.clone(),
-            ifindex: link.ifindex,
-            proto: d.proto,
-            kind: link.kind.clone().unwrap_or_else(|| "declared".to_string()),
-            vni: None,
-            key: None,
-            port: None,
-            local: None,
-            remote: None,
-            lower: None,
-            mtu: link.mtu,
-            up: link.up,
-        });
+        devices.push(TunnelDevice::of_link(
+            link,
+            d.proto,
+            link.kind.clone().unwrap_or_else(|| "declared".to_string()),
+        ));
     }
     devices.sort_by_key(|t| t.ifindex);
 }
@@ -362,11 +374,6 @@ impl DataPlane {
     /// VNIs of the vxlan devices, sorted and deduplicated.
     pub fn vxlan_vnis(&self) -> Vec<u32> {
         resolve::vxlan_vnis(&self.devices)
-    }
-
-    /// VNIs of `devices`' vxlan devices, sorted and deduplicated.
-    pub fn vxlan_vnis_of(devices: &[TunnelDevice]) -> Vec<u32> {
-        resolve::vxlan_vnis(devices)
     }
 
     /// Tunnel routes whose peer node could not be resolved (for vxlan: a

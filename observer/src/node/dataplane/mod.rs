@@ -28,10 +28,3 @@ pub fn read_declaring(declared: &[DeclaredTunnel]) -> Result<DataPlane> {
         rtnl.route_to(node)
     })
 }
-
-/// VNIs of the vxlan devices of the calling thread's network namespace,
-/// sorted and deduplicated, from a link dump only (cheaper than [`read`]).
-pub fn vxlan_vnis() -> Result<Vec<u32>> {
-    let (_, devices) = netlink::Rtnl::open()?.links()?;
-    Ok(DataPlane::vxlan_vnis_of(&devices))
-}

@@ -344,21 +344,7 @@ fn link(message: &LinkMessage) -> Option<(Link, Option<TunnelDevice>)> {
 
 /// The tunnel view of `link` of kind `kind`; `None` when it is no tunnel.
 fn tunnel_device(link: &Link, kind: &InfoKind, data: Option<&InfoData>) -> Option<TunnelDevice> {
-    let mut device = TunnelDevice {
-        name: link.name.clone(),
-        ifindex: link.ifindex,
-        proto: Proto::Other,
-        kind: kind.to_string(),
-        vni: None,
-        key: None,
-        port: None,
-        local: None,
-        remote: None,
-        lower: None,
-        mtu: link.mtu,
-        up: link.up,
-    };
-    device.proto = match kind {
+    let proto = match kind {
         InfoKind::Vxlan => Proto::Vxlan,
         InfoKind::Geneve => Proto::Geneve,
         InfoKind::IpIp => Proto::Ipip,
@@ -374,6 +360,7 @@ fn tunnel_device(link: &Link, kind: &InfoKind, data: Option<&InfoData>) -> Optio
         InfoKind::Wireguard => Proto::Wireguard,
         _ => return None,
     };
+    let mut device = TunnelDevice::of_link(link, proto, kind.to_string());
     match data {
         Some(InfoData::Vxlan(infos)) => {
             for info in infos {

@@ -1,0 +1,266 @@
+//! The anomaly vocabulary: what kinds of problems exist ([`Kind`]), the
+//! thresholds that judge them, what the node knows of its peers
+//! ([`Known`]), and the anomalies and events the [`Engine`] hands out.
+//!
+//! The engine turns per-peer counters (what is on the wire) and the node's
+//! own view (which nodes exist, which pod blocks they own, which
+//! encapsulation the routes prescribe, who is allowed, which UDP ports mean
+//! which encapsulation) into named problems per peer, each with evidence
+//! and a next step, raised when a condition starts and cleared (with its
+//! duration) when it ends. The work is split by concern:
+//! - `engine`: the window over successive reads, raising and clearing, and
+//!   the bounds that keep memory finite;
+//! - `collect`: rows summed per (peer, encapsulation);
+//! - `rules`: one rule per kind, with its texts.
+//!
+//! Pure logic over values passed in: no kernel, no clock (times come from
+//! the caller), so every rule has fast unit tests.
+
+mod collect;
+mod engine;
+mod rules;
+
+#[cfg(test)]
+mod fixtures;
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::IpAddr,
+    time::{Duration, SystemTime},
+};
+
+use ipnet::IpNet;
+use observer_common::Proto;
+use serde::Serialize;
+use serde_json::Value;
+
+pub use collect::peer_totals;
+pub use engine::Engine;
+
+use crate::model::{
+    facts::{self, ExpectedPeer, SetKind, longest_prefix},
+    ports::PortConfig,
+};
+
+/// (peer, encapsulation) pairs whose history is kept; beyond it the
+/// longest-idle ones are forgotten (and counted), so attacker-chosen
+/// sources cannot grow memory. An idle pair keeps a single sample.
+pub const MAX_TRACKED_PEERS: usize = 65536;
+
+/// Anomalies active at once; beyond it new ones are only counted, so a
+/// flood of spoofed sources cannot flood the output (each would be an
+/// `unknown_peer`).
+pub const MAX_ACTIVE: usize = 1024;
+
+/// One tunnel: a peer and the encapsulation it speaks.
+type Key = (IpAddr, Proto);
+/// One condition of one tunnel; also orders findings (kind first).
+type ActiveKey = (Kind, IpAddr, Proto);
+
+/// What kind of problem an anomaly is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Kind {
+    /// Tunnel packets go to a node and none come back, or the reverse.
+    OneWay,
+    /// Packets from an address that is no node, carrying a node's pod
+    /// address inside: a router rewrote the outer source.
+    SnatSuspected,
+    /// Packets dropped because the source is not in the allow-set (or by
+    /// a netfilter DROP rule).
+    AllowSetDrop,
+    /// Another encapsulation on the wire than the routes prescribe.
+    EncapMismatch,
+    /// Tunnel packets above the MTU, outer fragments, or routers' "too big".
+    Mtu,
+    /// Tunnel packets from a source that is neither a node nor allowed.
+    UnknownPeer,
+    /// A peer's drop rate above the threshold.
+    DropSpike,
+}
+
+impl Kind {
+    /// Every kind, in the order findings are listed (most decisive first).
+    pub const ALL: [Kind; 7] = [
+        Kind::OneWay,
+        Kind::SnatSuspected,
+        Kind::AllowSetDrop,
+        Kind::EncapMismatch,
+        Kind::Mtu,
+        Kind::UnknownPeer,
+        Kind::DropSpike,
+    ];
+
+    /// The name used in JSON and tables.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::OneWay => "one_way",
+            Kind::SnatSuspected => "snat_suspected",
+            Kind::AllowSetDrop => "allow_set_drop",
+            Kind::EncapMismatch => "encap_mismatch",
+            Kind::Mtu => "mtu",
+            Kind::UnknownPeer => "unknown_peer",
+            Kind::DropSpike => "drop_spike",
+        }
+    }
+
+    /// What the kind means, for the diagnosis write-up.
+    pub fn meaning(self) -> &'static str {
+        match self {
+            Kind::OneWay => {
+                "tunnel traffic crosses in one direction only: something on the path (or the peer) drops the other"
+            }
+            Kind::SnatSuspected => {
+                "a router between the nodes rewrites the outer source address of tunnel packets"
+            }
+            Kind::AllowSetDrop => {
+                "the data plane drops these tunnel packets because their source is not an allowed node"
+            }
+            Kind::EncapMismatch => {
+                "the two ends disagree on the encapsulation: what the routes prescribe is not what is on the wire"
+            }
+            Kind::Mtu => "tunnel packets do not fit the path: large transfers stall or fragment",
+            Kind::UnknownPeer => {
+                "tunnel packets arrive from an address this node neither routes to nor allows"
+            }
+            Kind::DropSpike => "a large share of this peer's packets is dropped",
+        }
+    }
+}
+
+/// Thresholds of the rules.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Thresholds {
+    /// Span over which one-way traffic is judged and past which a quiet
+    /// condition clears.
+    pub window: Duration,
+    /// Packets in one direction, over the window, before a missing other
+    /// direction (or another encapsulation) counts.
+    pub min_packets: u64,
+    /// Drops per second of one peer that make a drop spike.
+    pub drop_spike_pps: f64,
+}
+
+impl Default for Thresholds {
+    fn default() -> Self {
+        Thresholds {
+            window: Duration::from_secs(5),
+            min_packets: 5,
+            drop_spike_pps: 5.0,
+        }
+    }
+}
+
+/// What this node knows about its peers: the data plane's expected nodes,
+/// its own addresses, the allow-sets, and the UDP ports that mean each
+/// encapsulation.
+#[derive(Debug, Clone, Default)]
+pub struct Known {
+    /// Expected peer nodes by underlay address (from the data plane).
+    pub nodes: BTreeMap<IpAddr, ExpectedPeer>,
+    /// This node's own addresses.
+    pub local: BTreeSet<IpAddr>,
+    /// Allowed sources (VXLAN, IPIP); `None` before they were read.
+    pub allow: Option<facts::AllowSets>,
+    /// The UDP ports the programs classify by, so that hints name the
+    /// ports a firewall or NAT rule must match on this cluster, not the
+    /// defaults.
+    pub ports: PortConfig,
+}
+
+impl Known {
+    /// The node whose pod block holds `addr` (longest prefix), with the block.
+    pub fn node_owning(&self, addr: IpAddr) -> Option<(IpAddr, IpNet)> {
+        longest_prefix(
+            self.nodes
+                .iter()
+                .flat_map(|(node, n)| n.blocks.iter().map(move |b| (*b, (*node, *b)))),
+            addr,
+        )
+    }
+
+    /// Whether `addr` may send `proto` here: `None` when no allow-set is
+    /// active for that encapsulation.
+    fn allowed(&self, proto: Proto, addr: IpAddr) -> Option<bool> {
+        let kind = set_kind(proto)?;
+        let set = self.allow.as_ref()?.get(kind);
+        if !set.active() {
+            return None;
+        }
+        // One set lookup per prefix length rather than a scan of every
+        // prefix: sets hold one entry per node, possibly thousands.
+        let max_len = if addr.is_ipv4() { 32 } else { 128 };
+        Some(
+            (0..=max_len).any(|len| {
+                IpNet::new(addr, len).is_ok_and(|net| set.prefixes.contains(&net.trunc()))
+            }),
+        )
+    }
+
+    fn is_node(&self, addr: IpAddr) -> bool {
+        self.nodes.contains_key(&addr)
+    }
+}
+
+/// The allow-set that admits `proto`, for the encapsulations that have one.
+fn set_kind(proto: Proto) -> Option<SetKind> {
+    match proto {
+        Proto::Vxlan => Some(SetKind::Vxlan),
+        Proto::Ipip | Proto::Ip6ip => Some(SetKind::Ipip),
+        _ => None,
+    }
+}
+
+/// One problem with one peer.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Anomaly {
+    /// What is wrong.
+    pub kind: Kind,
+    /// The peer it is about (outer address).
+    pub peer: IpAddr,
+    /// Encapsulation concerned (its name in JSON).
+    #[serde(serialize_with = "crate::model::facts::proto_name")]
+    pub proto: Proto,
+    /// When the condition was first seen.
+    #[serde(serialize_with = "rfc3339")]
+    pub since: SystemTime,
+    /// Counts that show it (over the window unless the name says otherwise).
+    pub evidence: BTreeMap<&'static str, Value>,
+    /// One line saying what was measured.
+    pub summary: String,
+    /// One line saying what to do next.
+    pub hint: String,
+}
+
+fn rfc3339<S: serde::Serializer>(at: &SystemTime, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_str(&humantime::format_rfc3339_millis(*at))
+}
+
+/// A change in the set of active anomalies.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    /// A condition started.
+    Raised(Anomaly),
+    /// A condition ended after `duration`; the anomaly carries its last evidence.
+    Cleared {
+        /// The anomaly as last seen.
+        anomaly: Anomaly,
+        /// How long it lasted.
+        duration: Duration,
+    },
+}
+
+/// One anomaly of a bounded run (`observer diagnose`): its latest
+/// evidence, whether it still holds, how long it lasted.
+#[derive(Debug, Clone, Serialize)]
+pub struct FindingRecord {
+    /// The anomaly with its latest evidence.
+    #[serde(flatten)]
+    pub anomaly: Anomaly,
+    /// Whether it still held at the end.
+    pub active: bool,
+    /// How long it lasted, when it ended during the run.
+    pub duration_s: Option<f64>,
+    /// What the kind means.
+    pub meaning: &'static str,
+}

@@ -1,0 +1,641 @@
+//! The rules: one function per [`Kind`], each judging one tunnel (peer,
+//! encapsulation) over the window and, when its condition holds, saying
+//! so in evidence, a summary of what was measured and a hint of what to do
+//! next. The texts name what this node knows: its nodes, allow-sets and
+//! the UDP ports it classifies by.
+
+use std::{collections::BTreeMap, net::IpAddr};
+
+use observer_common::Proto;
+use serde_json::{Value, json};
+
+use super::{
+    Kind, Known, Thresholds,
+    collect::{Extra, Totals},
+    set_kind,
+};
+use crate::model::ports::PortConfig;
+
+/// Everything a rule may look at for one tunnel.
+pub(super) struct PeerFacts<'a> {
+    pub(super) thresholds: &'a Thresholds,
+    /// The peer (outer address).
+    pub(super) peer: IpAddr,
+    pub(super) proto: Proto,
+    /// What the tunnel did over the window.
+    pub(super) window: &'a Totals,
+    /// The span `window` covers: shorter than the threshold's window at start.
+    pub(super) seconds: f64,
+    /// Whether `window` covers a whole window, so that an absence (no
+    /// replies) means something.
+    pub(super) full_window: bool,
+    pub(super) extra: &'a Extra,
+    pub(super) known: &'a Known,
+}
+
+impl PeerFacts<'_> {
+    /// The encapsulation as texts write it.
+    fn name(&self) -> String {
+        self.proto.name().to_uppercase()
+    }
+
+    /// The window in whole seconds, for texts.
+    fn secs(&self) -> u64 {
+        self.seconds.round().max(1.0) as u64
+    }
+
+    fn is_node(&self) -> bool {
+        self.known.is_node(self.peer)
+    }
+
+    /// How the encapsulation is recognised on the path, for hints.
+    fn carrier(&self) -> String {
+        carrier(self.proto, &self.known.ports)
+    }
+}
+
+/// A condition that holds now.
+pub(super) struct Finding {
+    pub(super) evidence: BTreeMap<&'static str, Value>,
+    pub(super) summary: String,
+    pub(super) hint: String,
+}
+
+/// Every condition that holds for one tunnel, with its kind.
+pub(super) fn findings(facts: &PeerFacts<'_>) -> Vec<(Kind, Finding)> {
+    Kind::ALL
+        .into_iter()
+        .filter_map(|kind| rule(kind)(facts).map(|f| (kind, f)))
+        .collect()
+}
+
+/// The rule of `kind`: a match, so a new kind cannot go without one.
+fn rule(kind: Kind) -> fn(&PeerFacts<'_>) -> Option<Finding> {
+    match kind {
+        Kind::OneWay => one_way,
+        Kind::SnatSuspected => snat_suspected,
+        Kind::AllowSetDrop => allow_set_drop,
+        Kind::EncapMismatch => encap_mismatch,
+        Kind::Mtu => mtu,
+        Kind::UnknownPeer => unknown_peer,
+        Kind::DropSpike => drop_spike,
+    }
+}
+
+/// Traffic in one direction only, over a whole window: before that, a
+/// missing direction may only not have happened yet. Received-only traffic
+/// from an address that is no node is left to snat_suspected /
+/// unknown_peer.
+fn one_way(f: &PeerFacts<'_>) -> Option<Finding> {
+    if !f.full_window {
+        return None;
+    }
+    let (d, th, peer, p, secs) = (f.window, f.thresholds, f.peer, f.name(), f.secs());
+    if d.tx >= th.min_packets && d.rx == 0 && f.proto != Proto::Wireguard {
+        return Some(Finding {
+            evidence: BTreeMap::from([
+                ("direction", json!("tx_only")),
+                ("sent", json!(d.tx)),
+                ("received", json!(0)),
+                ("window_s", json!(secs)),
+            ]),
+            summary: format!(
+                "{p} to {peer}: {} packets sent, none received from {peer} in {secs} s",
+                d.tx
+            ),
+            hint: format!(
+                "run `observer diagnose` on {peer}: if nothing arrives there, the path drops {} in this direction; if it arrives from another address, a router rewrites the source",
+                f.carrier()
+            ),
+        });
+    }
+    if d.rx >= th.min_packets && d.tx == 0 && f.is_node() {
+        return Some(Finding {
+            evidence: BTreeMap::from([
+                ("direction", json!("rx_only")),
+                ("sent", json!(0)),
+                ("received", json!(d.rx)),
+                ("window_s", json!(secs)),
+            ]),
+            summary: format!(
+                "{p} from {peer}: {} packets received, none sent back to {peer} in {secs} s",
+                d.rx
+            ),
+            hint: format!(
+                "replies to {peer} do not leave by {p}: check this node's routes to {peer}'s pod blocks (`ip route | grep {peer}`) and whether the packets are dropped here (drop rows)"
+            ),
+        });
+    }
+    None
+}
+
+/// The outer source is no node, the inner source is a node's pod address.
+fn snat_suspected(f: &PeerFacts<'_>) -> Option<Finding> {
+    let (d, peer, p) = (f.window, f.peer, f.name());
+    if d.rx == 0 || f.is_node() {
+        return None;
+    }
+    let inner = f.extra.inner_src?;
+    let (node, block) = f.known.node_owning(inner)?;
+    Some(Finding {
+        evidence: BTreeMap::from([
+            ("outer_source", json!(peer)),
+            ("inner_source", json!(inner)),
+            ("real_node", json!(node)),
+            ("pod_block", json!(block.to_string())),
+            ("packets", json!(d.rx)),
+        ]),
+        summary: format!(
+            "{p} arrives from {peer}, which is no node, carrying {inner} from {node}'s pod block {block}: {node} really sent it"
+        ),
+        hint: format!(
+            "a router between {node} and this node source-NATs {}: exempt it from NAT (or use an encapsulation the router does not NAT, such as IPIP)",
+            f.carrier()
+        ),
+    })
+}
+
+/// The classifier's allow-set verdict or netfilter's DROP: the larger,
+/// since both usually see the same packets.
+fn allow_set_drop(f: &PeerFacts<'_>) -> Option<Finding> {
+    let (d, peer, p, secs) = (f.window, f.peer, f.name(), f.secs());
+    let allow_drops = d.allow_set.max(d.netfilter);
+    if allow_drops == 0 {
+        return None;
+    }
+    let sets = set_names(f.proto);
+    Some(Finding {
+        evidence: BTreeMap::from([
+            ("calico_allow_set", json!(d.allow_set)),
+            ("netfilter_drop", json!(d.netfilter)),
+            ("allow_set", json!(sets)),
+            ("window_s", json!(secs)),
+        ]),
+        summary: format!(
+            "{allow_drops} {p} packets from {peer} dropped in {secs} s: source not in {sets}"
+        ),
+        hint: if f.is_node() {
+            format!(
+                "{peer} is a node: add it to {sets} (is its calico-node running and its Node address right?)"
+            )
+        } else {
+            format!(
+                "if {peer} is a real node, add it to {sets}; if it is a router's address, the real sender is hidden by SNAT (see snat_suspected)"
+            )
+        },
+    })
+}
+
+/// A node's routes prescribe other encapsulations than the one on the wire.
+fn encap_mismatch(f: &PeerFacts<'_>) -> Option<Finding> {
+    let (d, peer, p) = (f.window, f.peer, f.name());
+    let node = f.known.nodes.get(&peer)?;
+    if node.encaps.is_empty()
+        || node.encaps.contains(&f.proto)
+        || d.tx + d.rx < f.thresholds.min_packets
+    {
+        return None;
+    }
+    let prescribed: Vec<&str> = node.encaps.iter().map(|e| e.name()).collect();
+    Some(Finding {
+        evidence: BTreeMap::from([
+            ("on_wire", json!(f.proto.name())),
+            ("routes_prescribe", json!(prescribed)),
+            ("devices", json!(node.devices)),
+            ("sent", json!(d.tx)),
+            ("received", json!(d.rx)),
+        ]),
+        summary: format!(
+            "{p} on the wire with {peer} ({} sent, {} received), but this node's routes to it prescribe {}",
+            d.tx,
+            d.rx,
+            prescribed.join("/")
+        ),
+        hint: format!(
+            "one side still runs the old encapsulation: compare the routes on both nodes (`ip route | grep {peer}`) with the pool the data plane reads (Calico: the IPPool's ipipMode/vxlanMode, not the Installation)"
+        ),
+    })
+}
+
+/// Above the interface MTU, outer fragments, routers' "too big".
+fn mtu(f: &PeerFacts<'_>) -> Option<Finding> {
+    let (d, peer, p, secs) = (f.window, f.peer, f.name(), f.secs());
+    if d.over_mtu + d.outer_fragment + d.path_mtu == 0 {
+        return None;
+    }
+    let overhead = overhead(f.proto);
+    let mut evidence = BTreeMap::from([
+        ("over_mtu", json!(d.over_mtu)),
+        ("outer_fragments", json!(d.outer_fragment)),
+        ("too_big_errors", json!(d.path_mtu)),
+        ("overhead_bytes", json!(overhead)),
+    ]);
+    // A path MTU remembered from an earlier window says nothing of now.
+    let reported = f.extra.path_mtu.filter(|_| d.path_mtu > 0);
+    if let Some(mtu) = reported {
+        evidence.insert("path_mtu", json!(mtu));
+    }
+    let fit = reported.map_or(String::new(), |mtu| {
+        format!(
+            " (at most {} for {p} over a {mtu}-byte path)",
+            mtu.saturating_sub(overhead)
+        )
+    });
+    Some(Finding {
+        evidence,
+        summary: format!(
+            "{p} with {peer}: {} above the MTU, {} outer fragments, {} routers' too-big errors in {secs} s",
+            d.over_mtu, d.outer_fragment, d.path_mtu
+        ),
+        hint: format!(
+            "the tunnel MTU plus {overhead} bytes of {p} overhead exceeds the path MTU: lower the tunnel and pod MTU{fit} or raise the underlay MTU on the path"
+        ),
+    })
+}
+
+/// Neither a node nor allowed, when either is known: a node that knows
+/// neither would call every sender unknown.
+fn unknown_peer(f: &PeerFacts<'_>) -> Option<Finding> {
+    let (d, peer, p) = (f.window, f.peer, f.name());
+    if d.rx == 0 || f.is_node() {
+        return None;
+    }
+    // Looked up only for sources that are no node: the sets can be large.
+    let allowed = f.known.allowed(f.proto, peer);
+    if allowed == Some(true) || (f.known.nodes.is_empty() && allowed.is_none()) {
+        return None;
+    }
+    Some(Finding {
+        evidence: BTreeMap::from([
+            ("received", json!(d.rx)),
+            ("known_nodes", json!(f.known.nodes.len())),
+            ("in_allow_set", json!(allowed)),
+        ]),
+        summary: format!(
+            "{} {p} packets from {peer}, which is neither a node in this node's routes nor in {}",
+            d.rx,
+            if set_kind(f.proto).is_some() {
+                set_names(f.proto)
+            } else {
+                "an allow-set".to_string()
+            }
+        ),
+        hint: format!(
+            "find out what owns {peer}: a router doing SNAT (see snat_suspected), a node missing from the routes and allow-set, or traffic that should not be here"
+        ),
+    })
+}
+
+/// The drop rate over the window. A shorter history, at start, is divided
+/// by the whole window: it had no drops before it, and a few early drops
+/// are no spike.
+fn drop_spike(f: &PeerFacts<'_>) -> Option<Finding> {
+    let (d, th, peer, p, secs) = (f.window, f.thresholds, f.peer, f.name(), f.secs());
+    let drops = d.drops();
+    let rate = drops as f64 / f.seconds.max(th.window.as_secs_f64());
+    if rate <= th.drop_spike_pps {
+        return None;
+    }
+    let reasons: BTreeMap<&str, u64> = f
+        .extra
+        .reasons
+        .iter()
+        .map(|(r, n)| (r.as_str(), *n))
+        .collect();
+    Some(Finding {
+        evidence: BTreeMap::from([
+            ("drops", json!(drops)),
+            ("drops_per_second", json!((rate * 10.0).round() / 10.0)),
+            ("threshold_per_second", json!(th.drop_spike_pps)),
+            ("reasons_since_attach", json!(reasons)),
+        ]),
+        summary: format!(
+            "{rate:.1} {p} drops/s for {peer} ({drops} in {secs} s; threshold {})",
+            th.drop_spike_pps
+        ),
+        hint: format!(
+            "see the drop rows for {peer}: the reasons say whether policy (allow-set, netfilter), the VNI, or the MTU drops them"
+        ),
+    })
+}
+
+/// Outer header bytes each encapsulation adds (IPv4 underlay).
+fn overhead(proto: Proto) -> u32 {
+    match proto {
+        Proto::Vxlan | Proto::VxlanGpe | Proto::Geneve => 50,
+        Proto::Ipip => 20,
+        Proto::Ip6ip => 40,
+        Proto::Gre => 24,
+        Proto::Wireguard => 60,
+        Proto::Other => 0,
+    }
+}
+
+/// How an encapsulation is recognised on the path, for hints: UDP ones by
+/// the ports configured here, since a firewall or NAT exemption must match
+/// those, not the defaults.
+fn carrier(proto: Proto, ports: &PortConfig) -> String {
+    let udp = |name: &str, list: &[u16]| {
+        if list.is_empty() {
+            return format!("{name} (UDP)");
+        }
+        let list: Vec<String> = list.iter().map(u16::to_string).collect();
+        format!("{name} (UDP {})", list.join("/"))
+    };
+    match proto {
+        Proto::Vxlan => udp("VXLAN", &ports.vxlan),
+        Proto::VxlanGpe => udp("VXLAN-GPE", &ports.vxlan_gpe),
+        Proto::Geneve => udp("Geneve", &ports.geneve),
+        Proto::Wireguard => udp("WireGuard", &ports.wireguard),
+        Proto::Ipip => "IPIP (IP protocol 4)".into(),
+        Proto::Ip6ip => "IPv6-in-IP (IP protocol 41)".into(),
+        Proto::Gre => "GRE (IP protocol 47)".into(),
+        Proto::Other => "plain IP".into(),
+    }
+}
+
+/// The Calico sets that admit `proto`, as texts name them.
+fn set_names(proto: Proto) -> String {
+    set_kind(proto).map_or_else(String::new, |k| k.calico_sets().join("/"))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use observer_common::{ClassifierDrop, Direction};
+
+    use super::*;
+    use crate::model::anomalies::{
+        Anomaly, Engine, Event,
+        fixtures::{drive, drop, flow, ip, known, raised, th},
+    };
+
+    #[test]
+    fn healthy_traffic_raises_nothing() {
+        let mut e = Engine::new(th(), 0.0);
+        let events = drive(&mut e, &known(), 30, |t| {
+            let n = t as u64 * 10;
+            (
+                vec![
+                    flow("10.10.60.127", Proto::Vxlan, Direction::Tx, n),
+                    flow("10.10.60.127", Proto::Vxlan, Direction::Rx, n),
+                    flow("10.10.60.209", Proto::Ipip, Direction::Tx, n),
+                    flow("10.10.60.209", Proto::Ipip, Direction::Rx, n),
+                ],
+                vec![],
+            )
+        });
+        assert_eq!(events, vec![]);
+    }
+
+    #[test]
+    fn the_incident_on_the_gpu_node() {
+        let mut e = Engine::new(th(), 0.0);
+        let mut snat = flow("10.10.10.244", Proto::Vxlan, Direction::Rx, 0);
+        snat.inner = Some((ip("10.42.168.210"), ip("10.42.182.1")));
+        let events = drive(&mut e, &known(), 6, |t| {
+            let n = t as u64 * 10;
+            let mut snat = snat.clone();
+            snat.packets = n;
+            (
+                vec![
+                    flow("10.10.60.127", Proto::Vxlan, Direction::Tx, n),
+                    snat,
+                    flow("10.10.60.209", Proto::Ipip, Direction::Rx, n),
+                    flow("10.10.60.209", Proto::Ipip, Direction::Tx, n),
+                ],
+                vec![drop(
+                    "10.10.10.244",
+                    Proto::Vxlan,
+                    ClassifierDrop::CalicoAllowSet,
+                    n,
+                    4096,
+                )],
+            )
+        });
+        let mut raised = raised(&events);
+        raised.sort();
+        assert_eq!(
+            raised,
+            vec![
+                (Kind::OneWay, "10.10.60.127".into()),
+                (Kind::SnatSuspected, "10.10.10.244".into()),
+                (Kind::AllowSetDrop, "10.10.10.244".into()),
+                (Kind::UnknownPeer, "10.10.10.244".into()),
+                (Kind::DropSpike, "10.10.10.244".into()),
+            ]
+        );
+        let snat = e
+            .active()
+            .into_iter()
+            .find(|a| a.kind == Kind::SnatSuspected)
+            .unwrap()
+            .clone();
+        assert_eq!(snat.evidence["real_node"], json!("10.10.60.127"));
+        assert_eq!(snat.evidence["inner_source"], json!("10.42.168.210"));
+        assert_eq!(snat.evidence["pod_block"], json!("10.42.168.192/26"));
+        let line = serde_json::to_value(&snat).unwrap();
+        assert_eq!(line["since"], json!("1970-01-01T00:00:01.000Z"));
+        assert_eq!(line["kind"], json!("snat_suspected"));
+        assert_eq!(line["proto"], json!("vxlan"));
+    }
+
+    #[test]
+    fn encap_mismatch_against_the_routes() {
+        let mut e = Engine::new(th(), 0.0);
+        let events = drive(&mut e, &known(), 3, |t| {
+            let n = t as u64 * 10;
+            (
+                vec![
+                    // Routes to .209 say IPIP; VXLAN arrives.
+                    flow("10.10.60.209", Proto::Vxlan, Direction::Rx, n),
+                    flow("10.10.60.209", Proto::Ipip, Direction::Tx, n),
+                ],
+                vec![],
+            )
+        });
+        assert_eq!(
+            raised(&events),
+            vec![(Kind::EncapMismatch, "10.10.60.209".into())]
+        );
+        let a = e.active()[0];
+        assert_eq!(a.evidence["routes_prescribe"], json!(["ipip"]));
+        assert_eq!(a.evidence["on_wire"], json!("vxlan"));
+    }
+
+    #[test]
+    fn mtu_from_fragments_and_too_big_errors() {
+        let mut e = Engine::new(th(), 0.0);
+        let events = drive(&mut e, &known(), 2, |t| {
+            let n = t as u64 * 10;
+            (
+                vec![
+                    flow("10.10.60.209", Proto::Ipip, Direction::Tx, n),
+                    flow("10.10.60.209", Proto::Ipip, Direction::Rx, n),
+                ],
+                vec![
+                    drop(
+                        "10.10.60.209",
+                        Proto::Ipip,
+                        ClassifierDrop::PathMtu,
+                        2,
+                        1400,
+                    ),
+                    drop(
+                        "10.10.60.209",
+                        Proto::Ipip,
+                        ClassifierDrop::OuterFragment,
+                        t as u64,
+                        0,
+                    ),
+                ],
+            )
+        });
+        assert_eq!(raised(&events), vec![(Kind::Mtu, "10.10.60.209".into())]);
+        let a = e.active()[0];
+        assert_eq!(a.evidence["path_mtu"], json!(1400));
+        assert_eq!(a.evidence["too_big_errors"], json!(2));
+        assert_eq!(a.evidence["outer_fragments"], json!(2));
+        assert!(a.hint.contains("at most 1380 for IPIP"), "{}", a.hint);
+    }
+
+    #[test]
+    fn allowed_unknown_sources_and_nothing_known() {
+        // In the allow-set but not routed to: not unknown.
+        let mut k = known();
+        k.allow
+            .as_mut()
+            .unwrap()
+            .vxlan
+            .prefixes
+            .insert("10.10.99.0/24".parse().unwrap());
+        let mut e = Engine::new(th(), 0.0);
+        let events = drive(&mut e, &k, 3, |t| {
+            (
+                vec![flow("10.10.99.5", Proto::Vxlan, Direction::Rx, t as u64)],
+                vec![],
+            )
+        });
+        assert_eq!(events, vec![]);
+        // A node without routes or allow-sets knows nothing: no unknown_peer.
+        let mut e = Engine::new(th(), 0.0);
+        let events = drive(&mut e, &Known::default(), 3, |t| {
+            (
+                vec![flow("10.10.99.5", Proto::Vxlan, Direction::Rx, t as u64)],
+                vec![],
+            )
+        });
+        assert_eq!(events, vec![]);
+    }
+
+    /// The one-way VXLAN anomaly raised after a whole window of sending
+    /// to .127 without replies, as `known` words it.
+    fn one_way_to_127(known: &Known) -> Anomaly {
+        let mut e = Engine::new(th(), 0.0);
+        let events = drive(&mut e, known, 5, |t| {
+            (
+                vec![flow(
+                    "10.10.60.127",
+                    Proto::Vxlan,
+                    Direction::Tx,
+                    t as u64 * 10,
+                )],
+                vec![],
+            )
+        });
+        match events.as_slice() {
+            [Event::Raised(a)] if a.kind == Kind::OneWay => a.clone(),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn hints_name_the_default_ports_unless_configured() {
+        let default = one_way_to_127(&known());
+        assert!(
+            default.hint.contains("drops VXLAN (UDP 4789/8472) in"),
+            "{}",
+            default.hint
+        );
+        let configured = Known {
+            ports: PortConfig {
+                vxlan: vec![4790],
+                vxlan_gpe: vec![4791],
+                ..PortConfig::default()
+            },
+            ..known()
+        };
+        let a = one_way_to_127(&configured);
+        assert!(a.hint.contains("drops VXLAN (UDP 4790) in"), "{}", a.hint);
+        assert!(!a.hint.contains("4789"), "{}", a.hint);
+    }
+
+    #[test]
+    fn carriers_name_every_configured_udp_port() {
+        let ports = PortConfig {
+            geneve: vec![6081, 16081],
+            wireguard: vec![],
+            ..PortConfig::default()
+        };
+        assert_eq!(carrier(Proto::Geneve, &ports), "Geneve (UDP 6081/16081)");
+        assert_eq!(carrier(Proto::VxlanGpe, &ports), "VXLAN-GPE (UDP 4790)");
+        assert_eq!(carrier(Proto::Wireguard, &ports), "WireGuard (UDP)");
+        assert_eq!(carrier(Proto::Ipip, &ports), "IPIP (IP protocol 4)");
+    }
+
+    #[test]
+    fn every_kind_is_judged_in_listing_order() {
+        // Two tunnels that trip every rule between them: .244 is no node
+        // yet speaks for .127's pods; .127 gets no replies and its routes
+        // say IPIP. Both are dropped by the allow-set and send too big.
+        let mut k = known();
+        k.nodes.get_mut(&ip("10.10.60.127")).unwrap().encaps = BTreeSet::from([Proto::Ipip]);
+        let d = Totals {
+            tx: 10,
+            rx: 10,
+            allow_set: 40,
+            classifier_drops: 41,
+            over_mtu: 1,
+            ..Totals::default()
+        };
+        let extra = Extra {
+            inner_src: Some(ip("10.42.168.210")),
+            ..Extra::default()
+        };
+        let kinds = |peer: &str, d: &Totals| -> Vec<Kind> {
+            let facts = PeerFacts {
+                thresholds: &th(),
+                peer: ip(peer),
+                proto: Proto::Vxlan,
+                window: d,
+                seconds: 5.0,
+                full_window: true,
+                extra: &extra,
+                known: &k,
+            };
+            findings(&facts).into_iter().map(|(kind, _)| kind).collect()
+        };
+        assert_eq!(
+            kinds("10.10.10.244", &d),
+            vec![
+                Kind::SnatSuspected,
+                Kind::AllowSetDrop,
+                Kind::Mtu,
+                Kind::UnknownPeer,
+                Kind::DropSpike,
+            ]
+        );
+        let one_way = Totals { rx: 0, ..d };
+        assert_eq!(
+            kinds("10.10.60.127", &one_way),
+            vec![
+                Kind::OneWay,
+                Kind::AllowSetDrop,
+                Kind::EncapMismatch,
+                Kind::Mtu,
+                Kind::DropSpike,
+            ]
+        );
+    }
+}
