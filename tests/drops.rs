@@ -187,19 +187,6 @@ fn dump(lines: &[Value]) -> String {
         .join("\n")
 }
 
-/// Stops the observer with SIGINT: exit 0 and a final snapshot.
-fn stop(observer: ObserverProcess) -> ObserverRun {
-    let run = observer.stop();
-    assert_eq!(
-        run.status.code(),
-        Some(0),
-        "observer exit {}: {}",
-        run.status,
-        run.stderr
-    );
-    run
-}
-
 /// Drop rows of the final snapshot as key -> (packets, bytes). The final
 /// snapshot must repeat every row ever printed.
 fn final_drops(run: &ObserverRun) -> BTreeMap<DropKey, (u64, u64)> {
@@ -346,7 +333,7 @@ fn vxlan_allow_set_drops(tag: &str, plane: Plane) {
             && rx_packets(lines, "vr", "vxlan", X, VNI.into()) >= N
     });
     settle(&observer);
-    let run = stop(observer);
+    let run = observer.stop_ok();
 
     let len = denied.len() as u64;
     assert_eq!(allowed.len(), denied.len());
@@ -488,7 +475,7 @@ fn ipip_from_non_calico_hosts_is_flagged_and_dropped() {
         drop_packets(lines, &flagged) >= N && drop_packets(lines, &dropped) >= N && x_kernel >= N
     });
     settle(&observer);
-    let run = stop(observer);
+    let run = observer.stop_ok();
 
     let len = denied.len() as u64;
     let found = final_drops(&run);
@@ -615,7 +602,7 @@ fn membership_change(tag: &str, plane: Plane) {
         rule_total += N;
     }
     settle(&observer);
-    let run = stop(observer);
+    let run = observer.stop_ok();
 
     let len = from_y.len() as u64;
     let mut expected = BTreeMap::from([
@@ -755,7 +742,7 @@ fn unknown_vni_and_closed_vxlan_port_name_kernel_reasons() {
             && z3_kernel >= N
     });
     settle(&observer);
-    let run = stop(observer);
+    let run = observer.stop_ok();
 
     let mut found = final_drops(&run);
     eprintln!("vni: drops {found:?}");
@@ -877,7 +864,7 @@ fn drops_on_unwatched_interfaces_are_not_counted() {
         drop_packets(lines, &no_socket) >= N
     });
     settle(&observer);
-    let run = stop(observer);
+    let run = observer.stop_ok();
 
     let found = final_drops(&run);
     eprintln!("unwatched: drops {found:?}");
@@ -978,7 +965,7 @@ fn missing_tools_and_absent_sets_only_warn() {
     wait(&observer, "X's frames", |lines| {
         rx_packets(lines, "vr", "vxlan", X, VNI.into()) >= N
     });
-    let run = stop(observer);
+    let run = observer.stop_ok();
     assert_eq!(run.counts("vr", "rx", "vxlan", Some(X), VNI.into()).0, N);
     assert!(drops(&run.lines).is_empty(), "{:#?}", drops(&run.lines));
     let line = allow_set(&run.lines, "vxlan").unwrap();
@@ -1059,7 +1046,7 @@ fn command_line_allow_sets_and_cidrs() {
             && rx_packets(lines, "vr", "ipip", X, 0) >= N
     });
     settle(&observer);
-    let run = stop(observer);
+    let run = observer.stop_ok();
     let classifier: BTreeMap<DropKey, (u64, u64)> = final_drops(&run)
         .into_iter()
         .filter(|(k, _)| k.4 == "classifier")

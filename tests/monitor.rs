@@ -145,18 +145,6 @@ fn wait_json_both_ways(observer: &ObserverProcess, packets: u64) {
     );
 }
 
-/// Stops the observer with SIGINT and checks that it exited 0.
-fn stop_ok(observer: ObserverProcess) -> ObserverRun {
-    let run = observer.stop();
-    assert!(
-        run.status.success(),
-        "observer exit {}: {}",
-        run.status,
-        run.stderr
-    );
-    run
-}
-
 /// Names in `dir` (sorted).
 fn dir_names(dir: &Path) -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir(dir)
@@ -299,7 +287,7 @@ fn node_exporter_serves_the_exact_counts() {
     assert_eq!(mode & 0o777, 0o644, "mode of {}", file.display());
 
     drop(node_exporter);
-    stop_ok(observer);
+    observer.stop_ok();
     assert_eq!(
         dir_names(dir.path()),
         Vec::<String>::new(),
@@ -392,7 +380,7 @@ fn recreated_interface_is_reattached_and_counters_keep_growing() {
         "no version written while va was gone"
     );
 
-    let run = stop_ok(observer);
+    let run = observer.stop_ok();
     let events: Vec<(String, u64)> = run
         .lines
         .iter()
@@ -498,7 +486,7 @@ fn unwritable_textfile_dir_is_logged_counted_and_survived() {
         "no failure since"
     );
 
-    let run = stop_ok(observer);
+    let run = observer.stop_ok();
     eprintln!("unwritable: observer_export_errors_total {errors}");
     let failures: Vec<&str> = run
         .stderr
@@ -613,7 +601,7 @@ fn million_sources_keep_memory_labels_and_accounting_bounded() {
     });
     let rss_settled = rss_kib(pid);
     let rss_max = sampler.stop();
-    let run = stop_ok(observer);
+    let run = observer.stop_ok();
     let versions = watcher.stop();
 
     let stats = run.final_stats();
@@ -808,7 +796,7 @@ fn config_file_and_sighup_reload() {
     assert_eq!(sum_over_peers(&in_b, PACKETS, Some("rx"), "vxlan"), 62.0);
     assert!(!file_a.exists());
 
-    let run = stop_ok(observer);
+    let run = observer.stop_ok();
     assert!(!file_b.exists(), "removed on exit");
     let logged = |text: &str| run.stderr.lines().filter(|l| l.contains(text)).count();
     assert_eq!(logged("settings reloaded"), 1, "{}", run.stderr);

@@ -68,13 +68,7 @@ fn vxlan_ping_matches_tcpdump(
     );
 
     let capture = tcpdump.stop_after(2 * PINGS as usize);
-    let run = observer.stop();
-    assert!(
-        run.status.success(),
-        "observer exit {}: {}",
-        run.status,
-        run.stderr
-    );
+    let run = observer.stop_ok();
     run.final_stats();
 
     let n = u64::from(PINGS);
@@ -256,13 +250,7 @@ fn tcp_through_vxlan_counts_gso_segments() {
     server.join().unwrap();
 
     let after = (tcp_out_segments(&pair.a), tcp_out_segments(&pair.b));
-    let run = observer.stop();
-    assert!(
-        run.status.success(),
-        "observer exit {}: {}",
-        run.status,
-        run.stderr
-    );
+    let run = observer.stop_ok();
     let capture = tcpdump.stop_after(1);
     let a_segments = (after.0.0 - before.0.0) + (after.0.1 - before.0.1);
     let b_segments = (after.1.0 - before.1.0) + (after.1.1 - before.1.1);
@@ -562,13 +550,7 @@ fn crafted_tunnel_frames_are_counted_per_protocol_and_peer() {
         before,
         pair.a.link_stats("va")
     );
-    let run = observer.stop();
-    assert!(
-        run.status.success(),
-        "observer exit {}: {}",
-        run.status,
-        run.stderr
-    );
+    let run = observer.stop_ok();
     run.final_stats();
 
     let rows = run.peers();

@@ -251,16 +251,26 @@ pub fn assert_incident(lines: &[Value]) {
     }
 
     // The nodes' own anomalies: on gpu, VXLAN to cp1 one way, and the
-    // rewritten source flagged four ways; on cp1, VXLAN to gpu one way;
-    // cp2 (no VXLAN with gpu) healthy. IPIP raises nothing.
+    // rewritten source flagged three ways; on cp1, VXLAN to gpu one way;
+    // cp2 (no VXLAN with gpu) healthy. IPIP raises nothing. drop_spike is
+    // a rate (drops per second above 5; the pings make 10): on a loaded
+    // machine or under emulation the pings slow down and it may not fire,
+    // so it is not part of the exact set, but when it fires it names the
+    // rewritten source.
+    let mut gpu = node_findings(lines, "gpu");
+    let spike = ("drop_spike".to_string(), "10.10.10.244".to_string());
+    gpu.remove(&spike);
+    assert!(
+        gpu.iter().all(|(kind, _)| kind != "drop_spike"),
+        "drop_spike for another peer: {gpu:?}"
+    );
     assert_eq!(
-        node_findings(lines, "gpu"),
+        gpu,
         pairs(&[
             ("one_way", "10.10.60.127"),
             ("snat_suspected", "10.10.10.244"),
             ("allow_set_drop", "10.10.10.244"),
             ("unknown_peer", "10.10.10.244"),
-            ("drop_spike", "10.10.10.244"),
         ])
     );
     assert_eq!(

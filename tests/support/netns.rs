@@ -325,6 +325,19 @@ impl ObserverProcess {
         self.stop_with(libc::SIGINT)
     }
 
+    /// Sends SIGINT, collects the output and asserts exit status 0.
+    pub fn stop_ok(self) -> ObserverRun {
+        let run = self.stop();
+        assert_eq!(
+            run.status.code(),
+            Some(0),
+            "observer exit {}: {}",
+            run.status,
+            run.stderr
+        );
+        run
+    }
+
     /// Sends `sig` and collects everything the process printed.
     pub fn stop_with(self, sig: libc::c_int) -> ObserverRun {
         signal(self.pid(), sig);

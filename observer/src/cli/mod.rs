@@ -90,7 +90,8 @@ pub enum Command {
     /// Count the tunnel traffic of capture files, as attach would have.
     ///
     /// Every frame of each pcap or pcapng file (from `tcpdump -w`; link types
-    /// Ethernet, Linux cooked v1/v2 and raw IP) goes through the observer's
+    /// Ethernet, Linux cooked v1/v2, raw IP, BSD/macOS loopback and NFLOG)
+    /// goes through the observer's
     /// own eBPF classifier in the kernel with BPF_PROG_TEST_RUN: no interface
     /// is touched, but loading the programs needs root or CAP_BPF,
     /// CAP_NET_ADMIN and CAP_PERFMON. The rows are attach's (same table and

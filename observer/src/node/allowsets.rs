@@ -62,35 +62,28 @@ pub struct AllowSetConfig {
 /// `problems` and the rest still counts.
 pub fn read(config: &AllowSetConfig) -> AllowSets {
     let mut snapshot = AllowSets::default();
-    let nft_sets = match tools::output("nft", &["-j", "list", "sets"], "its allow-sets") {
-        Ok(json) => match parse_nft_sets(&json) {
-            Ok(sets) => sets,
-            Err(e) => {
-                snapshot
-                    .problems
-                    .push(format!("cannot parse `nft -j list sets`: {e}"));
-                Vec::new()
-            }
-        },
-        Err(e) => {
-            snapshot.problems.push(e.to_string());
-            Vec::new()
-        }
-    };
+    let wanted: Vec<(SetKind, Vec<&str>)> = SetKind::ALL
+        .into_iter()
+        .map(|kind| {
+            let names = kind
+                .calico_sets()
+                .iter()
+                .copied()
+                .chain(
+                    config
+                        .sets
+                        .iter()
+                        .filter(|s| s.kind == kind)
+                        .map(|s| s.value.as_str()),
+                )
+                .collect();
+            (kind, names)
+        })
+        .collect();
+    let all_names: Vec<&str> = wanted.iter().flat_map(|(_, n)| n.iter().copied()).collect();
+    let nft_sets = read_nft_sets(&all_names, &mut snapshot.problems);
     let mut ipset_missing = false;
-    for kind in SetKind::ALL {
-        let names: Vec<&str> = kind
-            .calico_sets()
-            .iter()
-            .copied()
-            .chain(
-                config
-                    .sets
-                    .iter()
-                    .filter(|s| s.kind == kind)
-                    .map(|s| s.value.as_str()),
-            )
-            .collect();
+    for (kind, names) in wanted {
         for name in names {
             if !ipset_missing {
                 match tools::output("ipset", &["save", name], "its allow-sets") {
@@ -129,6 +122,39 @@ pub fn read(config: &AllowSetConfig) -> AllowSets {
         }
     }
     snapshot
+}
+
+/// The nftables sets named in `names`, with their elements. The sets are
+/// found by a terse listing (no elements), then each is listed on its own:
+/// a node's other sets (Calico writes thousands of elements into its
+/// policy sets) are never read.
+fn read_nft_sets(names: &[&str], problems: &mut Vec<String>) -> Vec<NftSet> {
+    let listed = match tools::output("nft", &["-j", "-t", "list", "sets"], "its allow-sets") {
+        Ok(json) => match parse_nft_sets(&json) {
+            Ok(sets) => sets,
+            Err(e) => {
+                problems.push(format!("cannot parse `nft -j -t list sets`: {e}"));
+                return Vec::new();
+            }
+        },
+        Err(e) => {
+            problems.push(e.to_string());
+            return Vec::new();
+        }
+    };
+    let mut sets = Vec::new();
+    for set in listed.iter().filter(|s| names.contains(&s.name.as_str())) {
+        let args = ["-j", "list", "set", &set.family, &set.table, &set.name];
+        match tools::output("nft", &args, "its allow-sets") {
+            Ok(json) => match parse_nft_sets(&json) {
+                Ok(found) => sets.extend(found),
+                Err(e) => problems.push(format!("cannot parse `nft {}`: {e}", args.join(" "))),
+            },
+            // Removed between the two calls: gone this time.
+            Err(e) => problems.push(e.to_string()),
+        }
+    }
+    sets
 }
 
 /// The names looked for, for the "no set found" message.
@@ -235,7 +261,7 @@ struct NftSetJson {
     elem: Vec<serde_json::Value>,
 }
 
-/// Sets in `nft -j list sets` output. Elements are strings (addresses),
+/// Sets in `nft -j list set(s)` output. Elements are strings (addresses),
 /// `{"prefix": {"addr", "len"}}` or `{"range": [a, b]}`; others (set
 /// elements with timeouts wrap them in `{"elem": {"val": ...}}`) are unwrapped.
 pub fn parse_nft_sets(json: &str) -> Result<Vec<NftSet>> {

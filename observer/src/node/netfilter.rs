@@ -56,7 +56,9 @@ pub fn read_calico_drop_rules() -> (Vec<RuleReading>, Vec<String>) {
         ("iptables-save", "iptables"),
         ("ip6tables-save", "ip6tables"),
     ] {
-        match tools::output(tool, &["-c"], "its rule counters") {
+        // Calico's allow-set drop rules are in the filter table
+        // (cali-INPUT): the other tables are never read.
+        match tools::output(tool, &["-c", "-t", "filter"], "its rule counters") {
             Ok(text) => rules.extend(parse_iptables_save(&text, backend)),
             Err(e) => problems.push(e.to_string()),
         }

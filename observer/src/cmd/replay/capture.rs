@@ -34,10 +34,17 @@ pub const LINKTYPE_RAW_14: u32 = 14;
 pub const LINKTYPE_IPV4: u32 = 228;
 /// LINKTYPE_IPV6: raw IPv6 only.
 pub const LINKTYPE_IPV6: u32 = 229;
+/// LINKTYPE_NULL: BSD and macOS loopback; a 4-byte address family in the
+/// capturing host's byte order.
+pub const LINKTYPE_NULL: u32 = 0;
+/// LINKTYPE_LOOP: OpenBSD loopback; the family in network byte order.
+pub const LINKTYPE_LOOP: u32 = 108;
+/// LINKTYPE_NFLOG: Linux netfilter log (`tcpdump -i nflog:N`).
+pub const LINKTYPE_NFLOG: u32 = 239;
 
 /// Link types this module turns into Ethernet, for messages.
-pub const SUPPORTED_LINK_TYPES: &str =
-    "Ethernet (1), Linux cooked v1 (113) and v2 (276), raw IP (12, 14, 101, 228, 229)";
+pub const SUPPORTED_LINK_TYPES: &str = "Ethernet (1), Linux cooked v1 (113) and v2 (276), \
+     raw IP (12, 14, 101, 228, 229), BSD loopback (0, 108), NFLOG (239)";
 
 const ETH_HLEN: usize = 14;
 const SLL_HLEN: usize = 16;
@@ -287,6 +294,9 @@ fn supported(link_type: u32) -> bool {
             | LINKTYPE_RAW_14
             | LINKTYPE_IPV4
             | LINKTYPE_IPV6
+            | LINKTYPE_NULL
+            | LINKTYPE_LOOP
+            | LINKTYPE_NFLOG
     )
 }
 
@@ -481,8 +491,70 @@ pub fn to_ethernet(link_type: u32, data: Vec<u8>) -> Vec<u8> {
         }
         LINKTYPE_IPV4 => ethernet(ETH_P_IP, &data),
         LINKTYPE_IPV6 => ethernet(ETH_P_IPV6, &data),
+        LINKTYPE_NULL | LINKTYPE_LOOP if data.len() >= LOOPBACK_HLEN => {
+            let packet = &data[LOOPBACK_HLEN..];
+            ethernet(loopback_ethertype(&data, packet), packet)
+        }
+        LINKTYPE_NULL | LINKTYPE_LOOP => Vec::new(),
+        LINKTYPE_NFLOG => match nflog_payload(&data) {
+            Some(packet) => ethernet(raw_ip_ethertype(packet), packet),
+            None => Vec::new(),
+        },
         _ => data,
     }
+}
+
+/// Length of the NULL and LOOP link headers: the address family.
+const LOOPBACK_HLEN: usize = 4;
+
+/// The EtherType of a loopback packet from its 4-byte address family.
+/// NULL writes it in the capturing host's byte order, which the file does
+/// not say, and IPv6's number differs between systems (Linux 10, NetBSD
+/// and OpenBSD 24, FreeBSD 28, macOS 30): both byte orders are tried, and
+/// an unknown family falls back to the packet's version nibble.
+fn loopback_ethertype(header: &[u8], packet: &[u8]) -> u16 {
+    let bytes: [u8; 4] = [header[0], header[1], header[2], header[3]];
+    for family in [u32::from_le_bytes(bytes), u32::from_be_bytes(bytes)] {
+        match family {
+            2 => return ETH_P_IP,
+            10 | 24 | 28 | 30 => return ETH_P_IPV6,
+            _ => {}
+        }
+    }
+    raw_ip_ethertype(packet)
+}
+
+/// NFLOG's type-length-value attribute that carries the logged packet.
+const NFULA_PAYLOAD: u16 = 9;
+
+/// The IP packet of an NFLOG record: a 4-byte header (family, version,
+/// resource id), then attributes of a 4-byte header (length including
+/// it, type; in the capturing host's byte order) padded to 4 bytes. The
+/// byte order is the one that gives a known attribute type (the kernel's
+/// are below 32). A payload cut by the snap length is returned as far as
+/// it was captured. `None` when the record has no payload attribute.
+fn nflog_payload(record: &[u8]) -> Option<&[u8]> {
+    let mut at = 4;
+    while let Some(header) = record.get(at..at + 4) {
+        let le_kind = u16::from_le_bytes([header[2], header[3]]) & 0x7fff;
+        let (len, kind) = if le_kind < 32 {
+            (u16::from_le_bytes([header[0], header[1]]), le_kind)
+        } else {
+            (
+                u16::from_be_bytes([header[0], header[1]]),
+                u16::from_be_bytes([header[2], header[3]]) & 0x7fff,
+            )
+        };
+        let len = usize::from(len);
+        if len < 4 {
+            return None;
+        }
+        if kind == NFULA_PAYLOAD {
+            return Some(&record[at + 4..record.len().min(at + len)]);
+        }
+        at += len.div_ceil(4) * 4;
+    }
+    None
 }
 
 /// The outer source address of an Ethernet frame (up to two VLAN tags, like
@@ -559,6 +631,79 @@ mod tests {
         assert!(!frames[0].truncated());
         assert!(frames[1].truncated());
         assert_eq!(frames[1].number, 2);
+    }
+
+    #[test]
+    fn loopback_frames_name_their_family_in_either_byte_order() {
+        let v4 = ipv4_header([198, 18, 0, 2]);
+        let mut v6 = vec![0x60, 0, 0, 0, 0, 0, 17, 64];
+        v6.extend_from_slice(&[0; 32]);
+        let with = |family: [u8; 4], packet: &[u8]| [&family[..], packet].concat();
+        // NULL from a little-endian host, AF_INET.
+        assert_eq!(
+            to_ethernet(LINKTYPE_NULL, with(2u32.to_le_bytes(), &v4)),
+            ethernet(ETH_P_IP, &v4)
+        );
+        // NULL from a big-endian host, macOS's AF_INET6 (30).
+        assert_eq!(
+            to_ethernet(LINKTYPE_NULL, with(30u32.to_be_bytes(), &v6)),
+            ethernet(ETH_P_IPV6, &v6)
+        );
+        // LOOP (network order), OpenBSD's AF_INET6 (24).
+        assert_eq!(
+            to_ethernet(LINKTYPE_LOOP, with(24u32.to_be_bytes(), &v6)),
+            ethernet(ETH_P_IPV6, &v6)
+        );
+        // An unknown family: the version nibble decides.
+        assert_eq!(
+            to_ethernet(LINKTYPE_NULL, with(99u32.to_le_bytes(), &v6)),
+            ethernet(ETH_P_IPV6, &v6)
+        );
+        // Shorter than the family: truncated_l2.
+        assert_eq!(to_ethernet(LINKTYPE_LOOP, vec![0, 0, 0]), Vec::<u8>::new());
+    }
+
+    /// An NFLOG record as the kernel writes it on a little-endian host:
+    /// header, a prefix attribute padded to 4 bytes, the payload.
+    fn nflog(family: u8, packet: &[u8]) -> Vec<u8> {
+        let mut record = vec![family, 0, 0, 5];
+        let prefix = b"cali-drop\0";
+        record.extend_from_slice(&(4 + prefix.len() as u16).to_le_bytes());
+        record.extend_from_slice(&10u16.to_le_bytes()); // NFULA_PREFIX
+        record.extend_from_slice(prefix);
+        record.resize(record.len().div_ceil(4) * 4, 0);
+        record.extend_from_slice(&(4 + packet.len() as u16).to_le_bytes());
+        record.extend_from_slice(&NFULA_PAYLOAD.to_le_bytes());
+        record.extend_from_slice(packet);
+        record
+    }
+
+    #[test]
+    fn nflog_records_give_their_payload() {
+        let v4 = ipv4_header([198, 18, 0, 2]);
+        let record = nflog(2, &v4);
+        let file = pcap(LINKTYPE_NFLOG, &[(&record, record.len() as u32)]);
+        let frames: Vec<Frame> = all(&file).into_iter().map(Result::unwrap).collect();
+        assert_eq!(frames[0].data, ethernet(ETH_P_IP, &v4));
+        assert_eq!(frames[0].captured_len as usize, record.len());
+        // Big-endian attribute headers are read too.
+        let mut big = vec![2, 0, 0, 5];
+        big.extend_from_slice(&(4 + v4.len() as u16).to_be_bytes());
+        big.extend_from_slice(&NFULA_PAYLOAD.to_be_bytes());
+        big.extend_from_slice(&v4);
+        assert_eq!(to_ethernet(LINKTYPE_NFLOG, big), ethernet(ETH_P_IP, &v4));
+        // A payload cut by the snap length: what was captured.
+        assert_eq!(
+            to_ethernet(LINKTYPE_NFLOG, record[..record.len() - 3].to_vec()),
+            ethernet(ETH_P_IP, &v4[..v4.len() - 3])
+        );
+        // No payload attribute, or a damaged length: truncated_l2.
+        let no_payload = nflog(2, &[])[..16].to_vec();
+        assert_eq!(to_ethernet(LINKTYPE_NFLOG, no_payload), Vec::<u8>::new());
+        assert_eq!(
+            to_ethernet(LINKTYPE_NFLOG, vec![2, 0, 0, 5, 1, 0, 9, 0]),
+            Vec::<u8>::new()
+        );
     }
 
     #[test]

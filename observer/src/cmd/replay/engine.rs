@@ -9,6 +9,13 @@
 //! when the LRU evicts a row; each capture's rows are the growth of those
 //! totals while it was replayed, relabelled with the capture's number as
 //! their interface index.
+//!
+//! A test run holds one page in the linear buffer: a longer frame is cut
+//! (skb) or continues in fragments (XDP), and the programs may count fewer
+//! bytes than were captured. For such frames (jumbo frames, GRO
+//! super-packets; rare) the maps are read before and after the run and the
+//! row the frame went to is topped up to its captured length, so the rows
+//! count every captured byte.
 
 use std::{collections::HashMap, hash::Hash, net::IpAddr};
 
@@ -93,7 +100,14 @@ pub struct Replayer {
     drop_seen: HashMap<DropId, (u64, u64)>,
     unfolded: usize,
     flow_entries: u64,
+    /// Captured bytes of long frames the programs did not count, per row
+    /// (totals since the start, like the aggregators').
+    flow_top_up: HashMap<FlowId, u64>,
+    drop_top_up: HashMap<DropId, u64>,
 }
+
+/// The maps' packets and bytes per row, to see which rows one frame moved.
+type Readings<K> = HashMap<K, (u64, u64)>;
 
 impl Replayer {
     /// Feeds `observer`; frames whose outer source is in `local` count as sent.
@@ -108,6 +122,8 @@ impl Replayer {
             drop_seen: HashMap::new(),
             unfolded: 0,
             flow_entries: 0,
+            flow_top_up: HashMap::new(),
+            drop_top_up: HashMap::new(),
         }
     }
 
@@ -131,6 +147,9 @@ impl Replayer {
             (Hook::Xdp, MAX_XDP_SB_FRAME)
         };
         let data = &frame.data[..frame.data.len().min(max)];
+        // Past one page the program may count fewer bytes than the frame has.
+        let long = frame.data.len() > MAX_XDP_SB_FRAME.min(MAX_TC_FRAME);
+        let before = if long { Some(self.readings()?) } else { None };
         testrun::run(self.observer.program_fd(hook)?, data, None, 1).with_context(|| {
             format!(
                 "BPF_PROG_TEST_RUN of {} on frame {} ({} bytes)",
@@ -139,6 +158,9 @@ impl Replayer {
                 data.len()
             )
         })?;
+        if let Some(before) = before {
+            self.top_up(&before, frame.data.len() as u64)?;
+        }
         self.unfolded += 1;
         if self.unfolded >= FOLD_EVERY {
             self.fold()?;
@@ -147,6 +169,35 @@ impl Replayer {
             tx,
             cut: data.len() < frame.data.len(),
         }))
+    }
+
+    fn readings(&self) -> Result<(Readings<FlowId>, Readings<DropId>)> {
+        let flows = self.observer.read_flows()?;
+        let drops = self.observer.read_drops()?;
+        Ok((
+            flows
+                .into_iter()
+                .map(|(id, c)| (id, (c.packets, c.bytes)))
+                .collect(),
+            drops
+                .into_iter()
+                .map(|(id, c)| (id, (c.packets, c.bytes)))
+                .collect(),
+        ))
+    }
+
+    /// Credits the rows one frame of `frame_len` captured bytes moved (one
+    /// flow row, and a drop row when it was flagged) with the bytes the
+    /// program did not count.
+    fn top_up(
+        &mut self,
+        before: &(Readings<FlowId>, Readings<DropId>),
+        frame_len: u64,
+    ) -> Result<()> {
+        let after = self.readings()?;
+        credit(&before.0, &after.0, frame_len, &mut self.flow_top_up);
+        credit(&before.1, &after.1, frame_len, &mut self.drop_top_up);
+        Ok(())
     }
 
     /// Reads the maps into the aggregators.
@@ -165,7 +216,7 @@ impl Replayer {
     pub fn finish_file(&mut self, index: u32, seconds: f64, runts: u64) -> Result<FileRows> {
         self.fold()?;
         let mut rows = grown(
-            self.aggregator.finish_interval(1.0),
+            topped_up(self.aggregator.finish_interval(1.0), &self.flow_top_up),
             &mut self.flow_seen,
             seconds,
             |id| FlowId {
@@ -192,7 +243,7 @@ impl Replayer {
             });
         }
         let drops = grown(
-            self.drop_aggregator.finish_interval(1.0),
+            topped_up(self.drop_aggregator.finish_interval(1.0), &self.drop_top_up),
             &mut self.drop_seen,
             seconds,
             |id| DropId {
@@ -207,6 +258,31 @@ impl Replayer {
     pub fn stats(&self) -> Result<KernelStats> {
         self.observer.stats_for(self.flow_entries)
     }
+}
+
+/// Adds to `top_up` the bytes a frame of `frame_len` was short in each
+/// row whose packets grew between `before` and `after`.
+fn credit<K: Copy + Eq + Hash>(
+    before: &Readings<K>,
+    after: &Readings<K>,
+    frame_len: u64,
+    top_up: &mut HashMap<K, u64>,
+) {
+    for (id, (packets, bytes)) in after {
+        let (packets_before, bytes_before) = before.get(id).copied().unwrap_or((0, 0));
+        if *packets > packets_before {
+            let counted = bytes.saturating_sub(bytes_before);
+            *top_up.entry(*id).or_default() += frame_len.saturating_sub(counted);
+        }
+    }
+}
+
+/// `rows` with the bytes of `top_up` added.
+fn topped_up<K: Eq + Hash>(mut rows: Vec<Row<K>>, top_up: &HashMap<K, u64>) -> Vec<Row<K>> {
+    for row in &mut rows {
+        row.bytes += top_up.get(&row.id).copied().unwrap_or(0);
+    }
+    rows
 }
 
 fn rate(count: u64, seconds: f64) -> f64 {
