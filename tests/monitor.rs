@@ -873,3 +873,38 @@ fn clean_exit_removes_the_textfile_kill9_leaves_it() {
         "the last version written"
     );
 }
+
+/// A stopped observer (SIGSTOP for three intervals) reads the next
+/// interval late, once: the stats lines and the textfile's
+/// `observer_late_intervals_total` say 1, and the intervals after it are
+/// on time again.
+#[test]
+fn a_stopped_observer_counts_one_late_interval() {
+    let test = "a_stopped_observer_counts_one_late_interval";
+    if !support::have_root(test) {
+        return;
+    }
+    let pair = Pair::new("li");
+    let dir = TempDir::new("li");
+    let observer = observer_exporting(&pair, dir.path(), &["--interval", "1s"]);
+    let late = |lines: &[Value]| {
+        lines
+            .iter()
+            .rev()
+            .find(|l| l["type"] == "stats")
+            .and_then(|l| l["late_intervals"].as_u64())
+    };
+    assert_eq!(late(&observer.lines()), Some(0));
+    signal(observer.pid(), libc::SIGSTOP);
+    std::thread::sleep(std::time::Duration::from_millis(3500));
+    signal(observer.pid(), libc::SIGCONT);
+    wait_intervals(&observer, 3);
+    assert_eq!(late(&observer.lines()), Some(1));
+    let exposition = Exposition::read(&dir.path().join(TEXTFILE)).expect("the textfile");
+    assert_eq!(
+        exposition.value("observer_late_intervals_total", &[]),
+        Some(1.0)
+    );
+    let run = observer.stop_ok();
+    assert_eq!(late(&run.lines), Some(1));
+}

@@ -229,7 +229,11 @@ impl ObserverProcess {
     ) -> ObserverProcess {
         let mut command = Command::new(Self::binary());
         command.envs(env.iter().copied());
-        command.args(["attach", "--output", "json", "--interval", "200ms"]);
+        command.args(["attach", "--output", "json"]);
+        // Short intervals keep the tests quick, unless the test sets its own.
+        if !args.contains(&"--interval") {
+            command.args(["--interval", "200ms"]);
+        }
         if let Some(ns) = netns {
             command.args(["--netns", ns]);
         }

@@ -65,6 +65,7 @@ pub fn run(vxlan: &[u8]) -> anyhow::Result<()> {
                 ifaces: &ifaces,
                 stats: observer.stats_for(flows.len() as u64)?,
                 programs_attached: 3,
+                late_intervals: 0,
                 at: SystemTime::now(),
                 anomalies: &engine.active(),
                 anomalies_raised: engine.raised(),

@@ -146,6 +146,8 @@ struct Clock {
     deadline: Option<tokio::time::Instant>,
     /// When the last interval was read (or counting started).
     last: Instant,
+    /// Intervals that woke a whole period or more after they were due.
+    late: u64,
 }
 
 impl Clock {
@@ -159,6 +161,7 @@ impl Clock {
             period,
             deadline: None,
             last: Instant::now(),
+            late: 0,
         }
     }
 
@@ -183,7 +186,15 @@ impl Clock {
     async fn next(&mut self) -> Wake {
         let deadline = self.deadline;
         tokio::select! {
-            _ = self.ticker.tick() => Wake::Tick,
+            due = self.ticker.tick() => {
+                // The ticker delays missed ticks (the process was stopped
+                // or starved, or an interval took longer than the period):
+                // such a tick fires at once, long after it was due.
+                if due.elapsed() >= self.period {
+                    self.late += 1;
+                }
+                Wake::Tick
+            }
             _ = self.signals.interrupt.recv() => Wake::Stop,
             _ = self.signals.terminate.recv() => Wake::Stop,
             _ = self.signals.hangup.recv() => Wake::Hangup,
@@ -541,6 +552,7 @@ impl<'a> Monitor<'a> {
                 rows: &rows,
                 stats,
                 rows_forgotten: self.aggregator.forgotten_rows(),
+                late_intervals: self.clock.late,
                 ifaces: &self.ifaces,
                 attachments: self.observer.attachments(),
                 at,
@@ -635,6 +647,7 @@ impl<'a> Monitor<'a> {
             ifaces: &self.ifaces,
             stats,
             programs_attached: self.observer.programs_attached(),
+            late_intervals: self.clock.late,
             at,
             anomalies: &self.engine.active(),
             anomalies_raised: self.engine.raised(),

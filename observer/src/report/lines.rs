@@ -154,6 +154,7 @@ pub struct StatsLine<'a> {
     flow_evictions: u64,
     flow_insert_failures: u64,
     rows_forgotten: u64,
+    late_intervals: u64,
 }
 
 /// Everything one interval reports.
@@ -164,6 +165,9 @@ pub struct Snapshot<'a> {
     pub stats: KernelStats,
     /// Rows the aggregator forgot (bound reached).
     pub rows_forgotten: u64,
+    /// Intervals read a whole period or more late since the start (the
+    /// process was starved or stopped, or an interval took too long).
+    pub late_intervals: u64,
     /// Interface names by index.
     pub ifaces: &'a HashMap<u32, String>,
     /// Attachments, for the table header.
@@ -470,6 +474,7 @@ pub fn write_json(out: &mut impl Write, snap: &Snapshot<'_>) -> io::Result<()> {
         flow_evictions: snap.stats.flow_evictions,
         flow_insert_failures: snap.stats.flow_insert_failures,
         rows_forgotten: snap.rows_forgotten,
+        late_intervals: snap.late_intervals,
     };
     write_line(out, &Line::Stats(stats))?;
     out.flush()
@@ -519,6 +524,7 @@ mod tests {
             rows,
             stats: KernelStats::default(),
             rows_forgotten: 0,
+            late_intervals: 0,
             ifaces: &ifaces,
             attachments: &[],
             at: SystemTime::UNIX_EPOCH,
@@ -606,6 +612,7 @@ mod tests {
             rows: &rows,
             stats: KernelStats::default(),
             rows_forgotten: 0,
+            late_intervals: 0,
             ifaces: &ifaces,
             attachments: &[],
             at: SystemTime::UNIX_EPOCH,
@@ -655,6 +662,7 @@ mod tests {
             rows: &rows,
             stats: KernelStats::default(),
             rows_forgotten: 0,
+            late_intervals: 0,
             ifaces: &ifaces,
             attachments: &[],
             at: SystemTime::UNIX_EPOCH,

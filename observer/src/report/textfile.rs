@@ -121,6 +121,8 @@ pub struct ExportInput<'a> {
     pub stats: KernelStats,
     /// Programs attached now (all interfaces, all hooks).
     pub programs_attached: usize,
+    /// Intervals read a whole period or more late since the start.
+    pub late_intervals: u64,
     /// When the counters were read.
     pub at: SystemTime,
     /// Anomalies active now.
@@ -366,6 +368,12 @@ impl Exporter {
                 vec![(vec![], input.stats.flow_insert_failures as f64)],
             ),
             family(
+                "observer_late_intervals_total",
+                "Intervals whose counters were read a whole --interval or more late (the observer was starved of CPU, stopped, or an interval's work took too long).",
+                MetricType::COUNTER,
+                vec![(vec![], input.late_intervals as f64)],
+            ),
+            family(
                 "observer_last_update_timestamp_seconds",
                 "Unix time at which the counters in this file were read.",
                 MetricType::GAUGE,
@@ -591,6 +599,7 @@ mod tests {
             ifaces: &ifaces,
             stats: KernelStats::default(),
             programs_attached: 2,
+            late_intervals: 0,
             at: SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_700_000_000),
             anomalies: &[],
             anomalies_raised: &BTreeMap::new(),
@@ -623,6 +632,7 @@ mod tests {
             ifaces: &ifaces,
             stats: KernelStats::default(),
             programs_attached: 2,
+            late_intervals: 0,
             at: SystemTime::UNIX_EPOCH,
             anomalies: &[&anomaly, &anomaly],
             anomalies_raised: &raised,

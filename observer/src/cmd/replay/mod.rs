@@ -125,6 +125,7 @@ fn replay(args: &ReplayArgs) -> Result<u8> {
         rows: &rows,
         stats: engine.stats()?,
         rows_forgotten: 0,
+        late_intervals: 0,
         ifaces: &ifaces,
         attachments: &[],
         at,
