@@ -908,3 +908,49 @@ fn a_stopped_observer_counts_one_late_interval() {
     let run = observer.stop_ok();
     assert_eq!(late(&run.lines), Some(1));
 }
+
+/// A hung tool (here `nft`, as when Calico holds the xtables lock) never
+/// delays an interval: the periodic allow-set and rule-counter reads wait
+/// on a thread of their own, the intervals stay on time
+/// (`late_intervals` 0) while nft hangs, and the run ends normally once it
+/// answers again.
+#[test]
+fn a_hung_tool_never_delays_an_interval() {
+    let test = "a_hung_tool_never_delays_an_interval";
+    if !support::have_root(test) || !have_tool(test, "/usr/sbin/nft", "nftables") {
+        return;
+    }
+    let pair = Pair::new("ht");
+    let bin = TempDir::new("ht");
+    let hang = bin.path().join("hang");
+    let script = format!(
+        "#!/bin/sh\nif [ -e {} ]; then exec sleep 30; fi\nexec /usr/sbin/nft \"$@\"\n",
+        hang.display()
+    );
+    let fake = bin.path().join("nft");
+    std::fs::write(&fake, script).unwrap();
+    std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let path = format!(
+        "{}:{}",
+        bin.path().display(),
+        std::env::var("PATH").unwrap()
+    );
+    let observer = ObserverProcess::spawn_with_env(
+        Some(pair.a.name()),
+        &["--allow-set-refresh", "200ms", "va"],
+        &[("PATH", &path)],
+    );
+    observer.wait_ready(1);
+    std::fs::write(&hang, b"").unwrap();
+    // 15 intervals of 200 ms: 3 s, during which every nft call hangs.
+    wait_intervals(&observer, 15);
+    let late = observer
+        .lines()
+        .iter()
+        .rev()
+        .find(|l| l["type"] == "stats")
+        .and_then(|l| l["late_intervals"].as_u64());
+    assert_eq!(late, Some(0), "an interval waited for the hung nft");
+    std::fs::remove_file(&hang).unwrap();
+    observer.stop_ok();
+}

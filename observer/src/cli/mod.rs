@@ -248,9 +248,10 @@ pub struct AttachArgs {
     pub allow_cidrs: Vec<Tagged<ipnet::IpNet>>,
 
     /// How often allow-sets and Calico's drop-rule counters are re-read
-    /// (each read runs ipset, nft, iptables-save; a tool that hangs is
-    /// given up after 10s and reported); changes take effect in the
-    /// programs at the next refresh. Local vxlan devices (for vni_unknown)
+    /// (each read runs ipset, nft, iptables-save on a thread of its own, so
+    /// a slow tool never delays an interval; a tool that hangs is given up
+    /// after 10s and reported); changes take effect in the programs at the
+    /// first interval after the read. Local vxlan devices (for vni_unknown)
     /// are re-read when netlink reports a change. [default: 5s]
     #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
     pub allow_set_refresh: Option<Duration>,

@@ -2,14 +2,24 @@
 //! allow-sets (mirrored into the programs) and the netfilter rule counters
 //! the observer's own counts are compared with. (Local VNIs come with the
 //! data-plane view, which `attach` already follows.)
+//!
+//! The first reads (before counting starts) and the last (at exit) wait
+//! for the node's tools; the periodic ones in between run on a thread of
+//! their own and are applied at the first interval after they finish, so
+//! a slow or hung tool (nft or iptables waiting for the xtables lock that
+//! Calico holds) never delays an interval.
 
-use std::time::{Duration, Instant};
+use std::{
+    sync::mpsc::{self, Receiver, SyncSender, TryRecvError},
+    time::{Duration, Instant},
+};
 
 use anyhow::Result;
 use observer_common::Proto;
 
 use crate::{
     bpf::Observer,
+    model::crosscheck::RuleReading,
     model::crosscheck::{NetfilterCheck, RuleTally},
     model::rows::DropRow,
     model::rows::Row,
@@ -27,9 +37,75 @@ pub struct NodeChecks {
     allow: Option<AllowSets>,
     /// Calico's drop-rule counters since attach.
     rule_tally: RuleTally,
-    /// When the rule counters were last read.
+    /// When the rule counters were last read (or asked for).
     last_rules_read: Option<Instant>,
     reported_problems: Vec<String>,
+    /// The thread running the periodic reads; started by the first one.
+    reader: Option<ToolReader>,
+    /// A periodic allow-set read that finished, not applied yet.
+    ready_allow: Option<AllowSets>,
+    /// A periodic rule-counter read that finished, not compared yet.
+    ready_rules: Option<RulesRead>,
+    /// The observer's drop rows when that read was asked for: the counters
+    /// are compared with the drops of their own time, not of a later one.
+    drops_when_asked: Vec<DropRow>,
+}
+
+/// Calico's drop-rule counters as read, and the problems met reading them.
+type RulesRead = (Vec<RuleReading>, Vec<String>);
+
+/// What the reader thread is asked to read.
+enum ReadRequest {
+    AllowSets(AllowSetConfig),
+    Rules,
+}
+
+/// What it read.
+enum ReadResult {
+    AllowSets(AllowSets),
+    Rules(RulesRead),
+}
+
+/// The node's tools, run on a thread of their own: at most one request of
+/// each kind in flight (bounded), results picked up without waiting. The
+/// thread is in the network namespace of the thread that started it, and
+/// ends when the [`ToolReader`] is dropped (after its current tool call,
+/// which has its own timeout).
+struct ToolReader {
+    requests: SyncSender<ReadRequest>,
+    results: Receiver<ReadResult>,
+    allow_pending: bool,
+    rules_pending: bool,
+}
+
+impl ToolReader {
+    fn start() -> Result<ToolReader> {
+        let (requests, inbox) = mpsc::sync_channel::<ReadRequest>(2);
+        let (outbox, results) = mpsc::sync_channel::<ReadResult>(2);
+        std::thread::Builder::new()
+            .name("observer-tools".into())
+            .spawn(move || {
+                for request in inbox {
+                    let result = match request {
+                        ReadRequest::AllowSets(config) => {
+                            ReadResult::AllowSets(allowsets::read(&config))
+                        }
+                        ReadRequest::Rules => {
+                            ReadResult::Rules(netfilter::read_calico_drop_rules())
+                        }
+                    };
+                    if outbox.send(result).is_err() {
+                        break;
+                    }
+                }
+            })?;
+        Ok(ToolReader {
+            requests,
+            results,
+            allow_pending: false,
+            rules_pending: false,
+        })
+    }
 }
 
 impl NodeChecks {
@@ -43,22 +119,88 @@ impl NodeChecks {
             rule_tally: RuleTally::default(),
             last_rules_read: None,
             reported_problems: Vec::new(),
+            reader: None,
+            ready_allow: None,
+            ready_rules: None,
+            drops_when_asked: Vec::new(),
         }
     }
 
-    /// Re-reads the allow-sets when a refresh is due, mirrors changes into
+    /// Sends `request` to the reader thread (started on first use); false
+    /// when one of its kind is still running (or the thread is gone).
+    fn ask(&mut self, request: ReadRequest) -> bool {
+        if self.reader.is_none() {
+            match ToolReader::start() {
+                Ok(reader) => self.reader = Some(reader),
+                Err(e) => {
+                    self.warn_once(format!("cannot start the tool reader thread: {e:#}"));
+                    return false;
+                }
+            }
+        }
+        let Some(reader) = self.reader.as_mut() else {
+            return false;
+        };
+        let pending = match request {
+            ReadRequest::AllowSets(_) => &mut reader.allow_pending,
+            ReadRequest::Rules => &mut reader.rules_pending,
+        };
+        if *pending {
+            return false;
+        }
+        *pending = reader.requests.try_send(request).is_ok();
+        *pending
+    }
+
+    /// Picks up what the reader thread finished.
+    fn collect(&mut self) {
+        let Some(reader) = self.reader.as_mut() else {
+            return;
+        };
+        loop {
+            match reader.results.try_recv() {
+                Ok(ReadResult::AllowSets(sets)) => {
+                    reader.allow_pending = false;
+                    self.ready_allow = Some(sets);
+                }
+                Ok(ReadResult::Rules(read)) => {
+                    reader.rules_pending = false;
+                    self.ready_rules = Some(read);
+                }
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Disconnected) => {
+                    self.reader = None;
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Reads the allow-sets (the first time, waiting for the tools; then
+    /// every refresh period, on the reader thread), mirrors changes into
     /// the programs, and returns a report per allow-set that changed (all
     /// of them on the first call).
     pub fn refresh(&mut self, observer: &mut Observer) -> Result<Vec<AllowSetLine>> {
-        if self
-            .last_refresh
-            .is_some_and(|at| at.elapsed() < self.refresh)
-        {
-            return Ok(Vec::new());
+        if self.allow.is_none() {
+            self.last_refresh = Some(Instant::now());
+            let snapshot = allowsets::read(&self.config);
+            return self.apply(observer, snapshot);
         }
-        self.last_refresh = Some(Instant::now());
+        self.collect();
+        let due = self
+            .last_refresh
+            .is_none_or(|at| at.elapsed() >= self.refresh);
+        if due && self.ask(ReadRequest::AllowSets(self.config.clone())) {
+            self.last_refresh = Some(Instant::now());
+        }
+        match self.ready_allow.take() {
+            Some(snapshot) => self.apply(observer, snapshot),
+            None => Ok(Vec::new()),
+        }
+    }
 
-        let snapshot = allowsets::read(&self.config);
+    /// Mirrors `snapshot` into the programs when it changed; the reports.
+    fn apply(&mut self, observer: &mut Observer, snapshot: AllowSets) -> Result<Vec<AllowSetLine>> {
         for problem in &snapshot.problems {
             self.warn_once(problem.clone());
         }
@@ -149,25 +291,41 @@ impl NodeChecks {
     }
 
     /// Calico's drop-rule counters since attach beside the observer's
-    /// `calico_allow_set` counts, when a read is due: every refresh period
-    /// (like the allow-sets) and at the end (`is_final`), not every
-    /// interval, because each read runs iptables-save, ip6tables-save and
-    /// nft, whose cost grows with the node's rules. `None` when not due.
-    /// The first call only takes the baseline.
+    /// `calico_allow_set` counts, when a read is in: every refresh period
+    /// (like the allow-sets, on the reader thread) and at the end
+    /// (`is_final`, waiting for the tools), not every interval, because
+    /// each read runs iptables-save, ip6tables-save and nft, whose cost
+    /// grows with the node's rules. `None` when no read finished. The
+    /// first call (waiting for the tools) only takes the baseline.
     pub fn netfilter(&mut self, drops: &[DropRow], is_final: bool) -> Option<Vec<NetfilterCheck>> {
-        let due = is_final
-            || self
-                .last_rules_read
-                .is_none_or(|at| at.elapsed() >= self.refresh);
-        if !due {
-            return None;
+        if is_final || self.last_rules_read.is_none() {
+            self.last_rules_read = Some(Instant::now());
+            let read = netfilter::read_calico_drop_rules();
+            return Some(self.compare(read, drops));
         }
-        self.last_rules_read = Some(Instant::now());
-        Some(self.read_netfilter(drops))
+        self.collect();
+        let checks = match self.ready_rules.take() {
+            Some(read) => {
+                let asked = std::mem::take(&mut self.drops_when_asked);
+                Some(self.compare(read, &asked))
+            }
+            None => None,
+        };
+        let due = self
+            .last_rules_read
+            .is_none_or(|at| at.elapsed() >= self.refresh);
+        if due && self.ask(ReadRequest::Rules) {
+            self.last_rules_read = Some(Instant::now());
+            self.drops_when_asked = drops.to_vec();
+        }
+        checks
     }
 
-    fn read_netfilter(&mut self, drops: &[DropRow]) -> Vec<NetfilterCheck> {
-        let (readings, problems) = netfilter::read_calico_drop_rules();
+    fn compare(
+        &mut self,
+        (readings, problems): RulesRead,
+        drops: &[DropRow],
+    ) -> Vec<NetfilterCheck> {
         for problem in problems {
             self.warn_once(problem);
         }
