@@ -158,7 +158,10 @@ pub struct LabArgs {
     #[arg(long, value_enum, default_value_t = Scenario::Incident)]
     pub scenario: Scenario,
 
-    /// How long the node observers run; the pings end about 2s earlier.
+    /// How long the traffic runs: the pings are sized to end about 2s
+    /// before this much time has passed since the observers attached, and
+    /// the observers are stopped 1s after the last ping ended (later on a
+    /// slow machine, never before the traffic is over).
     #[arg(long, value_parser = parse_duration, default_value = "20s", value_name = "DURATION")]
     pub duration: Duration,
 

@@ -47,6 +47,10 @@ const TOOLS: [(&str, &str); 5] = [
 /// Pings send at least this many requests each, or the lab refuses to run.
 const MIN_PINGS: u64 = 10;
 
+/// Time allowed beyond the planned traffic: for the observers' backstop,
+/// and for them to write their final interval once stopped.
+const TRAFFIC_SLACK: Duration = Duration::from_secs(60);
+
 /// Runs the lab: build, observe, ping, diagnose, remove.
 pub fn run(args: LabArgs) -> Result<()> {
     preflight()?;
@@ -91,12 +95,15 @@ pub fn run(args: LabArgs) -> Result<()> {
         "duration_ms": args.duration.as_millis() as u64,
     }))?;
 
-    let mut observers = Observers::spawn(&mut lab, &names, args.duration, ipip)?;
+    // The observers are stopped once the pings ended, however long that
+    // takes on a slow machine; their --duration only backs that up.
+    let backstop = args.duration * 4 + TRAFFIC_SLACK;
+    let mut observers = Observers::spawn(&mut lab, &names, backstop, ipip)?;
     view.note("observers starting on gpu, cp1 and cp2 (observer diagnose ... eth0)")?;
     let first_ready = observers.wait_ready(&mut view, args.attach_timeout)?;
 
-    // Every ping must end before the first observer stops, so that each
-    // packet is in the observers' final counters.
+    // The pings are sized to end within --duration of the first observer
+    // being ready; the observers are stopped after them in any case.
     let tail = PING_LINGER + Duration::from_secs(1);
     let left = (first_ready + args.duration).saturating_duration_since(Instant::now() + tail);
     let count = (left.as_millis() / PING_INTERVAL.as_millis()) as u64;
@@ -122,7 +129,24 @@ pub fn run(args: LabArgs) -> Result<()> {
         "interval_ms": PING_INTERVAL.as_millis() as u64,
     }))?;
 
-    observers.wait_end(&mut lab, &mut view, args.duration + Duration::from_secs(30))?;
+    // Every ping ends before the observers stop, and its last replies get
+    // PING_LINGER more, so each packet is in the observers' final counters
+    // also on a slow or emulated machine.
+    let deadline = Instant::now() + backstop;
+    while !traffic::all_ended(&mut lab, &pings)? {
+        if Instant::now() >= deadline {
+            bail!(
+                "the pings did not end within {backstop:?}; the machine is too slow for this --duration"
+            );
+        }
+        observers.pump(&mut view)?;
+    }
+    let linger = Instant::now() + PING_LINGER;
+    while Instant::now() < linger {
+        observers.pump(&mut view)?;
+    }
+    observers.stop(&mut lab);
+    observers.wait_end(&mut lab, &mut view, TRAFFIC_SLACK)?;
     let results = traffic::finish(&mut lab, pings, Duration::from_secs(5))?;
     let counters = names
         .nodes

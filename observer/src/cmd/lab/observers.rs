@@ -45,13 +45,15 @@ pub struct Observers {
 }
 
 impl Observers {
-    /// Starts one observer per node for `duration`; `ipip` says whether
-    /// tunl0 is the lab's userspace tunnel, which the observers are told
-    /// carries IPIP (`--tunnel-device`), as the kernel's would.
+    /// Starts one observer per node; `ipip` says whether tunl0 is the
+    /// lab's userspace tunnel, which the observers are told carries IPIP
+    /// (`--tunnel-device`), as the kernel's would. The lab stops them
+    /// ([`Observers::stop`]) once the traffic ended; `backstop` is their
+    /// `--duration`, should the lab be killed before.
     pub fn spawn(
         lab: &mut Cleanup,
         names: &Names,
-        duration: Duration,
+        backstop: Duration,
         ipip: IpipKind,
     ) -> Result<Observers> {
         let exe =
@@ -66,7 +68,7 @@ impl Observers {
             ready: vec![false; NODES.len()],
             closed: vec![false; NODES.len()],
         };
-        let duration = format!("{}ms", duration.as_millis());
+        let duration = format!("{}ms", backstop.as_millis());
         for (i, node) in NODES.iter().enumerate() {
             let mut args = vec![
                 "diagnose",
@@ -109,8 +111,7 @@ impl Observers {
 
     /// Passes lines to `view` until every observer has reported its
     /// allow-sets (so its programs check sources before any traffic);
-    /// returns when the first one was ready, the earliest start of the
-    /// observers' `--duration`.
+    /// returns when the first one was ready.
     pub fn wait_ready(&mut self, view: &mut View, timeout: Duration) -> Result<Instant> {
         let deadline = Instant::now() + timeout;
         let mut first = None;
@@ -165,6 +166,29 @@ impl Observers {
             }
         }
         Ok(())
+    }
+
+    /// Passes lines to `view` while the traffic runs (at most 100 ms);
+    /// fails when an observer ended before it was stopped.
+    pub fn pump(&mut self, view: &mut View) -> Result<()> {
+        if let Some(i) = self.next(view)? {
+            bail!(
+                "the observer on {} exited before the traffic ended: {}",
+                NODES[i].name,
+                self.stderr_of(i)
+            );
+        }
+        Ok(())
+    }
+
+    /// Ends every observer's run as SIGINT does: its final interval and
+    /// write-up follow ([`Observers::wait_end`] collects them).
+    pub fn stop(&mut self, lab: &mut Cleanup) {
+        for &index in &self.children {
+            let pid = lab.child(index).id();
+            // SAFETY: kill(2) on our own child, which has not been reaped.
+            unsafe { libc::kill(pid as libc::pid_t, libc::SIGINT) };
+        }
     }
 
     /// Handles the next event (or a 100 ms pause); returns the node whose

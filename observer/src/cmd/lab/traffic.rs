@@ -81,6 +81,16 @@ pub fn start(
         .collect()
 }
 
+/// Whether every ping has ended (its status is kept for [`finish`]).
+pub fn all_ended(lab: &mut Cleanup, pings: &[RunningPing]) -> Result<bool> {
+    for ping in pings {
+        if lab.child(ping.child).try_wait()?.is_none() {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
 /// Waits (at most `timeout` overall) for every ping to end and reads its
 /// summary. A ping still running then is an error: its counts would not
 /// match what the observers saw.
