@@ -80,7 +80,7 @@ fn allow_set_membership_decides_calico_allow_set() {
     let snapshot = AllowSets {
         vxlan: allow(&["198.18.1.0/24", "198.18.9.9/32", "fd00:1::/64"]),
         ipip: allow(&["198.18.2.0/24"]),
-        problems: vec![],
+        ..AllowSets::default()
     };
     let dst = addr("198.18.0.1");
     for hook in [Hook::Xdp, Hook::TcIngress] {
@@ -312,7 +312,7 @@ fn egress_and_plain_traffic_are_never_flagged() {
     obs.apply_allow_sets(&AllowSets {
         vxlan: allow(&[]),
         ipip: allow(&[]),
-        problems: vec![],
+        ..AllowSets::default()
     })
     .unwrap();
     obs.apply_local_vnis(&[1]).unwrap();

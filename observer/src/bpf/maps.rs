@@ -1,6 +1,7 @@
 //! The maps: one typed reader per map the programs write (flows, drops,
-//! self counters), and every write userspace makes (MTUs, watched
-//! interfaces, the port table, allow-sets, local VNIs, check switches).
+//! self counters), and the writes userspace makes while attached (MTUs,
+//! watched interfaces, allow-sets, local VNIs, check switches). The port
+//! table and the CHECKS program array are written once, by `load`.
 
 use std::{
     collections::{BTreeSet, HashSet},
@@ -25,11 +26,9 @@ use observer_common::{
 
 use super::Observer;
 use crate::{
+    model::facts::{AllowSets, SetKind},
     model::rows::{DropCounters, DropId, FlowCounters, FlowId, KernelStats},
-    node::{
-        allowsets::{AllowSets, SetKind},
-        localnet,
-    },
+    node::localnet,
 };
 
 impl Observer {

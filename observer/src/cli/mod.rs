@@ -348,8 +348,15 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     if duration.is_zero() {
         return Err("must be greater than zero".to_string());
     }
+    // Timers add it to the clock, which must not overflow.
+    if duration > MAX_DURATION {
+        return Err("must be at most 10 years (87600h)".to_string());
+    }
     Ok(duration)
 }
+
+/// The longest `--interval`, `--duration` or refresh period accepted.
+const MAX_DURATION: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
 
 #[cfg(test)]
 mod tests {
@@ -368,6 +375,13 @@ mod tests {
         assert_eq!(parse_duration("1m"), Ok(Duration::from_secs(60)));
         assert!(parse_duration("0s").is_err());
         assert!(parse_duration("soon").unwrap_err().contains("examples"));
+        // Would overflow the clock's deadlines.
+        assert!(
+            parse_duration("18446744073709551615")
+                .unwrap_err()
+                .contains("at most")
+        );
+        assert_eq!(parse_duration("87600h"), Ok(MAX_DURATION));
     }
 
     #[test]

@@ -239,6 +239,10 @@ impl Settings {
         if self.ports != new.ports {
             changed.push("ports");
         }
+        // The data-plane view is built with them once, at start.
+        if self.tunnel_devices != new.tunnel_devices {
+            changed.push("tunnel_devices");
+        }
         if new.interfaces.iter().any(|i| !self.interfaces.contains(i))
             || self.interfaces.iter().any(|i| !new.interfaces.contains(i))
         {

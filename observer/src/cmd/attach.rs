@@ -688,7 +688,8 @@ impl<'a> Monitor<'a> {
         }
         self.exporter.set_max_peers(new.max_peers);
         self.engine.set_thresholds(new.thresholds);
-        self.checks = NodeChecks::new(allow_set_config(&new), new.allow_set_refresh);
+        self.checks
+            .reconfigure(allow_set_config(&new), new.allow_set_refresh);
         self.settings = Settings {
             interfaces: self.settings.interfaces.clone(),
             xdp_mode: self.settings.xdp_mode,

@@ -3,8 +3,8 @@
 //! the observer's own counts are compared with. (Local VNIs come with the
 //! data-plane view, which `attach` already follows.)
 //!
-//! The first reads (before counting starts) and the last (at exit) wait
-//! for the node's tools; the periodic ones in between run on a thread of
+//! The first reads (before counting starts) and the rule counters' last
+//! read (at exit) wait for the node's tools; the periodic ones in between run on a thread of
 //! their own and are applied at the first interval after they finish, so
 //! a slow or hung tool (nft or iptables waiting for the xtables lock that
 //! Calico holds) never delays an interval.
@@ -21,10 +21,11 @@ use crate::{
     bpf::Observer,
     model::crosscheck::RuleReading,
     model::crosscheck::{NetfilterCheck, RuleTally},
+    model::facts::{AllowSets, SetKind},
     model::rows::DropRow,
     model::rows::Row,
     model::rows::{self, DropId},
-    node::allowsets::{self, AllowSetConfig, AllowSets, SetKind},
+    node::allowsets::{self, AllowSetConfig},
     node::netfilter,
     report::lines::AllowSetLine,
 };
@@ -126,6 +127,15 @@ impl NodeChecks {
         }
     }
 
+    /// New allow-set names and refresh period (a reload): the sets are
+    /// re-read at the next interval (on the reader thread); what was read,
+    /// and the rule counts since attach, are kept.
+    pub fn reconfigure(&mut self, config: AllowSetConfig, refresh: Duration) {
+        self.config = config;
+        self.refresh = refresh;
+        self.last_refresh = None;
+    }
+
     /// Sends `request` to the reader thread (started on first use); false
     /// when one of its kind is still running (or the thread is gone).
     fn ask(&mut self, request: ReadRequest) -> bool {
@@ -200,7 +210,16 @@ impl NodeChecks {
     }
 
     /// Mirrors `snapshot` into the programs when it changed; the reports.
-    fn apply(&mut self, observer: &mut Observer, snapshot: AllowSets) -> Result<Vec<AllowSetLine>> {
+    /// A kind whose read failed part-way keeps its previous set: a tool
+    /// that timed out must not switch the check off.
+    fn apply(
+        &mut self,
+        observer: &mut Observer,
+        mut snapshot: AllowSets,
+    ) -> Result<Vec<AllowSetLine>> {
+        if let Some(previous) = &self.allow {
+            snapshot.keep_incomplete_from(previous);
+        }
         for problem in &snapshot.problems {
             self.warn_once(problem.clone());
         }

@@ -70,7 +70,8 @@ impl Write for Stderr {
 /// `eprintln!` that never panics: writes `message` and a newline to
 /// stderr, dropping it when stderr is closed.
 pub fn eprintln(message: fmt::Arguments<'_>) {
-    let _ = writeln!(Stderr, "{message}");
+    // Formatted first: one write, so lines do not interleave.
+    let _ = Stderr.write_all(format!("{message}\n").as_bytes());
 }
 
 #[cfg(test)]

@@ -144,9 +144,19 @@ pub struct AllowSets {
     pub ipip: AllowSet,
     /// Problems worth telling the user (tool missing, set unreadable).
     pub problems: Vec<String>,
+    /// Kinds whose read failed part-way (a tool timed out or failed): their
+    /// sets here may lack members, so the previous read stands for them.
+    pub incomplete: Vec<SetKind>,
 }
 
 impl AllowSets {
+    /// For each kind whose read failed part-way, `previous`'s set instead.
+    pub fn keep_incomplete_from(&mut self, previous: &AllowSets) {
+        for kind in self.incomplete.clone() {
+            *self.get_mut(kind) = previous.get(kind).clone();
+        }
+    }
+
     /// The set of `kind`.
     pub fn get(&self, kind: SetKind) -> &AllowSet {
         match kind {
@@ -204,6 +214,33 @@ pub fn longest_prefix<T>(items: impl IntoIterator<Item = (IpNet, T)>, addr: IpAd
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_incomplete_read_keeps_the_previous_set_of_its_kind() {
+        let with = |prefix: &str| {
+            let mut set = AllowSet::default();
+            set.add(
+                SetSource::Ipset("cali40all-vxlan-net".into()),
+                Some(Family::V4),
+                [prefix.parse().unwrap()],
+            );
+            set
+        };
+        let previous = AllowSets {
+            vxlan: with("10.0.0.1/32"),
+            ipip: with("10.0.0.2/32"),
+            ..AllowSets::default()
+        };
+        // ipset timed out for the VXLAN set: it came back empty.
+        let mut read = AllowSets {
+            ipip: with("10.0.0.3/32"),
+            incomplete: vec![SetKind::Vxlan],
+            ..AllowSets::default()
+        };
+        read.keep_incomplete_from(&previous);
+        assert_eq!(read.vxlan, previous.vxlan);
+        assert_eq!(read.ipip, with("10.0.0.3/32"));
+    }
 
     fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()

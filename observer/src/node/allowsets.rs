@@ -14,8 +14,7 @@ use serde::Deserialize;
 
 use crate::node::tools::{self, ToolError};
 
-use crate::model::facts::SetSource;
-pub use crate::model::facts::{AllowSet, AllowSets, Family, SetKind};
+use crate::model::facts::{AllowSets, Family, SetKind, SetSource};
 
 /// `[PROTO=]VALUE` as given to `--allow-set` / `--allow-cidr`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -81,7 +80,7 @@ pub fn read(config: &AllowSetConfig) -> AllowSets {
         })
         .collect();
     let all_names: Vec<&str> = wanted.iter().flat_map(|(_, n)| n.iter().copied()).collect();
-    let nft_sets = read_nft_sets(&all_names, &mut snapshot.problems);
+    let nft = read_nft_sets(&all_names, &mut snapshot.problems);
     let mut ipset_missing = false;
     for (kind, names) in wanted {
         for name in names {
@@ -99,11 +98,20 @@ pub fn read(config: &AllowSetConfig) -> AllowSets {
                         snapshot.problems.push(e.to_string());
                         ipset_missing = true;
                     }
-                    // "The set with the given name does not exist": look in nft.
-                    Err(_) => {}
+                    // ipset says so only in words: "The set with the given
+                    // name does not exist". Then it may be an nft set.
+                    Err(ToolError::Failed { stderr, .. }) if stderr.contains("does not exist") => {}
+                    // Timed out or failed otherwise: the set may exist.
+                    Err(e) => {
+                        snapshot.problems.push(e.to_string());
+                        mark_incomplete(&mut snapshot, kind);
+                    }
                 }
             }
-            for set in nft_sets.iter().filter(|s| s.name == name) {
+            if nft.listing_failed || nft.failed.iter().any(|n| n == name) {
+                mark_incomplete(&mut snapshot, kind);
+            }
+            for set in nft.sets.iter().filter(|s| s.name == name) {
                 snapshot.get_mut(kind).add(
                     SetSource::Nft {
                         family: set.family.clone(),
@@ -124,37 +132,60 @@ pub fn read(config: &AllowSetConfig) -> AllowSets {
     snapshot
 }
 
+fn mark_incomplete(snapshot: &mut AllowSets, kind: SetKind) {
+    if !snapshot.incomplete.contains(&kind) {
+        snapshot.incomplete.push(kind);
+    }
+}
+
+/// The wanted nftables sets as read, and what could not be read.
+#[derive(Default)]
+struct NftRead {
+    sets: Vec<NftSet>,
+    /// Names whose own listing failed.
+    failed: Vec<String>,
+    /// The listing of all sets failed (other than nft missing): any wanted
+    /// set may exist.
+    listing_failed: bool,
+}
+
 /// The nftables sets named in `names`, with their elements. The sets are
 /// found by a terse listing (no elements), then each is listed on its own:
 /// a node's other sets (Calico writes thousands of elements into its
 /// policy sets) are never read.
-fn read_nft_sets(names: &[&str], problems: &mut Vec<String>) -> Vec<NftSet> {
+fn read_nft_sets(names: &[&str], problems: &mut Vec<String>) -> NftRead {
+    let mut read = NftRead::default();
     let listed = match tools::output("nft", &["-j", "-t", "list", "sets"], "its allow-sets") {
         Ok(json) => match parse_nft_sets(&json) {
             Ok(sets) => sets,
             Err(e) => {
                 problems.push(format!("cannot parse `nft -j -t list sets`: {e}"));
-                return Vec::new();
+                read.listing_failed = true;
+                return read;
             }
         },
         Err(e) => {
+            read.listing_failed = !matches!(e, ToolError::NotInstalled { .. });
             problems.push(e.to_string());
-            return Vec::new();
+            return read;
         }
     };
-    let mut sets = Vec::new();
     for set in listed.iter().filter(|s| names.contains(&s.name.as_str())) {
         let args = ["-j", "list", "set", &set.family, &set.table, &set.name];
-        match tools::output("nft", &args, "its allow-sets") {
+        let problem = match tools::output("nft", &args, "its allow-sets") {
             Ok(json) => match parse_nft_sets(&json) {
-                Ok(found) => sets.extend(found),
-                Err(e) => problems.push(format!("cannot parse `nft {}`: {e}", args.join(" "))),
+                Ok(found) => {
+                    read.sets.extend(found);
+                    continue;
+                }
+                Err(e) => format!("cannot parse `nft {}`: {e}", args.join(" ")),
             },
-            // Removed between the two calls: gone this time.
-            Err(e) => problems.push(e.to_string()),
-        }
+            Err(e) => e.to_string(),
+        };
+        problems.push(problem);
+        read.failed.push(set.name.clone());
     }
-    sets
+    read
 }
 
 /// The names looked for, for the "no set found" message.
@@ -401,7 +432,7 @@ mod tests {
 
     #[test]
     fn empty_but_existing_set_activates_its_family_only() {
-        let mut set = AllowSet::default();
+        let mut set = crate::model::facts::AllowSet::default();
         assert!(!set.active());
         set.add(SetSource::Ipset("x".into()), Some(Family::V4), []);
         assert!(set.active() && set.ipv4 && !set.ipv6);

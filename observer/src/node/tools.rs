@@ -15,8 +15,9 @@ use std::{
 pub const TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Why a tool's output could not be had. Callers branch on the kind: a
-/// tool that is not installed is reported once and not asked again, the
-/// other kinds are retried at the next read.
+/// tool that is not installed is not asked again within the same read;
+/// after a timeout or failure what it should have read is kept from the
+/// previous read.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ToolError {
     /// The executable is not on PATH.

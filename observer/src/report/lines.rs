@@ -216,14 +216,14 @@ impl<'a> AnomalyLine<'a> {
     }
 }
 
-/// Drops by reason of the rx row `row`.
 /// Drops by reason, keyed like the rx row they belong to.
 type DropIndex<'a> = HashMap<(u32, Proto, Option<IpAddr>, u32), BTreeMap<&'a str, u64>>;
 
 /// Indexes `drops` once per snapshot (rows times drops would be quadratic).
 pub(super) fn index_drops(drops: &[DropRow]) -> DropIndex<'_> {
     let mut index = DropIndex::new();
-    for d in drops {
+    // path_mtu rows count packets this node sent: no received row owns them.
+    for d in drops.iter().filter(|d| d.row.id.mtu.is_none()) {
         let id = &d.row.id;
         *index
             .entry((id.ifindex, id.proto, id.peer, id.vni))

@@ -10,12 +10,13 @@
 //! totals while it was replayed, relabelled with the capture's number as
 //! their interface index.
 //!
-//! A test run holds one page in the linear buffer: a longer frame is cut
-//! (skb) or continues in fragments (XDP), and the programs may count fewer
-//! bytes than were captured. For such frames (jumbo frames, GRO
-//! super-packets; rare) the maps are read before and after the run and the
-//! row the frame went to is topped up to its captured length, so the rows
-//! count every captured byte.
+//! A test run takes frames up to a limit (one page for skb and
+//! single-buffer XDP, 64 KiB for multi-buffer XDP, which counts the
+//! fragments past the first page itself): a longer frame is cut and the
+//! program counts only what it was given. For such frames (jumbo frames,
+//! GRO super-packets; rare) the maps are read before and after the run and
+//! the row the frame went to is topped up to its captured length, so the
+//! rows count every captured byte.
 
 use std::{collections::HashMap, hash::Hash, net::IpAddr};
 
@@ -58,8 +59,8 @@ pub const MAX_TC_FRAME: usize = 4096 - 64 - 2 - 320;
 pub struct FrameOutcome {
     /// Counted as sent (its outer source is `--local`).
     pub tx: bool,
-    /// Longer than a test run takes: classified on its first bytes, and
-    /// its bytes are counted up to the cut.
+    /// Longer than a test run takes: classified on its first bytes; its
+    /// row still gets every captured byte (see the module's docs).
     pub cut: bool,
 }
 
@@ -147,9 +148,9 @@ impl Replayer {
             (Hook::Xdp, MAX_XDP_SB_FRAME)
         };
         let data = &frame.data[..frame.data.len().min(max)];
-        // Past one page the program may count fewer bytes than the frame has.
-        let long = frame.data.len() > MAX_XDP_SB_FRAME.min(MAX_TC_FRAME);
-        let before = if long { Some(self.readings()?) } else { None };
+        // A cut frame is counted up to the cut: its row is topped up.
+        let cut = data.len() < frame.data.len();
+        let before = if cut { Some(self.readings()?) } else { None };
         testrun::run(self.observer.program_fd(hook)?, data, None, 1).with_context(|| {
             format!(
                 "BPF_PROG_TEST_RUN of {} on frame {} ({} bytes)",
@@ -165,10 +166,7 @@ impl Replayer {
         if self.unfolded >= FOLD_EVERY {
             self.fold()?;
         }
-        Ok(Some(FrameOutcome {
-            tx,
-            cut: data.len() < frame.data.len(),
-        }))
+        Ok(Some(FrameOutcome { tx, cut }))
     }
 
     fn readings(&self) -> Result<(Readings<FlowId>, Readings<DropId>)> {

@@ -85,7 +85,7 @@ pub(super) fn known() -> Known {
         allow: Some(AllowSets {
             vxlan: set(&["10.10.60.127/32", "10.10.60.209/32"]),
             ipip: set(&["10.10.60.127/32", "10.10.60.209/32"]),
-            problems: vec![],
+            ..AllowSets::default()
         }),
         ..Known::default()
     }

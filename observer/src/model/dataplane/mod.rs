@@ -18,7 +18,8 @@ use ipnet::IpNet;
 use observer_common::Proto;
 use serde::{Serialize, Serializer};
 
-pub use crate::model::facts::{ExpectedPeer, longest_prefix, proto_name, proto_names};
+pub use crate::model::facts::ExpectedPeer;
+use crate::model::facts::{longest_prefix, proto_name};
 
 /// An Ethernet address, printed and serialized as `aa:bb:cc:dd:ee:ff`.
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
