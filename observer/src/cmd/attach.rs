@@ -57,11 +57,7 @@ pub fn run(args: AttachArgs) -> Result<()> {
     if let Some(name) = &args.netns {
         netns::enter(name)?;
     }
-    let format = args.output.unwrap_or(if io::stdout().is_terminal() {
-        Format::Table
-    } else {
-        Format::Json
-    });
+    let format = Format::or_default(args.output);
     let options = Options {
         format,
         print: true,
@@ -466,7 +462,7 @@ impl<'a> Monitor<'a> {
         let local = view.local_addresses();
         let vnis = view.vxlan_vnis();
         let line = DataplaneLine {
-            ts: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
+            ts: lines::timestamp(SystemTime::now()),
             devices: &view.devices,
             underlay: &view.underlay,
             expected_peers: &expected_peers,
@@ -593,7 +589,7 @@ impl<'a> Monitor<'a> {
     fn report_interface_events(&mut self, events: &[InterfaceEvent]) -> io::Result<()> {
         let mut lines = Vec::new();
         for event in events {
-            let ts = humantime::format_rfc3339_millis(SystemTime::now()).to_string();
+            let ts = lines::timestamp(SystemTime::now());
             let line = match event {
                 InterfaceEvent::Gone { iface, ifindex } => {
                     tracing::warn!(

@@ -5,7 +5,7 @@
 //! 1: it works with fallbacks (named, with what they cost); 2: it cannot run.
 
 use std::{
-    io::{self, IsTerminal, Write},
+    io::{self, Write},
     path::Path,
 };
 
@@ -104,11 +104,7 @@ pub struct TunnelKind {
 /// Runs the check and prints it; returns the verdict.
 pub fn run(format: Option<Format>) -> anyhow::Result<Verdict> {
     let report = check();
-    let format = format.unwrap_or(if io::stdout().is_terminal() {
-        Format::Table
-    } else {
-        Format::Json
-    });
+    let format = Format::or_default(format);
     let mut out = io::stdout().lock();
     let written = match format {
         Format::Json => serde_json::to_writer(&mut out, &report)

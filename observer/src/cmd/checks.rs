@@ -272,10 +272,8 @@ impl NodeChecks {
 
     /// Names of the sets guarding `proto`, for messages.
     pub fn allow_set_names(&self, proto: Proto) -> String {
-        let kind = match proto {
-            Proto::Ipip | Proto::Ip6ip => SetKind::Ipip,
-            _ => SetKind::Vxlan,
-        };
+        // Only VXLAN and IPIP rows are calico_allow_set drops.
+        let kind = SetKind::guarding(proto).unwrap_or(SetKind::Vxlan);
         let names: Vec<&str> = self
             .allow
             .as_ref()

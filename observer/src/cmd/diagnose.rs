@@ -25,7 +25,7 @@ use crate::{
     node::netns,
     report::{
         self, Format, Line,
-        lines::{DiagnosisLine, Measured},
+        lines::{self, DiagnosisLine, Measured},
     },
 };
 
@@ -140,7 +140,7 @@ pub fn run(args: DiagnoseArgs) -> Result<bool> {
     match format {
         Format::Json => {
             let line = DiagnosisLine {
-                ts: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
+                ts: lines::timestamp(SystemTime::now()),
                 netns: args.netns.as_deref(),
                 interfaces: &outcome.interfaces,
                 duration_s: (outcome.seconds * 10.0).round() / 10.0,

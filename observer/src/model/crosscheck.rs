@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use observer_common::{ClassifierDrop, Proto};
+use observer_common::ClassifierDrop;
 use serde::Serialize;
 
 use crate::model::{
@@ -108,10 +108,7 @@ fn flagged_packets(drops: &[DropRow], kind: SetKind, family: Family) -> u64 {
             let id = &d.row.id;
             id.origin == Origin::Classifier
                 && id.reason == ClassifierDrop::CalicoAllowSet as u32
-                && match kind {
-                    SetKind::Vxlan => id.proto == Proto::Vxlan,
-                    SetKind::Ipip => matches!(id.proto, Proto::Ipip | Proto::Ip6ip),
-                }
+                && SetKind::guarding(id.proto) == Some(kind)
                 && id
                     .peer
                     .is_some_and(|p| p.is_ipv6() == (family == Family::V6))
@@ -136,6 +133,8 @@ pub fn fold_rule_counter(state: &mut (u64, u64), packets: u64, baseline_only: bo
 
 #[cfg(test)]
 mod tests {
+    use observer_common::Proto;
+
     use super::*;
     use crate::model::rows::testing;
 

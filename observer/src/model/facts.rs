@@ -29,6 +29,16 @@ impl SetKind {
         }
     }
 
+    /// The kind of set that guards `proto` (VXLAN, IPIP and IPv6-in-IPv4
+    /// packets); `None` for encapsulations no allow-set guards.
+    pub fn guarding(proto: Proto) -> Option<SetKind> {
+        match proto {
+            Proto::Vxlan => Some(SetKind::Vxlan),
+            Proto::Ipip | Proto::Ip6ip => Some(SetKind::Ipip),
+            _ => None,
+        }
+    }
+
     /// Calico's set names for this kind.
     pub fn calico_sets(self) -> &'static [&'static str] {
         match self {

@@ -277,8 +277,8 @@ pub struct NftSet {
 }
 
 #[derive(Deserialize)]
-struct NftDoc {
-    nftables: Vec<serde_json::Value>,
+pub(crate) struct NftDoc {
+    pub(crate) nftables: Vec<serde_json::Value>,
 }
 
 #[derive(Deserialize)]

@@ -6,12 +6,11 @@
 //! `allowsets`: no maintained crate reads it.
 
 use anyhow::Result;
-use serde::Deserialize;
 
 use crate::{
     model::crosscheck::RuleReading,
     model::facts::{Family, SetKind},
-    node::tools,
+    node::{allowsets::NftDoc, tools},
 };
 
 /// Calico's drop rules for sources outside the allow-sets: the comment it
@@ -135,11 +134,6 @@ fn comment_of(rule: &str) -> Option<String> {
     } else {
         after.split_whitespace().next().map(str::to_string)
     }
-}
-
-#[derive(Deserialize)]
-struct NftDoc {
-    nftables: Vec<serde_json::Value>,
 }
 
 /// Native nftables rules with a comment and a counter, from

@@ -16,3 +16,14 @@ pub enum Format {
     /// One JSON object per line (default when stdout is not a terminal).
     Json,
 }
+
+impl Format {
+    /// `chosen`, else a table on a terminal and JSON otherwise.
+    pub fn or_default(chosen: Option<Format>) -> Format {
+        chosen.unwrap_or(if std::io::IsTerminal::is_terminal(&std::io::stdout()) {
+            Format::Table
+        } else {
+            Format::Json
+        })
+    }
+}

@@ -13,7 +13,7 @@ pub mod engine;
 use std::{
     collections::HashMap,
     fs::File,
-    io::{self, IsTerminal, Write},
+    io::{self, Write},
     path::Path,
     time::{Duration, SystemTime},
 };
@@ -92,11 +92,7 @@ fn replay(args: &ReplayArgs) -> Result<u8> {
     // No local VNIs are written: the capture's belong to the node that
     // captured, not to this one's vxlan devices, so vni_unknown is off.
     let reports = checks.refresh(&mut observer)?;
-    let format = args.output.unwrap_or(if io::stdout().is_terminal() {
-        Format::Table
-    } else {
-        Format::Json
-    });
+    let format = Format::or_default(args.output);
 
     let mut engine = Replayer::new(observer, args.local.clone());
     let mut replayed = Vec::new();

@@ -182,7 +182,7 @@ impl Known {
     /// Whether `addr` may send `proto` here: `None` when no allow-set is
     /// active for that encapsulation.
     fn allowed(&self, proto: Proto, addr: IpAddr) -> Option<bool> {
-        let kind = set_kind(proto)?;
+        let kind = SetKind::guarding(proto)?;
         let set = self.allow.as_ref()?.get(kind);
         if !set.active() {
             return None;
@@ -203,14 +203,6 @@ impl Known {
 }
 
 /// The allow-set that admits `proto`, for the encapsulations that have one.
-fn set_kind(proto: Proto) -> Option<SetKind> {
-    match proto {
-        Proto::Vxlan => Some(SetKind::Vxlan),
-        Proto::Ipip | Proto::Ip6ip => Some(SetKind::Ipip),
-        _ => None,
-    }
-}
-
 /// One problem with one peer.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Anomaly {

@@ -12,9 +12,8 @@ use serde_json::{Value, json};
 use super::{
     Kind, Known, Thresholds,
     collect::{Extra, Totals},
-    set_kind,
 };
-use crate::model::ports::PortConfig;
+use crate::model::{facts::SetKind, ports::PortConfig};
 
 /// Everything a rule may look at for one tunnel.
 pub(super) struct PeerFacts<'a> {
@@ -274,7 +273,7 @@ fn unknown_peer(f: &PeerFacts<'_>) -> Option<Finding> {
         summary: format!(
             "{} {p} packets from {peer}, which is neither a node in this node's routes nor in {}",
             d.rx,
-            if set_kind(f.proto).is_some() {
+            if SetKind::guarding(f.proto).is_some() {
                 set_names(f.proto)
             } else {
                 "an allow-set".to_string()
@@ -356,7 +355,7 @@ fn carrier(proto: Proto, ports: &PortConfig) -> String {
 
 /// The Calico sets that admit `proto`, as texts name them.
 fn set_names(proto: Proto) -> String {
-    set_kind(proto).map_or_else(String::new, |k| k.calico_sets().join("/"))
+    SetKind::guarding(proto).map_or_else(String::new, |k| k.calico_sets().join("/"))
 }
 
 #[cfg(test)]
