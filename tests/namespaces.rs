@@ -120,14 +120,28 @@ fn vxlan_4789_counts_equal_tcpdump() {
     }
     let attach = vxlan_ping_matches_tcpdump("vx", calico_vxlan, &[]);
     assert_eq!(attach["iface"], "va");
-    assert_eq!(
-        attach["rx_hook"], "xdp-native",
-        "veth supports native XDP: {attach}"
-    );
+    // `auto` on a veth with tcx: tc ingress, not native XDP (which would
+    // move the veth to its copying receive path), and it says why.
+    assert_eq!(attach["rx_hook"], "tcx", "{attach}");
     assert_eq!(attach["tx_hook"], "tcx", "{attach}");
-    // xdp, tc ingress (not loaded: XDP counts), tc egress.
+    let why = attach["xdp_fallback_reason"].as_str().unwrap_or_default();
+    assert!(why.contains("veth"), "{attach}");
+    // xdp (loaded, not attached), tc ingress, tc egress.
     let ids = attach["program_ids"].as_array().expect("program_ids");
     assert_eq!(ids.len(), 3, "{attach}");
+    assert!(ids.iter().all(|id| id.is_u64()), "{attach}");
+}
+
+#[test]
+fn xdp_mode_native_counts_the_same() {
+    if !support::have_root("xdp_mode_native_counts_the_same") {
+        return;
+    }
+    let attach = vxlan_ping_matches_tcpdump("nat", calico_vxlan, &["--xdp-mode", "native"]);
+    assert_eq!(attach["rx_hook"], "xdp-native", "{attach}");
+    assert!(attach["xdp_fallback_reason"].is_null(), "{attach}");
+    // xdp, tc ingress (not loaded: XDP counts), tc egress.
+    let ids = attach["program_ids"].as_array().expect("program_ids");
     assert!(
         ids[0].is_u64() && ids[1].is_null() && ids[2].is_u64(),
         "{attach}"
@@ -737,13 +751,20 @@ fn linked_programs() -> BTreeSet<u64> {
         .unwrap_or_default()
 }
 
+/// kill -9 with native XDP (an XDP link) and with `auto`, which on a veth
+/// is tcx ingress: every link and program goes with the process.
 #[test]
 fn kill_9_leaves_nothing_attached() {
     if !support::have_root("kill_9_leaves_nothing_attached") {
         return;
     }
-    let pair = Pair::new("k9");
-    let observer = ObserverProcess::start(Some(pair.a.name()), &["va"], &[]);
+    kill_9_case("k9n", "native");
+    kill_9_case("k9a", "auto");
+}
+
+fn kill_9_case(tag: &str, mode: &str) {
+    let pair = Pair::new(tag);
+    let observer = ObserverProcess::start(Some(pair.a.name()), &["va"], &["--xdp-mode", mode]);
     let attach = observer.attach_lines().remove(0);
     let ids: Vec<Option<u64>> = attach["program_ids"]
         .as_array()
@@ -751,23 +772,29 @@ fn kill_9_leaves_nothing_attached() {
         .iter()
         .map(|id| id.as_u64())
         .collect();
-    // tc ingress is loaded only when an interface needs it: not with XDP.
-    let [Some(xdp), None, Some(tc_out)] = ids[..] else {
-        panic!("expected the XDP and tc egress ids and no tc ingress: {attach}");
+    let attached = if mode == "native" {
+        // tc ingress is loaded only when an interface needs it: not with XDP.
+        let [Some(xdp), None, Some(tc_out)] = ids[..] else {
+            panic!("expected the XDP and tc egress ids and no tc ingress: {attach}");
+        };
+        let details = pair.a.link_details("va");
+        assert!(
+            details.contains(&format!("prog/xdp id {xdp} ")),
+            "{details}"
+        );
+        [xdp, tc_out]
+    } else {
+        let [Some(_), Some(tc_in), Some(tc_out)] = ids[..] else {
+            panic!("expected XDP loaded, tc ingress and egress: {attach}");
+        };
+        assert_eq!(attach["rx_hook"], "tcx", "{attach}");
+        [tc_in, tc_out]
     };
-    for id in [xdp, tc_out] {
+    for id in attached {
         assert!(prog_exists(id), "program {id} not loaded");
     }
-    let details = pair.a.link_details("va");
-    assert!(
-        details.contains(&format!("prog/xdp id {xdp} ")),
-        "{details}"
-    );
     let linked = linked_programs();
-    assert!(
-        linked.contains(&xdp) && linked.contains(&tc_out),
-        "{linked:?}"
-    );
+    assert!(attached.iter().all(|id| linked.contains(id)), "{linked:?}");
 
     let status = observer.kill9();
     assert_eq!(
@@ -785,7 +812,7 @@ fn kill_9_leaves_nothing_attached() {
     });
     assert!(
         gone,
-        "still attached after kill -9: {}\nlinks: {:?}",
+        "{mode}: still attached after kill -9: {}\nlinks: {:?}",
         pair.a.link_details("va"),
         linked_programs()
     );

@@ -224,6 +224,37 @@ pub struct FlowValue {
     pub _pad: [u8; 7],
 }
 
+/// Name of the per-CPU array of [`FlowCacheSlot`]s in front of
+/// [`FLOWS_MAP`].
+pub const FLOW_CACHE_MAP: &str = "FLOW_CACHE";
+/// Slots of [`FLOW_CACHE_MAP`] per CPU (a power of two: the slot index is
+/// the top bits of a hash). 1,024 slots of 88 bytes are 88 KiB per CPU.
+pub const FLOW_CACHE_SLOTS: u32 = 1024;
+
+/// One slot of the per-CPU flow cache: the counters of one [`FlowKey`] on
+/// one CPU, found with one array lookup and a key compare instead of a hash
+/// walk of the LRU map.
+///
+/// A slot is claimed by the first key that hashes to it and keeps that key
+/// for the life of the programs: it is never evicted or reused, so a reader
+/// never sees counts move between the slot and [`FLOWS_MAP`]. A key whose
+/// slot another key holds is counted in [`FLOWS_MAP`] instead
+/// ([`Stat::FlowCacheCollisions`]). A key's totals are the sum of its slots
+/// (one per CPU at most) and its [`FLOWS_MAP`] values.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FlowCacheSlot {
+    /// The key; `ifindex` 0 marks a free slot (no hook runs on ifindex 0),
+    /// and is written last when a slot is claimed.
+    pub key: FlowKey,
+    /// Cached allow-set verdict: `generation << 1 | outside`, where
+    /// `generation` is [`config::ALLOW_GENERATION`] when it was decided; 0
+    /// when none was.
+    pub allow_verdict: u32,
+    /// The counters.
+    pub value: FlowValue,
+}
+
 /// Indexes of the per-CPU [`STATS_MAP`] counters.
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -233,10 +264,15 @@ pub enum Stat {
     FlowInserts = 0,
     /// Packets that could not be counted because the insert failed.
     FlowInsertFailures = 1,
+    /// [`FLOW_CACHE_MAP`] slots claimed by a key.
+    FlowCacheClaims = 2,
+    /// Packets whose cache slot held another key, so they were counted in
+    /// [`FLOWS_MAP`] (the slower path; counts stay exact).
+    FlowCacheCollisions = 3,
 }
 
 /// Number of slots in [`STATS_MAP`].
-pub const STAT_COUNT: u32 = 2;
+pub const STAT_COUNT: u32 = 4;
 
 /// Proves at compile time, on both sides, that a map type has no padding:
 /// its size is the sum of its fields' sizes and its last field ends it.
@@ -285,6 +321,14 @@ assert_no_padding!(
     _pad
 );
 assert_no_padding!(
+    FlowCacheSlot {
+        key,
+        allow_verdict,
+        value
+    },
+    value
+);
+assert_no_padding!(
     DropKey {
         peer,
         ifindex,
@@ -322,6 +366,7 @@ mod pod {
     // a valid value.
     unsafe impl aya::Pod for super::FlowKey {}
     unsafe impl aya::Pod for super::FlowValue {}
+    unsafe impl aya::Pod for super::FlowCacheSlot {}
     unsafe impl aya::Pod for super::DropKey {}
     unsafe impl aya::Pod for super::DropValue {}
     unsafe impl aya::Pod for super::WatchedIface {}
@@ -354,6 +399,13 @@ pub const IFACE_MTU_MAP: &str = "IFACE_MTU";
 pub const WATCHED_MAP: &str = "WATCHED";
 /// Capacity of [`WATCHED_MAP`] and [`IFACE_MTU_MAP`].
 pub const WATCHED_MAX: u32 = 256;
+/// Name of the array of `u64` words whose bit `ifindex % WATCHED_BITS` is
+/// set for every watched interface: kfree_skb's first test, two reads into
+/// the skb, so that a drop on any other device costs almost nothing. A set
+/// bit is then confirmed in [`WATCHED_MAP`] (ifindexes may share a bit).
+pub const WATCHED_BITS_MAP: &str = "WATCHED_BITS";
+/// Bits in [`WATCHED_BITS_MAP`] (a power of two).
+pub const WATCHED_BITS: u32 = 65536;
 /// Name of the program array tc ingress tail-calls its drop checks from.
 pub const CHECKS_MAP: &str = "CHECKS";
 /// Name of the global holding the [`SkbLayout`].
@@ -371,8 +423,12 @@ pub mod config {
     pub const IPIP_ALLOW_V6: u32 = 3;
     /// Local vxlan devices were read: flag VNIs none of them has.
     pub const VNI_CHECK: u32 = 4;
+    /// Generation of the allow-sets and their switches, never 0: userspace
+    /// increments it after every change, which voids the verdicts cached in
+    /// [`super::FlowCacheSlot::allow_verdict`].
+    pub const ALLOW_GENERATION: u32 = 5;
     /// Number of slots.
-    pub const COUNT: u32 = 5;
+    pub const COUNT: u32 = 6;
 }
 
 /// Where a drop was seen.

@@ -1,17 +1,20 @@
-//! Adds one classified frame to the flow counters.
+//! Adds one classified frame to the flow counters: first the per-CPU flow
+//! cache (one array lookup and a key compare), else the LRU map.
 
 use aya_ebpf::bindings::BPF_NOEXIST;
-use observer_common::{Direction, FlowKey, FlowValue, Stat};
+use observer_common::{
+    Direction, FLOW_CACHE_SLOTS, FlowCacheSlot, FlowKey, FlowValue, Stat, family,
+};
 
 use crate::{
-    maps::{FLOWS, STATS},
+    maps::{FLOW_CACHE, FLOWS, STATS},
     parse::Classified,
 };
 
-/// Adds `packets`/`bytes` to the key the classification `c` describes.
+/// The flow key of the classification `c` seen on `ifindex` in `direction`.
 #[inline(always)]
-pub fn record(ifindex: u32, direction: Direction, c: &Classified, packets: u64, bytes: u64) {
-    let key = FlowKey {
+pub fn flow_key(ifindex: u32, direction: Direction, c: &Classified) -> FlowKey {
+    FlowKey {
         peer: c.peer,
         ifindex,
         vni: c.vni,
@@ -19,42 +22,139 @@ pub fn record(ifindex: u32, direction: Direction, c: &Classified, packets: u64, 
         proto: c.proto as u8,
         peer_family: c.peer_family,
         reason: c.reason as u8,
-    };
-    if add(&key, c, packets, bytes) {
-        return;
     }
-    let value = FlowValue {
+}
+
+/// Adds `packets`/`bytes` to `key`. Returns this CPU's cache slot of the
+/// key when it has one (the allow-set verdict is cached there).
+#[inline(always)]
+pub fn record(
+    key: &FlowKey,
+    c: &Classified,
+    packets: u64,
+    bytes: u64,
+) -> Option<&'static mut FlowCacheSlot> {
+    let index = cache_index(key);
+    if let Some(slot) = FLOW_CACHE.get_ptr_mut(index) {
+        // SAFETY: this CPU's slot; the hooks that write FLOW_CACHE (XDP and
+        // tc) never interrupt one another on a CPU, and userspace only
+        // reads it.
+        let slot = unsafe { &mut *slot };
+        if same_key(&slot.key, key) {
+            add(&mut slot.value, c, packets, bytes);
+            return Some(slot);
+        }
+        if slot.key.ifindex == 0 {
+            claim(slot, key, c, packets, bytes);
+            bump(Stat::FlowCacheClaims);
+            return Some(slot);
+        }
+        bump(Stat::FlowCacheCollisions);
+    }
+    record_in_map(key, c, packets, bytes);
+    None
+}
+
+/// This CPU's cache slot of `key`, when the key holds it.
+#[inline(always)]
+pub fn cached_slot(key: &FlowKey) -> Option<&'static mut FlowCacheSlot> {
+    let slot = FLOW_CACHE.get_ptr_mut(cache_index(key))?;
+    // SAFETY: as in `record`.
+    let slot = unsafe { &mut *slot };
+    same_key(&slot.key, key).then_some(slot)
+}
+
+/// Slot of `key`: a multiplicative hash of its words, top bits. Why not
+/// the kernel's jhash: this runs on every packet and needs only to spread
+/// the few keys of one node, not resist an attacker (a collision costs the
+/// LRU path, never a count).
+#[inline(always)]
+fn cache_index(key: &FlowKey) -> u32 {
+    const GOLDEN: u32 = 0x9e37_79b1;
+    let tail = u32::from_ne_bytes([key.direction, key.proto, key.peer_family, key.reason]);
+    let mut h = key.peer[0];
+    for word in [
+        key.peer[1],
+        key.peer[2],
+        key.peer[3],
+        key.ifindex,
+        key.vni,
+        tail,
+    ] {
+        h = (h ^ word).wrapping_mul(GOLDEN).rotate_left(13);
+    }
+    h.wrapping_mul(GOLDEN) >> (32 - FLOW_CACHE_SLOTS.trailing_zeros())
+}
+
+/// Key equality as seven word compares (the struct has no padding).
+#[inline(always)]
+fn same_key(a: &FlowKey, b: &FlowKey) -> bool {
+    a.ifindex == b.ifindex
+        && a.peer == b.peer
+        && a.vni == b.vni
+        && a.direction == b.direction
+        && a.proto == b.proto
+        && a.peer_family == b.peer_family
+        && a.reason == b.reason
+}
+
+/// Fills a free slot with `key`. The key's ifindex, which marks the slot
+/// taken, is written last, so that a reader never pairs counts with half
+/// a key.
+#[inline(always)]
+fn claim(slot: &mut FlowCacheSlot, key: &FlowKey, c: &Classified, packets: u64, bytes: u64) {
+    slot.allow_verdict = 0;
+    slot.value = initial_value(c, packets, bytes);
+    slot.key = FlowKey { ifindex: 0, ..*key };
+    core::sync::atomic::compiler_fence(core::sync::atomic::Ordering::Release);
+    slot.key.ifindex = key.ifindex;
+}
+
+#[inline(always)]
+fn initial_value(c: &Classified, packets: u64, bytes: u64) -> FlowValue {
+    FlowValue {
         packets,
         bytes,
         inner_src: c.inner_src,
         inner_dst: c.inner_dst,
         inner_family: c.inner_family,
         _pad: [0; 7],
-    };
-    if FLOWS.insert(key, value, BPF_NOEXIST as u64).is_ok() {
+    }
+}
+
+/// The LRU path: a key without a cache slot on this CPU.
+#[inline(always)]
+fn record_in_map(key: &FlowKey, c: &Classified, packets: u64, bytes: u64) {
+    if let Some(value) = FLOWS.get_ptr_mut(key) {
+        // SAFETY: per-CPU value of this CPU; nothing else writes it concurrently.
+        add(unsafe { &mut *value }, c, packets, bytes);
+        return;
+    }
+    if FLOWS
+        .insert(key, initial_value(c, packets, bytes), BPF_NOEXIST as u64)
+        .is_ok()
+    {
         bump(Stat::FlowInserts);
-    } else if !add(&key, c, packets, bytes) {
+        return;
+    }
+    match FLOWS.get_ptr_mut(key) {
+        // SAFETY: as above.
+        Some(value) => add(unsafe { &mut *value }, c, packets, bytes),
         // Another CPU inserted the key between our lookup and insert, and
         // the entry was evicted again before we could find it.
-        bump(Stat::FlowInsertFailures);
+        None => bump(Stat::FlowInsertFailures),
     }
 }
 
 #[inline(always)]
-fn add(key: &FlowKey, c: &Classified, packets: u64, bytes: u64) -> bool {
-    let Some(value) = FLOWS.get_ptr_mut(key) else {
-        return false;
-    };
-    // SAFETY: per-CPU value of this CPU; nothing else writes it concurrently.
-    let value = unsafe { &mut *value };
+fn add(value: &mut FlowValue, c: &Classified, packets: u64, bytes: u64) {
     value.packets += packets;
     value.bytes += bytes;
-    if c.inner_family != 0 {
+    if c.inner_family != family::NONE {
         value.inner_src = c.inner_src;
         value.inner_dst = c.inner_dst;
         value.inner_family = c.inner_family;
     }
-    true
 }
 
 #[inline(always)]

@@ -6,7 +6,7 @@ use observer_common::{ClassifierDrop, DropKey, DropValue, Proto, config, drop_or
 
 use crate::{
     maps::{
-        DROPS, IFACE_MTU, IPIP_ALLOW4, IPIP_ALLOW6, LOCAL_VNIS, VXLAN_ALLOW4, VXLAN_ALLOW6,
+        CONFIG, DROPS, IFACE_MTU, IPIP_ALLOW4, IPIP_ALLOW6, LOCAL_VNIS, VXLAN_ALLOW4, VXLAN_ALLOW6,
         config_on,
     },
     parse::Classified,
@@ -48,16 +48,17 @@ pub fn record(ifindex: u32, c: &Classified, origin: u8, reason: u32, bytes: u64)
 /// Flags received tunnel packets the node is likely to drop, without
 /// touching them: a source outside the allow-set of its encapsulation,
 /// VXLAN without the I flag or with a VNI no local device has, an outer
-/// fragment, an outer packet above the interface MTU.
+/// fragment, an outer packet above the interface MTU. `verdict` is the
+/// allow-set verdict cached in the flow's cache slot, when it has one.
 #[inline(always)]
-pub fn classifier_checks(ifindex: u32, c: &Classified, wire_len: u64) {
+pub fn classifier_checks(ifindex: u32, c: &Classified, wire_len: u64, verdict: Option<&mut u32>) {
     if c.proto == Proto::Other {
         return;
     }
     let flag = |reason: ClassifierDrop| {
         record(ifindex, c, drop_origin::CLASSIFIER, reason as u32, wire_len)
     };
-    if outside_allow_set(c) {
+    if outside_allow_set_cached(c, verdict) {
         flag(ClassifierDrop::CalicoAllowSet);
     }
     if c.proto == Proto::Vxlan {
@@ -100,15 +101,42 @@ pub fn path_mtu_checks<F: crate::parse::Frame>(f: &F, ifindex: u32, c: &Classifi
     }
 }
 
+/// [`outside_allow_set`], from `verdict` when it was decided under the
+/// current allow-set generation: the trie is walked once per flow and set
+/// change, not per packet. The generation is read before the trie, so a
+/// verdict decided while userspace changes a set is stored under the old
+/// generation and decided again.
+#[inline(always)]
+fn outside_allow_set_cached(c: &Classified, verdict: Option<&mut u32>) -> bool {
+    let Some(switches) = allow_switches(c.proto) else {
+        return false;
+    };
+    let Some(verdict) = verdict else {
+        return outside_allow_set(c, switches);
+    };
+    let generation = CONFIG.get(config::ALLOW_GENERATION).copied().unwrap_or(0);
+    if generation != 0 && *verdict >> 1 == generation {
+        return *verdict & 1 != 0;
+    }
+    let outside = outside_allow_set(c, switches);
+    *verdict = (generation << 1) | u32::from(outside);
+    outside
+}
+
+/// The (IPv4, IPv6) switches of the allow-sets guarding `proto`, if any.
+#[inline(always)]
+fn allow_switches(proto: Proto) -> Option<(u32, u32)> {
+    match proto {
+        Proto::Vxlan => Some((config::VXLAN_ALLOW_V4, config::VXLAN_ALLOW_V6)),
+        Proto::Ipip | Proto::Ip6ip => Some((config::IPIP_ALLOW_V4, config::IPIP_ALLOW_V6)),
+        _ => None,
+    }
+}
+
 /// True when the packet's encapsulation has an active allow-set that does
 /// not contain its source.
 #[inline(always)]
-fn outside_allow_set(c: &Classified) -> bool {
-    let (v4_switch, v6_switch) = match c.proto {
-        Proto::Vxlan => (config::VXLAN_ALLOW_V4, config::VXLAN_ALLOW_V6),
-        Proto::Ipip | Proto::Ip6ip => (config::IPIP_ALLOW_V4, config::IPIP_ALLOW_V6),
-        _ => return false,
-    };
+fn outside_allow_set(c: &Classified, (v4_switch, v6_switch): (u32, u32)) -> bool {
     let vxlan = c.proto == Proto::Vxlan;
     match c.peer_family {
         family::V4 if config_on(v4_switch) => {

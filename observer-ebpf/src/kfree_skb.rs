@@ -11,11 +11,14 @@ use aya_ebpf::{
     macros::btf_tracepoint,
     programs::BtfTracePointContext,
 };
-use observer_common::{Direction, REASON_NOT_REPORTED, SkbLayout, WatchedIface, drop_origin};
+use observer_common::{
+    Direction, REASON_NOT_REPORTED, SkbLayout, WATCHED_BITS as WATCHED_BITS_COUNT, WatchedIface,
+    drop_origin,
+};
 
 use crate::{
     drops,
-    maps::{SCRATCH, SCRATCH_DROPS, SKB_LAYOUT, WATCHED},
+    maps::{SCRATCH, SCRATCH_DROPS, SKB_LAYOUT, WATCHED, WATCHED_BITS},
     parse,
 };
 
@@ -62,6 +65,12 @@ fn try_observe_drop(skb: usize, reason: u32) -> Option<()> {
         return None;
     }
     let ifindex: u32 = field(dev, layout.dev_ifindex)?;
+    // Most drops happen on devices nobody watches: the bitmap answers for
+    // them after two reads, before the namespace walk and the hash lookup.
+    let bit = ifindex & (WATCHED_BITS_COUNT - 1);
+    if WATCHED_BITS.get(bit / 64)? & (1u64 << (bit % 64)) == 0 {
+        return None;
+    }
     let net: usize = field(dev, layout.dev_nd_net)?;
     let netns: u32 = field(net, layout.net_inum)?;
     WATCHED.get_ptr(WatchedIface { netns, ifindex })?;

@@ -7,8 +7,9 @@ use aya_ebpf::{
     maps::{Array, HashMap, LpmTrie, LruPerCpuHashMap, PerCpuArray, ProgramArray},
 };
 use observer_common::{
-    ALLOW_SET_MAX_PREFIXES, DEFAULT_MAX_FLOWS, DropKey, DropValue, FlowKey, FlowValue,
-    LOCAL_VNIS_MAX, STAT_COUNT, SkbLayout, WATCHED_MAX, WatchedIface, config,
+    ALLOW_SET_MAX_PREFIXES, DEFAULT_MAX_FLOWS, DropKey, DropValue, FLOW_CACHE_SLOTS, FlowCacheSlot,
+    FlowKey, FlowValue, LOCAL_VNIS_MAX, STAT_COUNT, SkbLayout, WATCHED_BITS as WATCHED_BITS_COUNT,
+    WATCHED_MAX, WatchedIface, config,
 };
 
 /// Per (interface, direction, protocol, peer, VNI) packet and byte counters.
@@ -17,6 +18,13 @@ use observer_common::{
 #[map(name = "FLOWS")]
 pub static FLOWS: LruPerCpuHashMap<FlowKey, FlowValue> =
     LruPerCpuHashMap::with_max_entries(DEFAULT_MAX_FLOWS, 0);
+
+/// Per-CPU direct-mapped cache in front of [`FLOWS`]: the steady state of
+/// a flow is one array lookup, a key compare and two adds (see
+/// `observer_common::FlowCacheSlot` for why slots are never evicted).
+#[map(name = "FLOW_CACHE")]
+pub static FLOW_CACHE: PerCpuArray<FlowCacheSlot> =
+    PerCpuArray::with_max_entries(FLOW_CACHE_SLOTS, 0);
 
 /// UDP port -> protocol byte (see `observer_common::PORT_MATCH_SOURCE`).
 /// An array indexed by port makes the lookup a bounds check and a load.
@@ -67,6 +75,13 @@ pub static IFACE_MTU: HashMap<u32, u32> = HashMap::with_max_entries(WATCHED_MAX,
 /// Interfaces whose kernel drops are counted.
 #[map(name = "WATCHED")]
 pub static WATCHED: HashMap<WatchedIface, u8> = HashMap::with_max_entries(WATCHED_MAX, 0);
+
+/// Bit `ifindex % WATCHED_BITS` set for every watched interface, one `u64`
+/// per 64 bits: kfree_skb's cheap first test.
+#[map(name = "WATCHED_BITS")]
+pub static WATCHED_BITS: Array<u64> = Array::with_max_entries(WATCHED_BITS_WORDS, 0);
+
+const WATCHED_BITS_WORDS: u32 = WATCHED_BITS_COUNT / 64;
 
 /// sk_buff field offsets from the running kernel's BTF, set at load time.
 #[unsafe(no_mangle)]

@@ -5,8 +5,10 @@
 
 use aya_ebpf::{macros::classifier, programs::TcContext};
 
+use observer_common::Direction;
+
 use crate::{
-    drops,
+    count, drops,
     maps::{PENDING, SCRATCH, SCRATCH_TC},
     parse::{CopiedFrame, HEADER_WINDOW, PacketFrame},
     tc_skb::TC_PASS,
@@ -24,7 +26,14 @@ fn try_checks(ctx: &TcContext) -> Option<()> {
     // SAFETY: this CPU's slot, written by the caller just before.
     let pending = unsafe { *PENDING.get_ptr(0)? };
     let c = &pending.classified;
-    drops::classifier_checks(pending.ifindex, c, pending.wire_len);
+    // The flow's cache slot holds its allow-set verdict.
+    let slot = count::cached_slot(&count::flow_key(pending.ifindex, Direction::Rx, c));
+    drops::classifier_checks(
+        pending.ifindex,
+        c,
+        pending.wire_len,
+        slot.map(|s| &mut s.allow_verdict),
+    );
     if pending.copied == 0 {
         let frame = PacketFrame {
             start: ctx.data(),

@@ -111,6 +111,6 @@ fn count_frame<F: Frame>(
     } else {
         (1, len)
     };
-    count::record(ifindex, direction, &c, packets, bytes);
+    count::record(&count::flow_key(ifindex, direction, &c), &c, packets, bytes);
     c
 }

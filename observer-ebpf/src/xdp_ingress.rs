@@ -52,7 +52,10 @@ fn try_observer_xdp(ctx: &XdpContext, buffers: Buffers) {
         linear as u64
     };
     let ifindex = ctx.ingress_ifindex() as u32;
-    count::record(ifindex, Direction::Rx, &c, 1, bytes);
-    drops::classifier_checks(ifindex, &c, bytes);
-    drops::path_mtu_checks(&frame, ifindex, &c, bytes);
+    let slot = count::record(&count::flow_key(ifindex, Direction::Rx, &c), &c, 1, bytes);
+    // Plain traffic (most packets on many nodes) ends here.
+    if parse::needs_checks(&c) {
+        drops::classifier_checks(ifindex, &c, bytes, slot.map(|s| &mut s.allow_verdict));
+        drops::path_mtu_checks(&frame, ifindex, &c, bytes);
+    }
 }

@@ -23,11 +23,7 @@
 //! tcpdump). Every figure is a `bench NAME VALUE UNIT` line on stdout, and
 //! the table is also written to `target/bench.md`.
 
-use std::{
-    io,
-    os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd},
-    process::ExitCode,
-};
+use std::{io, os::fd::AsFd, process::ExitCode};
 
 use observer::{
     bpf::testrun,
@@ -44,7 +40,7 @@ mod system;
 
 const REPEAT: u32 = 1_000_000;
 const ROUNDS: usize = 5;
-const XDP_PASS: u32 = 2;
+use system::maptypes::XDP_PASS;
 
 fn main() -> ExitCode {
     match run() {
@@ -75,8 +71,7 @@ fn run() -> anyhow::Result<()> {
         );
     }
     let observer = Observer::load(&Default::default())?;
-    let pass = load_xdp_pass()?;
-    let (_floor_map, lookup_floor) = load_lookup_floor()?;
+    let pass = system::maptypes::load_xdp_pass()?;
     let xdp = observer.program_fd(Hook::Xdp)?;
 
     let vxlan = frames::vxlan();
@@ -170,36 +165,30 @@ fn run() -> anyhow::Result<()> {
     for (case, ns) in cases.iter().zip(&medians) {
         system::report(case.name, format!("{ns:.1}"), "ns/pkt");
     }
-    system::report(
-        "vxlan_over_pass",
-        format!("{:.1}", medians[1] - medians[0]),
-        "ns/pkt",
-    );
-    // Context for the figures above: the cost of one per-CPU LRU hash
-    // lookup (the observer's only unavoidable kernel call per packet),
-    // measured the same way.
-    let mut floor: Vec<f64> = (0..ROUNDS)
-        .map(|_| {
-            testrun::run(lookup_floor.as_fd(), &vxlan, None, REPEAT)
-                .map(|r| f64::from(r.duration_ns))
-        })
-        .collect::<io::Result<_>>()?;
-    system::report(
-        "lru_lookup_over_pass",
-        format!("{:.1}", system::median(&mut floor) - medians[0]),
-        "ns/pkt",
-    );
-    if std::env::var("OBSERVER_BENCH_ONLY").as_deref() == Ok("traffic") {
+    let over_pass = |name: &str| {
+        let at = cases.iter().position(|c| c.name == name).expect("a case");
+        format!("{:.1}", medians[at] - medians[0])
+    };
+    system::report("vxlan_over_pass", over_pass("vxlan"), "ns/pkt");
+    system::report("plain_over_pass", over_pass("plain"), "ns/pkt");
+    // Context for the figures above: what one lookup in each map type
+    // costs, measured the same way.
+    system::maptypes::run(&vxlan, pass.as_fd(), REPEAT, ROUNDS)?;
+    let only = std::env::var("OBSERVER_BENCH_ONLY").unwrap_or_default();
+    if only == "traffic" {
         system::traffic::run(&vxlan, pass.as_fd())?;
         return system::write_table();
     }
-    system::verifier::run()?;
-    allow_set_cases(&vxlan)?;
+    allow_set_cases(&vxlan, medians[1])?;
     // The kfree_skb cost is measured on real drops in namespaces, on a
     // thread of its own because it enters a network namespace.
     std::thread::spawn(kfree_skb_cost)
         .join()
         .map_err(|_| anyhow::anyhow!("kfree_skb bench panicked"))??;
+    if only == "packets" {
+        return system::write_table();
+    }
+    system::verifier::run()?;
     system::snapshot::run(&vxlan)?;
     system::replay::run(&vxlan)?;
     system::traffic::run(&vxlan, pass.as_fd())?;
@@ -207,8 +196,10 @@ fn run() -> anyhow::Result<()> {
 }
 
 /// Average cost of the kfree_skb program per kernel drop event, from the
-/// kernel's own BPF run-time statistics, while iptables drops UDP sent from
-/// a second namespace to the watched interface.
+/// kernel's own BPF run-time statistics, while iptables drops UDP sent
+/// from a second namespace: first over a veth pair the observer does not
+/// watch (the common case on a node: `kfree_skb_unwatched_per_event`),
+/// then over the watched one (`kfree_skb_per_event`).
 fn kfree_skb_cost() -> anyhow::Result<()> {
     const DROPS: u64 = 20_000;
     let tag = format!("obsb{}", std::process::id());
@@ -216,13 +207,33 @@ fn kfree_skb_cost() -> anyhow::Result<()> {
     let _guard = system::Namespaces(vec![a.clone(), b.clone()]);
     system::sh(&["ip", "netns", "add", &a])?;
     system::sh(&["ip", "netns", "add", &b])?;
-    system::sh(&[
-        "ip", "-n", &a, "link", "add", "va", "type", "veth", "peer", "name", "vb", "netns", &b,
-    ])?;
-    system::sh(&["ip", "-n", &a, "addr", "add", "198.18.0.1/30", "dev", "va"])?;
-    system::sh(&["ip", "-n", &b, "addr", "add", "198.18.0.2/30", "dev", "vb"])?;
-    system::sh(&["ip", "-n", &a, "link", "set", "va", "up"])?;
-    system::sh(&["ip", "-n", &b, "link", "set", "vb", "up"])?;
+    for (here, there, net) in [("va", "vb", "198.18.0"), ("vc", "vd", "198.18.1")] {
+        system::sh(&[
+            "ip", "-n", &a, "link", "add", here, "type", "veth", "peer", "name", there, "netns", &b,
+        ])?;
+        system::sh(&[
+            "ip",
+            "-n",
+            &a,
+            "addr",
+            "add",
+            &format!("{net}.1/30"),
+            "dev",
+            here,
+        ])?;
+        system::sh(&[
+            "ip",
+            "-n",
+            &b,
+            "addr",
+            "add",
+            &format!("{net}.2/30"),
+            "dev",
+            there,
+        ])?;
+        system::sh(&["ip", "-n", &a, "link", "set", here, "up"])?;
+        system::sh(&["ip", "-n", &b, "link", "set", there, "up"])?;
+    }
     system::sh(&[
         "ip", "netns", "exec", &a, "iptables", "-A", "INPUT", "-p", "udp", "--dport", "9", "-j",
         "DROP",
@@ -232,47 +243,57 @@ fn kfree_skb_cost() -> anyhow::Result<()> {
     let mut observer = Observer::load(&Default::default())?;
     observer.attach("va", observer::bpf::XdpMode::Auto)?;
     let _stats = aya::sys::enable_stats(aya::sys::Stats::RunTime)?;
-    let before = observer.drop_hook_info()?;
-    let sender = std::thread::spawn(move || -> anyhow::Result<()> {
-        system::enter_netns(&b)?;
-        let socket = std::net::UdpSocket::bind("198.18.0.2:0")?;
-        for _ in 0..DROPS {
-            socket.send_to(b"drop me", "198.18.0.1:9")?;
-        }
-        Ok(())
-    });
-    sender
-        .join()
-        .map_err(|_| anyhow::anyhow!("sender panicked"))??;
-    std::thread::sleep(std::time::Duration::from_millis(300));
-    let after = observer.drop_hook_info()?;
-    let events = after.run_count() - before.run_count();
-    let ns = (after.run_time() - before.run_time()).as_nanos() as f64;
-    let counted: u64 = observer
-        .read_drops()?
-        .iter()
-        .filter(|(id, _)| {
-            id.origin == observer::model::rows::Origin::Kernel
-                && observer.kernel_reasons().name(id.reason) == "NETFILTER_DROP"
-        })
-        .map(|(_, c)| c.packets)
-        .sum();
-    anyhow::ensure!(
-        counted == DROPS,
-        "kfree_skb counted {counted} NETFILTER_DROP drops on va, expected {DROPS}"
-    );
-    system::report(
-        "kfree_skb_per_event",
-        format!("{:.1}", ns / events.max(1) as f64),
-        "ns/event",
-    );
-    system::report("kfree_skb_events", events, "events");
+    let watched_drops = |observer: &Observer| -> anyhow::Result<u64> {
+        Ok(observer
+            .read_drops()?
+            .iter()
+            .filter(|(id, _)| {
+                id.origin == observer::model::rows::Origin::Kernel
+                    && observer.kernel_reasons().name(id.reason) == "NETFILTER_DROP"
+            })
+            .map(|(_, c)| c.packets)
+            .sum())
+    };
+    for (name, source, destination, watched) in [
+        ("kfree_skb_unwatched", "198.18.1.2:0", "198.18.1.1:9", 0),
+        ("kfree_skb", "198.18.0.2:0", "198.18.0.1:9", DROPS),
+    ] {
+        let before = observer.drop_hook_info()?;
+        let namespace = b.clone();
+        let sender = std::thread::spawn(move || -> anyhow::Result<()> {
+            system::enter_netns(&namespace)?;
+            let socket = std::net::UdpSocket::bind(source)?;
+            for _ in 0..DROPS {
+                socket.send_to(b"drop me", destination)?;
+            }
+            Ok(())
+        });
+        sender
+            .join()
+            .map_err(|_| anyhow::anyhow!("sender panicked"))??;
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let after = observer.drop_hook_info()?;
+        let events = after.run_count() - before.run_count();
+        let ns = (after.run_time() - before.run_time()).as_nanos() as f64;
+        let counted = watched_drops(&observer)?;
+        anyhow::ensure!(
+            counted == watched,
+            "{name}: kfree_skb counted {counted} NETFILTER_DROP drops on va, expected {watched}"
+        );
+        system::report(
+            &format!("{name}_per_event"),
+            format!("{:.1}", ns / events.max(1) as f64),
+            "ns/event",
+        );
+        system::report(&format!("{name}_events"), events, "events");
+    }
     Ok(())
 }
 
 /// The VXLAN case with the allow-set check on, for sets of 10, 1,000 and
-/// 10,000 prefixes (the frame's source is a member, the common case).
-fn allow_set_cases(vxlan: &[u8]) -> anyhow::Result<()> {
+/// 10,000 prefixes (the frame's source is a member, the common case), and
+/// what the check adds to `vxlan` (`vxlan_ns`, measured in the same run).
+fn allow_set_cases(vxlan: &[u8], vxlan_ns: f64) -> anyhow::Result<()> {
     for size in [10usize, 1_000, 10_000] {
         let mut observer = Observer::load(&Default::default())?;
         let mut prefixes: BTreeSet<IpNet> = (0..size - 1)
@@ -307,163 +328,15 @@ fn allow_set_cases(vxlan: &[u8]) -> anyhow::Result<()> {
                 "vxlan_allow_{size}: the member source was flagged; the bench measures the wrong path"
             );
         }
+        let ns = system::median(&mut samples);
+        system::report(&format!("vxlan_allow_{size}"), format!("{ns:.1}"), "ns/pkt");
         system::report(
-            &format!("vxlan_allow_{size}"),
-            format!("{:.1}", system::median(&mut samples)),
+            &format!("vxlan_allow_{size}_over_vxlan"),
+            format!("{:.1}", ns - vxlan_ns),
             "ns/pkt",
         );
     }
     Ok(())
-}
-
-/// Loads the smallest valid XDP program, `r0 = XDP_PASS; exit`, with a raw
-/// `bpf(BPF_PROG_LOAD)`. aya loads programs only from ELF objects, and a
-/// second eBPF crate just for a two-instruction baseline would need its own
-/// nightly + bpf-linker build; the syscall is a few lines. Its time is the
-/// floor that BPF_PROG_TEST_RUN itself costs per run, which the observer's
-/// figures are compared against.
-fn load_xdp_pass() -> io::Result<OwnedFd> {
-    load_raw_xdp(
-        b"xdp_pass",
-        &[
-            // BPF_ALU64 | BPF_MOV | BPF_K: r0 = 2 (XDP_PASS)
-            Insn::new(0xb7, 0, 0, XDP_PASS as i32),
-            // BPF_JMP | BPF_EXIT
-            Insn::new(0x95, 0, 0, 0),
-        ],
-    )
-}
-
-/// `struct bpf_insn`: opcode, dst/src registers (4 bits each), offset, immediate.
-#[repr(C)]
-struct Insn {
-    code: u8,
-    regs: u8,
-    off: i16,
-    imm: i32,
-}
-
-impl Insn {
-    const fn new(code: u8, regs: u8, off: i16, imm: i32) -> Insn {
-        Insn {
-            code,
-            regs,
-            off,
-            imm,
-        }
-    }
-}
-
-/// A per-CPU LRU hash map shaped like the observer's flow map, and an XDP
-/// program that only looks up an (absent) zero key in it and passes.
-fn load_lookup_floor() -> io::Result<(OwnedFd, OwnedFd)> {
-    const BPF_MAP_CREATE: libc::c_long = 0;
-    const BPF_MAP_TYPE_LRU_PERCPU_HASH: u32 = 10;
-    #[repr(C)]
-    struct MapCreateAttr {
-        map_type: u32,
-        key_size: u32,
-        value_size: u32,
-        max_entries: u32,
-        map_flags: u32,
-    }
-    let attr = MapCreateAttr {
-        map_type: BPF_MAP_TYPE_LRU_PERCPU_HASH,
-        key_size: std::mem::size_of::<observer_common::FlowKey>() as u32,
-        value_size: std::mem::size_of::<observer_common::FlowValue>() as u32,
-        max_entries: observer_common::DEFAULT_MAX_FLOWS,
-        map_flags: 0,
-    };
-    // SAFETY: attr outlives the call; the size passed is the struct's.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_MAP_CREATE,
-            &attr as *const MapCreateAttr,
-            std::mem::size_of::<MapCreateAttr>() as u32,
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: a new descriptor nothing else owns.
-    let map = unsafe { OwnedFd::from_raw_fd(fd as i32) };
-    let map_fd = map.as_raw_fd();
-    let prog = load_raw_xdp(
-        b"lookup_floor",
-        &[
-            // Zero a 32-byte key on the stack: *(u64 *)(r10 - n) = 0.
-            Insn::new(0x7a, 10, -8, 0),
-            Insn::new(0x7a, 10, -16, 0),
-            Insn::new(0x7a, 10, -24, 0),
-            Insn::new(0x7a, 10, -32, 0),
-            // r1 = map (ld_imm64 with src_reg BPF_PSEUDO_MAP_FD), two slots.
-            Insn::new(0x18, 1 | (1 << 4), 0, map_fd),
-            Insn::new(0, 0, 0, 0),
-            // r2 = r10 - 32
-            Insn::new(0xbf, 2 | (10 << 4), 0, 0),
-            Insn::new(0x07, 2, 0, -32),
-            // call bpf_map_lookup_elem
-            Insn::new(0x85, 0, 0, 1),
-            Insn::new(0xb7, 0, 0, XDP_PASS as i32),
-            Insn::new(0x95, 0, 0, 0),
-        ],
-    )?;
-    Ok((map, prog))
-}
-
-fn load_raw_xdp(prog_name: &[u8], insns: &[Insn]) -> io::Result<OwnedFd> {
-    const BPF_PROG_LOAD: libc::c_long = 5;
-    const BPF_PROG_TYPE_XDP: u32 = 6;
-    /// The leading fields of `union bpf_attr` for BPF_PROG_LOAD (uapi
-    /// linux/bpf.h); the kernel treats the fields not passed as zero.
-    #[repr(C)]
-    struct ProgLoadAttr {
-        prog_type: u32,
-        insn_cnt: u32,
-        insns: u64,
-        license: u64,
-        log_level: u32,
-        log_size: u32,
-        log_buf: u64,
-        kern_version: u32,
-        prog_flags: u32,
-        prog_name: [u8; 16],
-        prog_ifindex: u32,
-        expected_attach_type: u32,
-    }
-    let license = c"GPL";
-    let mut name = [0u8; 16];
-    name[..prog_name.len()].copy_from_slice(prog_name);
-    let attr = ProgLoadAttr {
-        prog_type: BPF_PROG_TYPE_XDP,
-        insn_cnt: insns.len() as u32,
-        insns: insns.as_ptr() as u64,
-        license: license.as_ptr() as u64,
-        log_level: 0,
-        log_size: 0,
-        log_buf: 0,
-        kern_version: 0,
-        prog_flags: 0,
-        prog_name: name,
-        prog_ifindex: 0,
-        expected_attach_type: 0,
-    };
-    // SAFETY: attr and the buffers it points to outlive the call; the size
-    // passed is the struct's.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_PROG_LOAD,
-            &attr as *const ProgLoadAttr,
-            std::mem::size_of::<ProgLoadAttr>() as u32,
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: the kernel returned a new file descriptor that nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
 
 /// Minimal hand-built frames: Ethernet + IPv4 outer headers around the

@@ -3,6 +3,7 @@
 //! and export with many peers, and replay speed. Also the reporting every
 //! bench shares: `bench NAME VALUE UNIT` lines and `target/bench.md`.
 
+pub mod maptypes;
 pub mod replay;
 pub mod snapshot;
 pub mod traffic;

@@ -4,7 +4,7 @@
 //! table and the CHECKS program array are written once, by `load`.
 
 use std::{
-    collections::{BTreeSet, HashSet},
+    collections::{BTreeSet, HashMap, HashSet},
     hash::Hash,
     net::IpAddr,
 };
@@ -19,9 +19,10 @@ use aya::{
 };
 use ipnet::IpNet;
 use observer_common::{
-    CONFIG_MAP, DROPS_MAP, DropKey, DropValue, FLOWS_MAP, FlowKey, FlowValue, IFACE_MTU_MAP,
-    IPIP_ALLOW_V4_MAP, IPIP_ALLOW_V6_MAP, LOCAL_VNIS_MAP, STATS_MAP, Stat, VXLAN_ALLOW_V4_MAP,
-    VXLAN_ALLOW_V6_MAP, WATCHED_MAP, WatchedIface, config,
+    CONFIG_MAP, DROPS_MAP, DropKey, DropValue, FLOW_CACHE_MAP, FLOW_CACHE_SLOTS, FLOWS_MAP,
+    FlowCacheSlot, FlowKey, FlowValue, IFACE_MTU_MAP, IPIP_ALLOW_V4_MAP, IPIP_ALLOW_V6_MAP,
+    LOCAL_VNIS_MAP, STATS_MAP, Stat, VXLAN_ALLOW_V4_MAP, VXLAN_ALLOW_V6_MAP, WATCHED_BITS,
+    WATCHED_BITS_MAP, WATCHED_MAP, WatchedIface, config,
 };
 
 use super::Observer;
@@ -54,6 +55,7 @@ impl Observer {
                 .context("WATCHED map missing")?,
         )?;
         watched.insert(WatchedIface { netns, ifindex }, 1, 0)?;
+        self.sync_watched_bits(ifindex)?;
         match localnet::mtu(iface) {
             Ok(mtu) => self.set_mtu(ifindex, mtu)?,
             Err(e) => {
@@ -72,11 +74,34 @@ impl Observer {
         {
             let _ = watched.remove(&WatchedIface { netns, ifindex });
         }
+        let _ = self.sync_watched_bits(ifindex);
         if let Some(map) = self.ebpf.map_mut(IFACE_MTU_MAP)
             && let Ok(mut mtus) = BpfHashMap::<_, u32, u32>::try_from(map)
         {
             let _ = mtus.remove(&ifindex);
         }
+    }
+
+    /// Rewrites the word of the kfree_skb prefilter bitmap that holds
+    /// `ifindex`'s bit from the watched set (other interfaces may share the
+    /// word or the bit).
+    fn sync_watched_bits(&mut self, ifindex: u32) -> Result<()> {
+        let watched: BpfHashMap<_, WatchedIface, u8> =
+            BpfHashMap::try_from(self.ebpf.map(WATCHED_MAP).context("WATCHED map missing")?)?;
+        let word = watched_bit(ifindex) / 64;
+        let value = watched
+            .keys()
+            .filter_map(|k| k.ok())
+            .map(|k| watched_bit(k.ifindex))
+            .filter(|bit| bit / 64 == word)
+            .fold(0u64, |value, bit| value | 1 << (bit % 64));
+        let mut bits: Array<&mut MapData, u64> = Array::try_from(
+            self.ebpf
+                .map_mut(WATCHED_BITS_MAP)
+                .context("WATCHED_BITS map missing")?,
+        )?;
+        bits.set(word, value, 0)?;
+        Ok(())
     }
 
     fn flow_map(&self) -> Result<PerCpuHashMap<&MapData, FlowKey, FlowValue>> {
@@ -85,11 +110,39 @@ impl Observer {
         )?)
     }
 
-    /// Reads every row of the flow map, summed over CPUs.
+    /// Reads every row of the flow counters, summed over CPUs: the keys of
+    /// the flow cache and of the LRU map, each once.
     pub fn read_flows(&self) -> Result<Vec<(FlowId, FlowCounters)>> {
-        walk(&self.flow_map()?, FLOWS_MAP, |key, values| {
-            (FlowId::from_key(key), FlowCounters::sum(values.iter()))
-        })
+        let cached = self.read_flow_cache()?;
+        let lru = walk(&self.flow_map()?, FLOWS_MAP, |key, values| {
+            (*key, FlowCounters::sum(values.iter()))
+        })?;
+        Ok(merge_cached(lru, cached))
+    }
+
+    /// The keys held in the per-CPU flow cache, with their counters summed
+    /// over the CPUs that hold them.
+    fn read_flow_cache(&self) -> Result<HashMap<FlowKey, FlowCounters>> {
+        let cache: PerCpuArray<&MapData, FlowCacheSlot> = PerCpuArray::try_from(
+            self.ebpf
+                .map(FLOW_CACHE_MAP)
+                .context("FLOW_CACHE map missing")?,
+        )?;
+        let mut keys: HashMap<FlowKey, FlowCounters> = HashMap::new();
+        for index in 0..FLOW_CACHE_SLOTS {
+            let slots = cache
+                .get(&index, 0)
+                .with_context(|| format!("reading slot {index} of the FLOW_CACHE map"))?;
+            for slot in slots.iter().filter(|slot| slot.key.ifindex != 0) {
+                let counters = keys.entry(slot.key).or_default();
+                let one = FlowCounters::sum([&slot.value]);
+                counters.packets += one.packets;
+                counters.bytes += one.bytes;
+                counters.inner = counters.inner.or(one.inner);
+                counters.cached = (counters.packets, counters.bytes);
+            }
+        }
+        Ok(keys)
     }
 
     /// Reads every row of the drop map, summed over CPUs.
@@ -113,9 +166,9 @@ impl Observer {
         self.stats_for(flow_entries)
     }
 
-    /// The kernel self counters, given the number of flow-map entries (the
-    /// length of a [`Observer::read_flows`] just made), so the map is walked
-    /// once per interval, not twice.
+    /// The kernel self counters, given the number of flow-map entries
+    /// (`rows::map_entries` of a [`Observer::read_flows`] just made), so
+    /// the map is walked once per interval, not twice.
     pub fn stats_for(&self, flow_entries: u64) -> Result<KernelStats> {
         let stats: PerCpuArray<&MapData, u64> =
             PerCpuArray::try_from(self.ebpf.map(STATS_MAP).context("STATS map missing")?)?;
@@ -126,8 +179,38 @@ impl Observer {
             flow_inserts,
             flow_evictions: flow_inserts.saturating_sub(flow_entries),
             flow_insert_failures: read(Stat::FlowInsertFailures)?,
+            flow_cache_slots: read(Stat::FlowCacheClaims)?,
+            flow_cache_collisions: read(Stat::FlowCacheCollisions)?,
         })
     }
+}
+
+/// The LRU map's rows with the flow cache's counters added to the same
+/// key (a key may be in both: cached on one CPU, in the map on another
+/// whose slot another key holds), then the keys only the cache has.
+fn merge_cached(
+    lru: Vec<(FlowKey, FlowCounters)>,
+    mut cached: HashMap<FlowKey, FlowCounters>,
+) -> Vec<(FlowId, FlowCounters)> {
+    let mut rows = Vec::with_capacity(lru.len() + cached.len());
+    for (key, mut counters) in lru {
+        if let Some(from_cache) = cached.remove(&key) {
+            counters.packets += from_cache.packets;
+            counters.bytes += from_cache.bytes;
+            counters.inner = counters.inner.or(from_cache.inner);
+            counters.cached = from_cache.cached;
+        }
+        rows.push((FlowId::from_key(&key), counters));
+    }
+    let mut only_cached: Vec<(FlowKey, FlowCounters)> = cached.into_iter().collect();
+    // Sorted, so that rows come out in the same order on every read.
+    only_cached.sort_unstable_by_key(|(key, _)| *key);
+    rows.extend(
+        only_cached
+            .into_iter()
+            .map(|(key, counters)| (FlowId::from_key(&key), counters)),
+    );
+    rows
 }
 
 /// Walks a per-CPU LRU map once, decoding each key with its per-CPU values.
@@ -175,6 +258,11 @@ where
 
 // ----------------------------------------------------------- lookup maps
 
+/// `ifindex`'s bit in the kfree_skb prefilter bitmap.
+fn watched_bit(ifindex: u32) -> u32 {
+    ifindex & (WATCHED_BITS - 1)
+}
+
 /// Network-order words of an address, as the programs read them from packets.
 fn words(addr: IpAddr) -> [u32; 4] {
     let bytes = match addr {
@@ -192,24 +280,50 @@ fn words(addr: IpAddr) -> [u32; 4] {
     out
 }
 
-fn set_switch(observer: &mut Observer, index: u32, on: bool) -> Result<()> {
-    let mut switches: Array<&mut MapData, u32> = Array::try_from(
+/// Sets a CONFIG slot; returns whether its value changed.
+fn set_config(observer: &mut Observer, index: u32, value: u32) -> Result<bool> {
+    let mut config: Array<&mut MapData, u32> = Array::try_from(
         observer
             .ebpf
             .map_mut(CONFIG_MAP)
             .context("CONFIG map missing")?,
     )?;
-    switches.set(index, u32::from(on), 0)?;
+    if config.get(&index, 0)? == value {
+        return Ok(false);
+    }
+    config.set(index, value, 0)?;
+    Ok(true)
+}
+
+fn set_switch(observer: &mut Observer, index: u32, on: bool) -> Result<bool> {
+    set_config(observer, index, u32::from(on))
+}
+
+/// Voids the allow-set verdicts the programs cached: the next packet of
+/// every flow asks the tries again.
+fn next_allow_generation(observer: &mut Observer) -> Result<()> {
+    let config: Array<&MapData, u32> = Array::try_from(
+        observer
+            .ebpf
+            .map(CONFIG_MAP)
+            .context("CONFIG map missing")?,
+    )?;
+    let current = config.get(&config::ALLOW_GENERATION, 0)?;
+    // Never 0 (which means "no verdict cached"); 31 bits, as the programs
+    // store it shifted left by one.
+    let next = (current % (u32::MAX >> 1)) + 1;
+    set_config(observer, config::ALLOW_GENERATION, next)?;
     Ok(())
 }
 
 /// Replaces the contents of one LPM trie with `prefixes` (inserting the new
-/// ones before removing stale ones, so no moment lets everything through).
+/// ones before removing stale ones, so no moment lets everything through);
+/// returns whether anything changed.
 fn sync_trie<K: aya::Pod + Ord>(
     observer: &mut Observer,
     map: &str,
     prefixes: impl Iterator<Item = (u32, K)>,
-) -> Result<()> {
+) -> Result<bool> {
     let mut trie: LpmTrie<&mut MapData, K, u8> = LpmTrie::try_from(
         observer
             .ebpf
@@ -229,7 +343,7 @@ fn sync_trie<K: aya::Pod + Ord>(
     for (len, data) in present.difference(&wanted) {
         trie.remove(&Key::new(*len, *data))?;
     }
-    Ok(())
+    Ok(wanted != present)
 }
 
 impl Observer {
@@ -244,8 +358,10 @@ impl Observer {
     }
 }
 
-/// Writes the allow-sets of `snapshot` into the tries and switches.
+/// Writes the allow-sets of `snapshot` into the tries and switches, and
+/// voids the cached verdicts when anything changed.
 fn apply_allow_sets(observer: &mut Observer, snapshot: &AllowSets) -> Result<()> {
+    let mut changed = false;
     for kind in SetKind::ALL {
         let set = snapshot.get(kind);
         let (v4_map, v6_map, v4_switch, v6_switch) = match kind {
@@ -262,7 +378,7 @@ fn apply_allow_sets(observer: &mut Observer, snapshot: &AllowSets) -> Result<()>
                 config::IPIP_ALLOW_V6,
             ),
         };
-        sync_trie(
+        changed |= sync_trie(
             observer,
             v4_map,
             set.prefixes.iter().filter_map(|p| match p {
@@ -272,7 +388,7 @@ fn apply_allow_sets(observer: &mut Observer, snapshot: &AllowSets) -> Result<()>
                 IpNet::V6(_) => None,
             }),
         )?;
-        sync_trie(
+        changed |= sync_trie(
             observer,
             v6_map,
             set.prefixes.iter().filter_map(|p| match p {
@@ -280,8 +396,11 @@ fn apply_allow_sets(observer: &mut Observer, snapshot: &AllowSets) -> Result<()>
                 IpNet::V4(_) => None,
             }),
         )?;
-        set_switch(observer, v4_switch, set.ipv4)?;
-        set_switch(observer, v6_switch, set.ipv6)?;
+        changed |= set_switch(observer, v4_switch, set.ipv4)?;
+        changed |= set_switch(observer, v6_switch, set.ipv6)?;
+    }
+    if changed {
+        next_allow_generation(observer)?;
     }
     Ok(())
 }
@@ -303,7 +422,8 @@ fn apply_local_vnis(observer: &mut Observer, vnis: &[u32]) -> Result<()> {
     for stale in present.iter().filter(|v| !vnis.contains(v)) {
         map.remove(stale)?;
     }
-    set_switch(observer, config::VNI_CHECK, !vnis.is_empty())
+    set_switch(observer, config::VNI_CHECK, !vnis.is_empty())?;
+    Ok(())
 }
 
 #[cfg(test)]
@@ -321,6 +441,43 @@ mod tests {
         let w = words("2001:db8::1".parse().unwrap());
         assert_eq!(w[0].to_ne_bytes(), [0x20, 0x01, 0x0d, 0xb8]);
         assert_eq!(w[3].to_ne_bytes(), [0, 0, 0, 1]);
+    }
+
+    #[test]
+    fn cached_counters_join_the_map_row_of_their_key() {
+        let key = |last_octet: u8| FlowKey {
+            peer: words(IpAddr::from([10, 10, 60, last_octet])),
+            ifindex: 2,
+            vni: 4096,
+            direction: 0,
+            proto: Proto::Vxlan as u8,
+            peer_family: observer_common::family::V4,
+            reason: 0,
+        };
+        let counters = |packets: u64, cached: bool| FlowCounters {
+            packets,
+            bytes: packets * 100,
+            cached: if cached {
+                (packets, packets * 100)
+            } else {
+                (0, 0)
+            },
+            ..FlowCounters::default()
+        };
+        let lru = vec![(key(1), counters(5, false)), (key(2), counters(7, false))];
+        let cached = HashMap::from([(key(3), counters(4, true)), (key(1), counters(3, true))]);
+        let rows: Vec<(FlowId, u64, u64, (u64, u64))> = merge_cached(lru, cached)
+            .into_iter()
+            .map(|(id, c)| (id, c.packets, c.bytes, c.cached))
+            .collect();
+        assert_eq!(
+            rows,
+            vec![
+                (FlowId::from_key(&key(1)), 8, 800, (3, 300)),
+                (FlowId::from_key(&key(2)), 7, 700, (0, 0)),
+                (FlowId::from_key(&key(3)), 4, 400, (4, 400)),
+            ]
+        );
     }
 
     #[test]

@@ -222,7 +222,9 @@ pub struct AttachArgs {
     pub output: Option<Format>,
 
     /// How to count received packets: auto tries native XDP, then generic
-    /// XDP, then tc ingress (when another XDP program owns the interface).
+    /// XDP, then tc ingress (when another XDP program owns the interface);
+    /// on a veth with tcx (Linux 6.6+) auto uses tc ingress first, as
+    /// native XDP would move the veth to a copying receive path.
     /// [default: auto]
     #[arg(long, value_enum, value_name = "MODE")]
     pub xdp_mode: Option<XdpMode>,

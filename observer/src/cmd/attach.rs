@@ -29,7 +29,7 @@ use crate::{
     model::crosscheck::NetfilterCheck,
     model::dataplane::{DataPlane, DeclaredTunnel},
     model::hooks::{AttachedWith, Attachment},
-    model::rows::Row,
+    model::rows::{self, Row},
     model::rows::{DropRow, KernelStats},
     node::allowsets::AllowSetConfig,
     node::dataplane::{self, ChangeWatcher},
@@ -529,7 +529,7 @@ impl<'a> Monitor<'a> {
         if let Some(checks) = &fresh_netfilter {
             self.netfilter = checks.clone();
         }
-        let stats = self.observer.stats_for(flows.len() as u64)?;
+        let stats = self.observer.stats_for(rows::map_entries(&flows))?;
         let at = SystemTime::now();
         let events = self.engine.observe(
             self.started.elapsed().as_secs_f64(),

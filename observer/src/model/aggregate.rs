@@ -12,6 +12,12 @@ use crate::model::rows::{DropCounters, DropId, FlowCounters, FlowId, Row};
 pub trait Counters {
     /// Packets and bytes as read from the kernel.
     fn totals(&self) -> (u64, u64);
+    /// The same totals split by the kernel store holding them; each part
+    /// is monotonic until its store loses the key (the LRU map part may be
+    /// evicted while the flow-cache part stays).
+    fn parts(&self) -> [(u64, u64); 2] {
+        [self.totals(), (0, 0)]
+    }
     /// Inner (source, destination) sample, when there is one.
     fn inner(&self) -> Option<(IpAddr, IpAddr)> {
         None
@@ -25,6 +31,16 @@ impl Counters for FlowCounters {
     fn inner(&self) -> Option<(IpAddr, IpAddr)> {
         self.inner
     }
+    fn parts(&self) -> [(u64, u64); 2] {
+        let (packets, bytes) = self.cached;
+        [
+            (
+                self.packets.saturating_sub(packets),
+                self.bytes.saturating_sub(bytes),
+            ),
+            self.cached,
+        ]
+    }
 }
 
 impl Counters for DropCounters {
@@ -35,8 +51,8 @@ impl Counters for DropCounters {
 
 #[derive(Debug, Clone, Default)]
 struct State {
-    /// Kernel values at the previous read.
-    kernel: (u64, u64),
+    /// Kernel values at the previous read, per store (see [`Counters::parts`]).
+    kernel: [(u64, u64); 2],
     /// Totals since attach.
     total: (u64, u64),
     /// Totals at the start of the current interval.
@@ -81,13 +97,17 @@ impl<K: Copy + Eq + Hash + Ord> Aggregator<K> {
         self.generation += 1;
         for (id, counters) in read {
             let state = self.rows.entry(*id).or_default();
-            let now = counters.totals();
-            let delta = if now.0 >= state.kernel.0 && now.1 >= state.kernel.1 {
-                (now.0 - state.kernel.0, now.1 - state.kernel.1)
-            } else {
-                now
-            };
-            state.kernel = now;
+            let mut delta = (0, 0);
+            for (now, kernel) in counters.parts().into_iter().zip(&mut state.kernel) {
+                let moved = if now.0 >= kernel.0 && now.1 >= kernel.1 {
+                    (now.0 - kernel.0, now.1 - kernel.1)
+                } else {
+                    now
+                };
+                *kernel = now;
+                delta.0 += moved.0;
+                delta.1 += moved.1;
+            }
             state.total.0 += delta.0;
             state.total.1 += delta.1;
             if delta != (0, 0) {
@@ -103,7 +123,7 @@ impl<K: Copy + Eq + Hash + Ord> Aggregator<K> {
             let present: std::collections::HashSet<&K> = read.iter().map(|(id, _)| id).collect();
             for (id, state) in self.rows.iter_mut() {
                 if !present.contains(id) {
-                    state.kernel = (0, 0);
+                    state.kernel = [(0, 0); 2];
                 }
             }
         }
@@ -179,8 +199,29 @@ mod tests {
         FlowCounters {
             packets,
             bytes,
-            inner: None,
+            ..FlowCounters::default()
         }
+    }
+
+    /// A key counted on one CPU in its flow-cache slot and on another in
+    /// the LRU map: the map part is evicted and re-created while the cache
+    /// part keeps growing, and the summed reading even stays flat once.
+    #[test]
+    fn cache_and_map_parts_of_a_key_count_each_packet_once() {
+        let both = |map: (u64, u64), cached: (u64, u64)| FlowCounters {
+            packets: map.0 + cached.0,
+            bytes: map.1 + cached.1,
+            cached,
+            ..FlowCounters::default()
+        };
+        let mut agg = Aggregator::new(10);
+        agg.update(&[(id("10.0.0.1"), both((5, 500), (10, 1000)))]);
+        // Evicted from the map (5 counted there), 2 since; 3 more cached.
+        agg.update(&[(id("10.0.0.1"), both((2, 200), (13, 1300)))]);
+        // Gone from the map; 1 more cached.
+        agg.update(&[(id("10.0.0.1"), both((0, 0), (14, 1400)))]);
+        let rows = agg.finish_interval(1.0);
+        assert_eq!((rows[0].packets, rows[0].bytes), (21, 2100));
     }
 
     #[test]

@@ -79,6 +79,11 @@ pub struct FlowCounters {
     pub bytes: u64,
     /// One (inner source, inner destination) sample, when the encapsulation has one.
     pub inner: Option<(IpAddr, IpAddr)>,
+    /// The part of `packets` and `bytes` read from the per-CPU flow cache
+    /// (the rest is the LRU map's). The two parts move independently: the
+    /// cache part only grows, the map part restarts from zero when the LRU
+    /// evicts the key.
+    pub cached: (u64, u64),
 }
 
 impl FlowCounters {
@@ -99,6 +104,16 @@ impl FlowCounters {
         }
         total
     }
+}
+
+/// How many of `rows` (one flow-counter read) have entries in the kernel's
+/// LRU flow map: a row with more than its flow-cache part. Every map entry
+/// holds at least one packet, so the count is exact; rows only the cache
+/// holds are not map entries (they can never be evicted).
+pub fn map_entries(rows: &[(FlowId, FlowCounters)]) -> u64 {
+    rows.iter()
+        .filter(|(_, counters)| counters.packets > counters.cached.0)
+        .count() as u64
 }
 
 /// Turns the kernel's address words (network byte order in memory) into an address.
@@ -304,6 +319,11 @@ pub struct KernelStats {
     pub flow_evictions: u64,
     /// Packets not counted because their key could not be inserted.
     pub flow_insert_failures: u64,
+    /// Flow-cache slots held by a key (summed over CPUs; never freed).
+    pub flow_cache_slots: u64,
+    /// Packets counted in the LRU map because their cache slot held
+    /// another key.
+    pub flow_cache_collisions: u64,
 }
 
 /// Name of a direction in JSON, labels and the table.
@@ -381,6 +401,23 @@ mod tests {
             w[i] = u32::from_ne_bytes(chunk.try_into().unwrap());
         }
         w
+    }
+
+    #[test]
+    fn map_entries_leave_out_rows_only_the_cache_holds() {
+        let id = testing::flow_id("10.10.60.127");
+        let counters = |packets: u64, cached: u64| FlowCounters {
+            packets,
+            bytes: packets * 100,
+            cached: (cached, cached * 100),
+            ..FlowCounters::default()
+        };
+        let rows = [
+            (id, counters(5, 0)),
+            (id, counters(7, 7)),
+            (id, counters(9, 4)),
+        ];
+        assert_eq!(map_entries(&rows), 2);
     }
 
     #[test]

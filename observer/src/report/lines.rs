@@ -153,6 +153,8 @@ pub struct StatsLine<'a> {
     flow_entries: u64,
     flow_evictions: u64,
     flow_insert_failures: u64,
+    flow_cache_slots: u64,
+    flow_cache_collisions: u64,
     rows_forgotten: u64,
     late_intervals: u64,
 }
@@ -473,6 +475,8 @@ pub fn write_json(out: &mut impl Write, snap: &Snapshot<'_>) -> io::Result<()> {
         flow_entries: snap.stats.flow_entries,
         flow_evictions: snap.stats.flow_evictions,
         flow_insert_failures: snap.stats.flow_insert_failures,
+        flow_cache_slots: snap.stats.flow_cache_slots,
+        flow_cache_collisions: snap.stats.flow_cache_collisions,
         rows_forgotten: snap.rows_forgotten,
         late_intervals: snap.late_intervals,
     };

@@ -158,8 +158,12 @@ pub fn write_table(out: &mut impl Write, snap: &Snapshot<'_>, clear: bool) -> io
     write_anomalies(out, snap.anomalies)?;
     writeln!(
         out,
-        "\nflow map: {} entries, {} evictions, {} insert failures",
-        snap.stats.flow_entries, snap.stats.flow_evictions, snap.stats.flow_insert_failures
+        "\nflow map: {} entries, {} evictions, {} insert failures; flow cache: {} slots, {} collisions",
+        snap.stats.flow_entries,
+        snap.stats.flow_evictions,
+        snap.stats.flow_insert_failures,
+        snap.stats.flow_cache_slots,
+        snap.stats.flow_cache_collisions
     )?;
     out.flush()
 }

@@ -351,9 +351,21 @@ impl Exporter {
             ),
             family(
                 "observer_map_entries",
-                "Entries in the observer's kernel flow map.",
+                "Entries in the observer's kernel flow map, and flow-cache slots in use (all CPUs; never freed).",
                 MetricType::GAUGE,
-                vec![(vec![("map", "flows".to_string())], input.stats.flow_entries as f64)],
+                vec![
+                    (vec![("map", "flows".to_string())], input.stats.flow_entries as f64),
+                    (
+                        vec![("map", "flow_cache".to_string())],
+                        input.stats.flow_cache_slots as f64,
+                    ),
+                ],
+            ),
+            family(
+                "observer_flow_cache_collisions_total",
+                "Packets counted in the flow map because their per-CPU cache slot held another flow (the slower path; counts stay exact).",
+                MetricType::COUNTER,
+                vec![(vec![], input.stats.flow_cache_collisions as f64)],
             ),
             family(
                 "observer_map_evictions_total",
@@ -713,6 +725,7 @@ mod tests {
             "observer_map_entries",
             "observer_map_evictions_total",
             "observer_lost_events_total",
+            "observer_flow_cache_collisions_total",
             "observer_last_update_timestamp_seconds",
             "observer_export_errors_total",
         ] {

@@ -32,7 +32,7 @@ use crate::{
     model::rows::DropId,
     model::rows::FlowId,
     model::rows::KernelStats,
-    model::rows::Row,
+    model::rows::{self, Row},
 };
 
 /// Frames between two reads of the maps: far fewer than the flow map
@@ -201,7 +201,7 @@ impl Replayer {
     /// Reads the maps into the aggregators.
     fn fold(&mut self) -> Result<()> {
         let flows = self.observer.read_flows()?;
-        self.flow_entries = flows.len() as u64;
+        self.flow_entries = rows::map_entries(&flows);
         self.aggregator.update(&flows);
         self.drop_aggregator.update(&self.observer.read_drops()?);
         self.unfolded = 0;

@@ -1,0 +1,428 @@
+//! The building blocks a per-packet design can use, measured on this
+//! kernel: one lookup that hits, plus an increment of the value, in each
+//! candidate map type, as an XDP program over the trivial `xdp_pass`; and
+//! whether the verifier inlined the lookup (its translated program is
+//! longer than the one loaded, because `map_gen_lookup` replaced the
+//! helper call with instructions).
+//!
+//! Programs and maps are made with raw `bpf(2)` calls: aya loads programs
+//! only from ELF objects, and a second eBPF crate for a few instructions
+//! would need its own nightly + bpf-linker build.
+
+use std::{
+    io,
+    os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd},
+};
+
+use observer::bpf::testrun;
+
+use super::{median, report};
+
+const BPF_MAP_CREATE: libc::c_long = 0;
+const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
+const BPF_PROG_LOAD: libc::c_long = 5;
+const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
+const BPF_PROG_TYPE_XDP: u32 = 6;
+const BPF_F_NO_PREALLOC: u32 = 1;
+/// `XDP_PASS`.
+pub const XDP_PASS: u32 = 2;
+
+/// `struct bpf_insn`: opcode, dst/src registers (4 bits each), offset, immediate.
+#[repr(C)]
+pub struct Insn {
+    code: u8,
+    regs: u8,
+    off: i16,
+    imm: i32,
+}
+
+impl Insn {
+    /// One instruction; `regs` is `dst | src << 4`.
+    pub const fn new(code: u8, regs: u8, off: i16, imm: i32) -> Insn {
+        Insn {
+            code,
+            regs,
+            off,
+            imm,
+        }
+    }
+}
+
+/// The smallest valid XDP program, `r0 = XDP_PASS; exit`: its time is the
+/// floor BPF_PROG_TEST_RUN itself costs per run.
+pub fn load_xdp_pass() -> io::Result<OwnedFd> {
+    load_raw_xdp(
+        b"xdp_pass",
+        &[
+            // BPF_ALU64 | BPF_MOV | BPF_K: r0 = 2 (XDP_PASS)
+            Insn::new(0xb7, 0, 0, XDP_PASS as i32),
+            // BPF_JMP | BPF_EXIT
+            Insn::new(0x95, 0, 0, 0),
+        ],
+    )
+}
+
+/// Loads an XDP program from raw instructions.
+pub fn load_raw_xdp(prog_name: &[u8], insns: &[Insn]) -> io::Result<OwnedFd> {
+    /// The leading fields of `union bpf_attr` for BPF_PROG_LOAD (uapi
+    /// linux/bpf.h); the kernel treats the fields not passed as zero.
+    #[repr(C)]
+    struct ProgLoadAttr {
+        prog_type: u32,
+        insn_cnt: u32,
+        insns: u64,
+        license: u64,
+        log_level: u32,
+        log_size: u32,
+        log_buf: u64,
+        kern_version: u32,
+        prog_flags: u32,
+        prog_name: [u8; 16],
+        prog_ifindex: u32,
+        expected_attach_type: u32,
+    }
+    let license = c"GPL";
+    let mut name = [0u8; 16];
+    name[..prog_name.len()].copy_from_slice(prog_name);
+    let attr = ProgLoadAttr {
+        prog_type: BPF_PROG_TYPE_XDP,
+        insn_cnt: insns.len() as u32,
+        insns: insns.as_ptr() as u64,
+        license: license.as_ptr() as u64,
+        log_level: 0,
+        log_size: 0,
+        log_buf: 0,
+        kern_version: 0,
+        prog_flags: 0,
+        prog_name: name,
+        prog_ifindex: 0,
+        expected_attach_type: 0,
+    };
+    bpf(BPF_PROG_LOAD, &attr)
+}
+
+/// `bpf(cmd, attr)` returning a new descriptor.
+fn bpf<T>(cmd: libc::c_long, attr: &T) -> io::Result<OwnedFd> {
+    // SAFETY: attr and the buffers it points to outlive the call; the size
+    // passed is the struct's.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            cmd,
+            attr as *const T,
+            std::mem::size_of::<T>() as u32,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel returned a new file descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// `bpf(cmd, attr)` for commands that return 0.
+fn bpf_status<T>(cmd: libc::c_long, attr: &T) -> io::Result<()> {
+    // SAFETY: as in `bpf`.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            cmd,
+            attr as *const T,
+            std::mem::size_of::<T>() as u32,
+        )
+    };
+    if ret < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// A map type under test.
+struct MapType {
+    name: &'static str,
+    map_type: u32,
+    key: Key,
+    flags: u32,
+    /// Prefixes in the trie (LPM only).
+    prefixes: u32,
+}
+
+/// The shape of a key, and so of the program's stack set-up.
+#[derive(Clone, Copy)]
+enum Key {
+    /// A u32 array index 0.
+    Index,
+    /// A zeroed 28-byte key, the size of the observer's `FlowKey`.
+    Flow,
+    /// An LPM key: prefix length 32 and an IPv4 address.
+    Lpm,
+}
+
+impl Key {
+    fn size(self) -> u32 {
+        match self {
+            Key::Index => 4,
+            Key::Flow => std::mem::size_of::<observer_common::FlowKey>() as u32,
+            Key::Lpm => 8,
+        }
+    }
+
+    /// The key bytes userspace inserts (and the program looks up).
+    fn bytes(self) -> Vec<u8> {
+        match self {
+            Key::Index => vec![0; 4],
+            Key::Flow => vec![0; self.size() as usize],
+            Key::Lpm => [32u32.to_ne_bytes(), LPM_MEMBER].concat(),
+        }
+    }
+
+    /// Instructions writing the key on the stack; returns them and the
+    /// key's stack offset.
+    fn setup(self) -> (Vec<Insn>, i32) {
+        match self {
+            // *(u32 *)(r10 - 4) = 0
+            Key::Index => (vec![Insn::new(0x62, 10, -4, 0)], -4),
+            // *(u64 *)(r10 - n) = 0, 32 bytes
+            Key::Flow => (
+                (1..=4).map(|i| Insn::new(0x7a, 10, -8 * i, 0)).collect(),
+                -32,
+            ),
+            Key::Lpm => (
+                vec![
+                    Insn::new(0x62, 10, -8, 32),
+                    Insn::new(0x62, 10, -4, i32::from_ne_bytes(LPM_MEMBER)),
+                ],
+                -8,
+            ),
+        }
+    }
+}
+
+/// The address the LPM program looks up (a /32 member, like a Calico node).
+const LPM_MEMBER: [u8; 4] = [198, 18, 0, 2];
+
+const MAP_TYPES: &[MapType] = &[
+    MapType {
+        name: "array",
+        map_type: 2,
+        key: Key::Index,
+        flags: 0,
+        prefixes: 0,
+    },
+    MapType {
+        name: "percpu_array",
+        map_type: 6,
+        key: Key::Index,
+        flags: 0,
+        prefixes: 0,
+    },
+    MapType {
+        name: "hash",
+        map_type: 1,
+        key: Key::Flow,
+        flags: 0,
+        prefixes: 0,
+    },
+    MapType {
+        name: "percpu_hash",
+        map_type: 5,
+        key: Key::Flow,
+        flags: 0,
+        prefixes: 0,
+    },
+    MapType {
+        name: "lru_hash",
+        map_type: 9,
+        key: Key::Flow,
+        flags: 0,
+        prefixes: 0,
+    },
+    MapType {
+        name: "lru_percpu_hash",
+        map_type: 10,
+        key: Key::Flow,
+        flags: 0,
+        prefixes: 0,
+    },
+    MapType {
+        name: "lpm_10",
+        map_type: 11,
+        key: Key::Lpm,
+        flags: BPF_F_NO_PREALLOC,
+        prefixes: 10,
+    },
+    MapType {
+        name: "lpm_1000",
+        map_type: 11,
+        key: Key::Lpm,
+        flags: BPF_F_NO_PREALLOC,
+        prefixes: 1_000,
+    },
+    MapType {
+        name: "lpm_10000",
+        map_type: 11,
+        key: Key::Lpm,
+        flags: BPF_F_NO_PREALLOC,
+        prefixes: 10_000,
+    },
+];
+
+/// Measures every map type: `map_NAME_over_pass` (ns per lookup + add over
+/// `xdp_pass`) and `map_NAME_inlined` (1 when the verifier inlined the
+/// lookup on this kernel). `lru_lookup_over_pass` repeats the per-CPU LRU
+/// figure under the name earlier runs used.
+pub fn run(frame: &[u8], pass: BorrowedFd<'_>, repeat: u32, rounds: usize) -> anyhow::Result<()> {
+    let mut loaded = Vec::new();
+    for t in MAP_TYPES {
+        let map = create_map(t)?;
+        let (prog, insns) = load_probe(t, map.as_fd())?;
+        let inlined = translated_len(prog.as_fd())? > insns;
+        let r = testrun::run(prog.as_fd(), frame, None, 1)?;
+        anyhow::ensure!(
+            r.retval == XDP_PASS,
+            "map_{}: returned {}",
+            t.name,
+            r.retval
+        );
+        loaded.push((t, map, prog, inlined));
+    }
+    let mut samples = vec![Vec::with_capacity(rounds); loaded.len() + 1];
+    for _ in 0..rounds {
+        samples[0].push(f64::from(
+            testrun::run(pass, frame, None, repeat)?.duration_ns,
+        ));
+        for ((_, _, prog, _), s) in loaded.iter().zip(&mut samples[1..]) {
+            s.push(f64::from(
+                testrun::run(prog.as_fd(), frame, None, repeat)?.duration_ns,
+            ));
+        }
+    }
+    let floor = median(&mut samples[0]);
+    for ((t, _, _, inlined), s) in loaded.iter().zip(&mut samples[1..]) {
+        let over = median(s) - floor;
+        report(
+            &format!("map_{}_over_pass", t.name),
+            format!("{over:.1}"),
+            "ns/pkt",
+        );
+        report(
+            &format!("map_{}_inlined", t.name),
+            u8::from(*inlined),
+            "bool",
+        );
+        if t.name == "lru_percpu_hash" {
+            report("lru_lookup_over_pass", format!("{over:.1}"), "ns/pkt");
+        }
+    }
+    Ok(())
+}
+
+/// Creates the map of `t` with the key the program looks up (and, for LPM,
+/// `t.prefixes - 1` other /24 prefixes).
+fn create_map(t: &MapType) -> anyhow::Result<OwnedFd> {
+    #[repr(C)]
+    struct MapCreateAttr {
+        map_type: u32,
+        key_size: u32,
+        value_size: u32,
+        max_entries: u32,
+        map_flags: u32,
+    }
+    let max_entries = match t.key {
+        Key::Index => 1,
+        Key::Flow => observer_common::DEFAULT_MAX_FLOWS,
+        Key::Lpm => t.prefixes,
+    };
+    let map = bpf(
+        BPF_MAP_CREATE,
+        &MapCreateAttr {
+            map_type: t.map_type,
+            key_size: t.key.size(),
+            value_size: 8,
+            max_entries,
+            map_flags: t.flags,
+        },
+    )?;
+    let mut keys = vec![t.key.bytes()];
+    for i in 1..t.prefixes {
+        let network = (0x0a00_0000u32 | (i << 8)).to_be_bytes();
+        keys.push([24u32.to_ne_bytes(), network].concat());
+    }
+    // Large enough for a per-CPU value on any machine (8 bytes a CPU).
+    let value = vec![0u8; 8 * 8192];
+    for key in keys {
+        update(map.as_fd(), &key, &value)?;
+    }
+    Ok(map)
+}
+
+fn update(map: BorrowedFd<'_>, key: &[u8], value: &[u8]) -> io::Result<()> {
+    #[repr(C)]
+    struct UpdateAttr {
+        map_fd: u32,
+        _pad: u32,
+        key: u64,
+        value: u64,
+        flags: u64,
+    }
+    bpf_status(
+        BPF_MAP_UPDATE_ELEM,
+        &UpdateAttr {
+            map_fd: map.as_raw_fd() as u32,
+            _pad: 0,
+            key: key.as_ptr() as u64,
+            value: value.as_ptr() as u64,
+            flags: 0,
+        },
+    )
+}
+
+/// An XDP program that looks the key up in `map`, adds 1 to the value it
+/// finds and passes. Returns it and its length in instructions.
+fn load_probe(t: &MapType, map: BorrowedFd<'_>) -> anyhow::Result<(OwnedFd, usize)> {
+    let (mut insns, key_off) = t.key.setup();
+    insns.extend([
+        // r1 = map (ld_imm64 with src_reg BPF_PSEUDO_MAP_FD), two slots.
+        Insn::new(0x18, 1 | (1 << 4), 0, map.as_raw_fd()),
+        Insn::new(0, 0, 0, 0),
+        // r2 = r10 + key_off
+        Insn::new(0xbf, 2 | (10 << 4), 0, 0),
+        Insn::new(0x07, 2, 0, key_off),
+        // call bpf_map_lookup_elem
+        Insn::new(0x85, 0, 0, 1),
+        // if r0 == 0 goto +3
+        Insn::new(0x15, 0, 3, 0),
+        // r1 = *(u64 *)(r0 + 0); r1 += 1; *(u64 *)(r0 + 0) = r1
+        Insn::new(0x79, 1, 0, 0),
+        Insn::new(0x07, 1, 0, 1),
+        Insn::new(0x7b, 1 << 4, 0, 0),
+        Insn::new(0xb7, 0, 0, XDP_PASS as i32),
+        Insn::new(0x95, 0, 0, 0),
+    ]);
+    let name = format!("map_{}", t.name);
+    let prog = load_raw_xdp(&name.as_bytes()[..name.len().min(15)], &insns)?;
+    Ok((prog, insns.len()))
+}
+
+/// Length of the program as the verifier rewrote it, in instructions.
+fn translated_len(prog: BorrowedFd<'_>) -> io::Result<usize> {
+    #[repr(C)]
+    struct InfoAttr {
+        bpf_fd: u32,
+        info_len: u32,
+        info: u64,
+    }
+    // The leading fields of `struct bpf_prog_info`: type, id, tag[8],
+    // jited_prog_len, xlated_prog_len. The kernel fills at most info_len.
+    let mut info = [0u8; 24];
+    bpf_status(
+        BPF_OBJ_GET_INFO_BY_FD,
+        &InfoAttr {
+            bpf_fd: prog.as_raw_fd() as u32,
+            info_len: info.len() as u32,
+            info: info.as_mut_ptr() as u64,
+        },
+    )?;
+    let xlated = u32::from_ne_bytes([info[20], info[21], info[22], info[23]]);
+    Ok(xlated as usize / 8)
+}
