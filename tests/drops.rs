@@ -29,9 +29,9 @@ use observer_testkit::pair::{
 use serde_json::Value;
 use support::{
     calico::{
-        self, DropKey, HOSTS_SET, IPIP_DROP_RULE, VXLAN_ALLOW_RULE, VXLAN_DROP_RULE, VXLAN_SET,
-        allow_set, drop_key, drop_packets, drops, eventually, final_snapshot, netfilter_lines,
-        peer_drops, rx_packets, rx_peer, settle,
+        self, DropKey, HOSTS_SET, IPIP_DROP_RULE, ToolLog, VXLAN_ALLOW_RULE, VXLAN_DROP_RULE,
+        VXLAN_SET, allow_set, drop_key, drop_packets, drops, eventually, final_snapshot,
+        netfilter_lines, peer_drops, rx_packets, rx_peer, settle,
     },
     frames::{self, ENTROPY_PORT, ETH_HLEN, ETH_P_IP, VXLAN_LINUX_PORT, VXLAN_PORT},
     netns::{Netns, ObserverProcess, ObserverRun, VethEnd, VxlanDevice, send_frames, veth_pair},
@@ -300,7 +300,15 @@ fn vxlan_allow_set_drops(tag: &str, plane: Plane) {
     let lab = Lab::new(tag);
     lab.vtep();
     plane.setup(&lab.r, &[X]);
-    let observer = ObserverProcess::start(Some(lab.r.name()), &["vr"], &[]);
+    // Every netfilter tool the observer runs is logged, and the counters
+    // are read often: each read must list only the chain holding the rule.
+    let tools = ToolLog::new(tag);
+    let observer = ObserverProcess::spawn_with_env(
+        Some(lab.r.name()),
+        &["--allow-set-refresh", "300ms", "vr"],
+        &[("PATH", &tools.path())],
+    );
+    observer.wait_ready(1);
 
     let vxlan = allow_set(&observer.lines(), "vxlan").cloned();
     let vxlan = vxlan.unwrap_or_else(|| panic!("no allow_set line:\n{}", dump(&observer.lines())));
@@ -416,6 +424,36 @@ fn vxlan_allow_set_drops(tag: &str, plane: Plane) {
         "{printed} netfilter lines in {} intervals",
         calico::intervals(&run.lines)
     );
+
+    // What was run to read the counters: every rule listed once (the first
+    // read, which finds the rule's chain; the run is far shorter than the
+    // 60 s after which everything is listed again), then only that chain,
+    // once per read: the cost of a read does not grow with the node's rules.
+    let commands = tools.commands();
+    let ran = |prefix: &str| commands.iter().filter(|c| c.starts_with(prefix)).count();
+    for full in [
+        "iptables-save -c -t filter",
+        "ip6tables-save -c -t filter",
+        "nft -j -t list ruleset",
+    ] {
+        assert_eq!(ran(full), 1, "{full}: {commands:#?}");
+    }
+    let (chain, other) = match plane {
+        Plane::Iptables => ("iptables -t filter -v -S cali-INPUT", "nft -j list chain"),
+        Plane::Nftables => (
+            "nft -j list chain ip calico filter-INPUT",
+            "iptables -t filter -v -S",
+        ),
+    };
+    // One per read after the first: at least one periodic and the final
+    // one (how many periodic ones fit in the run depends on the machine).
+    let chain_reads = ran(chain);
+    assert!(
+        chain_reads >= 2,
+        "{chain_reads} listings of the chain: {commands:#?}"
+    );
+    assert_eq!(ran(other), 0, "{commands:#?}");
+    assert_eq!(ran("ip6tables -t filter -v -S"), 0, "{commands:#?}");
 }
 
 #[test]

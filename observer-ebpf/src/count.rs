@@ -64,25 +64,21 @@ pub fn cached_slot(key: &FlowKey) -> Option<&'static mut FlowCacheSlot> {
     same_key(&slot.key, key).then_some(slot)
 }
 
-/// Slot of `key`: a multiplicative hash of its words, top bits. Why not
-/// the kernel's jhash: this runs on every packet and needs only to spread
-/// the few keys of one node, not resist an attacker (a collision costs the
-/// LRU path, never a count).
+/// Slot of `key`: its words folded with XOR, then one multiplicative
+/// (Fibonacci) hash, top bits. Why not the kernel's jhash: this runs on
+/// every packet and needs only to spread the few keys of one node, not
+/// resist an attacker (a collision costs the LRU path, never a count);
+/// the XOR tree keeps the dependency chain to one multiply. The ifindex,
+/// VNI and small fields are rotated so that they do not cancel the same
+/// address bytes.
 #[inline(always)]
 fn cache_index(key: &FlowKey) -> u32 {
     const GOLDEN: u32 = 0x9e37_79b1;
     let tail = u32::from_ne_bytes([key.direction, key.proto, key.peer_family, key.reason]);
-    let mut h = key.peer[0];
-    for word in [
-        key.peer[1],
-        key.peer[2],
-        key.peer[3],
-        key.ifindex,
-        key.vni,
-        tail,
-    ] {
-        h = (h ^ word).wrapping_mul(GOLDEN).rotate_left(13);
-    }
+    let h = (key.peer[0] ^ key.peer[1])
+        ^ (key.peer[2] ^ key.peer[3])
+        ^ (key.ifindex.rotate_left(8) ^ key.vni.rotate_left(16))
+        ^ tail.rotate_left(24);
     h.wrapping_mul(GOLDEN) >> (32 - FLOW_CACHE_SLOTS.trailing_zeros())
 }
 

@@ -70,6 +70,10 @@ fn run() -> anyhow::Result<()> {
             "loading eBPF programs needs root (CAP_BPF, CAP_NET_ADMIN, CAP_PERFMON): run `cargo xtask bench` as root"
         );
     }
+    if std::env::var("OBSERVER_BENCH_ONLY").as_deref() == Ok("monitor") {
+        system::monitor::run()?;
+        return system::write_table();
+    }
     let observer = Observer::load(&Default::default())?;
     let pass = system::maptypes::load_xdp_pass()?;
     let xdp = observer.program_fd(Hook::Xdp)?;
@@ -190,6 +194,7 @@ fn run() -> anyhow::Result<()> {
     }
     system::verifier::run()?;
     system::snapshot::run(&vxlan)?;
+    system::monitor::run()?;
     system::replay::run(&vxlan)?;
     system::traffic::run(&vxlan, pass.as_fd())?;
     system::write_table()

@@ -418,3 +418,72 @@ pub fn eventually(mut done: impl FnMut() -> bool) -> bool {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// Wrappers for the node's netfilter tools (iptables, ip6tables, their
+/// `-save`, nft, ipset) that log every command line the observer runs, then
+/// run the real tool: put [`ToolLog::path`] on the observer's PATH. The
+/// wrappers' folder is removed on drop.
+pub struct ToolLog {
+    dir: std::path::PathBuf,
+}
+
+impl ToolLog {
+    /// Writes the wrappers; a tool not installed gets none (the observer
+    /// then finds it missing, as without the wrapper).
+    pub fn new(tag: &str) -> ToolLog {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = super::netns::temp_path(tag, "tools");
+        std::fs::create_dir_all(&dir).expect("creating the tool wrappers' folder");
+        let log = dir.join("log");
+        for tool in [
+            "iptables",
+            "ip6tables",
+            "iptables-save",
+            "ip6tables-save",
+            "nft",
+            "ipset",
+        ] {
+            let Some(real) = ["/usr/sbin", "/sbin", "/usr/bin"]
+                .iter()
+                .map(|d| std::path::Path::new(d).join(tool))
+                .find(|p| p.exists())
+            else {
+                continue;
+            };
+            let wrapper = dir.join(tool);
+            let script = format!(
+                "#!/bin/sh\necho \"{tool} $*\" >> '{}'\nexec '{}' \"$@\"\n",
+                log.display(),
+                real.display()
+            );
+            std::fs::write(&wrapper, script).expect("writing a tool wrapper");
+            std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755))
+                .expect("making a tool wrapper executable");
+        }
+        ToolLog { dir }
+    }
+
+    /// PATH with the wrappers first.
+    pub fn path(&self) -> String {
+        format!(
+            "{}:{}",
+            self.dir.display(),
+            std::env::var("PATH").unwrap_or_default()
+        )
+    }
+
+    /// Every command line run so far, in order.
+    pub fn commands(&self) -> Vec<String> {
+        std::fs::read_to_string(self.dir.join("log"))
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_string)
+            .collect()
+    }
+}
+
+impl Drop for ToolLog {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

@@ -1,9 +1,11 @@
 //! Whole-system benches beside the per-packet ones: what the observer costs
 //! a node (veth throughput and CPU against tcpdump), its userspace snapshot
-//! and export with many peers, and replay speed. Also the reporting every
+//! and export with many peers, its own cost between packets (with Calico's
+//! rules at scale), and replay speed. Also the reporting every
 //! bench shares: `bench NAME VALUE UNIT` lines and `target/bench.md`.
 
 pub mod maptypes;
+pub mod monitor;
 pub mod replay;
 pub mod snapshot;
 pub mod traffic;

@@ -26,7 +26,7 @@ use crate::{
     model::rows::Row,
     model::rows::{self, DropId},
     node::allowsets::{self, AllowSetConfig},
-    node::netfilter,
+    node::netfilter::{self, RuleLocator},
     report::lines::AllowSetLine,
 };
 
@@ -40,6 +40,9 @@ pub struct NodeChecks {
     rule_tally: RuleTally,
     /// When the rule counters were last read (or asked for).
     last_rules_read: Option<Instant>,
+    /// Where Calico's drop rules are (a copy goes with each periodic read,
+    /// which sends back what it found).
+    rule_locator: RuleLocator,
     reported_problems: Vec<String>,
     /// The thread running the periodic reads; started by the first one.
     reader: Option<ToolReader>,
@@ -58,13 +61,13 @@ type RulesRead = (Vec<RuleReading>, Vec<String>);
 /// What the reader thread is asked to read.
 enum ReadRequest {
     AllowSets(AllowSetConfig),
-    Rules,
+    Rules(RuleLocator),
 }
 
 /// What it read.
 enum ReadResult {
     AllowSets(AllowSets),
-    Rules(RulesRead),
+    Rules(RulesRead, RuleLocator),
 }
 
 /// The node's tools, run on a thread of their own: at most one request of
@@ -91,8 +94,9 @@ impl ToolReader {
                         ReadRequest::AllowSets(config) => {
                             ReadResult::AllowSets(allowsets::read(&config))
                         }
-                        ReadRequest::Rules => {
-                            ReadResult::Rules(netfilter::read_calico_drop_rules())
+                        ReadRequest::Rules(mut locator) => {
+                            let read = netfilter::read_calico_drop_rules(&mut locator);
+                            ReadResult::Rules(read, locator)
                         }
                     };
                     if outbox.send(result).is_err() {
@@ -119,6 +123,7 @@ impl NodeChecks {
             allow: None,
             rule_tally: RuleTally::default(),
             last_rules_read: None,
+            rule_locator: RuleLocator::default(),
             reported_problems: Vec::new(),
             reader: None,
             ready_allow: None,
@@ -153,7 +158,7 @@ impl NodeChecks {
         };
         let pending = match request {
             ReadRequest::AllowSets(_) => &mut reader.allow_pending,
-            ReadRequest::Rules => &mut reader.rules_pending,
+            ReadRequest::Rules(_) => &mut reader.rules_pending,
         };
         if *pending {
             return false;
@@ -173,9 +178,10 @@ impl NodeChecks {
                     reader.allow_pending = false;
                     self.ready_allow = Some(sets);
                 }
-                Ok(ReadResult::Rules(read)) => {
+                Ok(ReadResult::Rules(read, locator)) => {
                     reader.rules_pending = false;
                     self.ready_rules = Some(read);
+                    self.rule_locator = locator;
                 }
                 Err(TryRecvError::Empty) => break,
                 Err(TryRecvError::Disconnected) => {
@@ -310,14 +316,14 @@ impl NodeChecks {
     /// Calico's drop-rule counters since attach beside the observer's
     /// `calico_allow_set` counts, when a read is in: every refresh period
     /// (like the allow-sets, on the reader thread) and at the end
-    /// (`is_final`, waiting for the tools), not every interval, because
-    /// each read runs iptables-save, ip6tables-save and nft, whose cost
-    /// grows with the node's rules. `None` when no read finished. The
+    /// (`is_final`, waiting for the tools), not every interval: each read
+    /// runs iptables, ip6tables and nft (on the chains holding Calico's
+    /// rules, see [`RuleLocator`]). `None` when no read finished. The
     /// first call (waiting for the tools) only takes the baseline.
     pub fn netfilter(&mut self, drops: &[DropRow], is_final: bool) -> Option<Vec<NetfilterCheck>> {
         if is_final || self.last_rules_read.is_none() {
             self.last_rules_read = Some(Instant::now());
-            let read = netfilter::read_calico_drop_rules();
+            let read = netfilter::read_calico_drop_rules(&mut self.rule_locator);
             return Some(self.compare(read, drops));
         }
         self.collect();
@@ -331,7 +337,7 @@ impl NodeChecks {
         let due = self
             .last_rules_read
             .is_none_or(|at| at.elapsed() >= self.refresh);
-        if due && self.ask(ReadRequest::Rules) {
+        if due && self.ask(ReadRequest::Rules(self.rule_locator.clone())) {
             self.last_rules_read = Some(Instant::now());
             self.drops_when_asked = drops.to_vec();
         }

@@ -2,15 +2,21 @@
 //! and nftables data planes), so the observer's own `calico_allow_set`
 //! counts can be shown beside the kernel's and a disagreement flagged.
 //! Rules are found by their comment, as chain names differ between
-//! Calico's data planes. Tool output is parsed for the same reason as in
+//! Calico's data planes, once in everything, then read in their chains
+//! only ([`RuleLocator`]). Tool output is parsed for the same reason as in
 //! `allowsets`: no maintained crate reads it.
+
+use std::time::{Duration, Instant};
 
 use anyhow::Result;
 
 use crate::{
     model::crosscheck::RuleReading,
     model::facts::{Family, SetKind},
-    node::{allowsets::NftDoc, tools},
+    node::{
+        allowsets::NftDoc,
+        tools::{self, ToolError},
+    },
 };
 
 /// Calico's drop rules for sources outside the allow-sets: the comment it
@@ -38,6 +44,9 @@ pub const CALICO_DROP_RULES: [(&str, SetKind, Family); 3] = [
 pub struct RuleCounter {
     /// `iptables`, `ip6tables` or `nftables`.
     pub backend: &'static str,
+    /// The chain holding it, as its backend's listing names it: the chain
+    /// (iptables) or family, table and chain (nftables).
+    pub chain: Vec<String>,
     /// The rule's comment.
     pub comment: String,
     /// Packets that matched since the rule was created.
@@ -46,70 +55,255 @@ pub struct RuleCounter {
     pub bytes: u64,
 }
 
-/// Counters of Calico's drop rules, each with the rule it is, and the
-/// problems met reading them. Missing tools are a problem, not an error.
-pub fn read_calico_drop_rules() -> (Vec<RuleReading>, Vec<String>) {
-    let mut rules = Vec::new();
-    let mut problems = Vec::new();
-    for (tool, backend) in [
-        ("iptables-save", "iptables"),
-        ("ip6tables-save", "ip6tables"),
-    ] {
-        // Calico's allow-set drop rules are in the filter table
-        // (cali-INPUT): the other tables are never read.
-        match tools::output(tool, &["-c", "-t", "filter"], "its rule counters") {
-            Ok(text) => rules.extend(parse_iptables_save(&text, backend)),
-            Err(e) => problems.push(e.to_string()),
+/// The rule sources read: each lists all its rules (to find Calico's) or
+/// one chain (once found).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Backend {
+    Iptables,
+    Ip6tables,
+    Nftables,
+}
+
+impl Backend {
+    const ALL: [Backend; 3] = [Backend::Iptables, Backend::Ip6tables, Backend::Nftables];
+
+    fn name(self) -> &'static str {
+        match self {
+            Backend::Iptables => "iptables",
+            Backend::Ip6tables => "ip6tables",
+            Backend::Nftables => "nftables",
         }
     }
-    match tools::output("nft", &["-j", "-t", "list", "ruleset"], "its rule counters") {
-        Ok(json) => match parse_nft_ruleset(&json) {
+
+    /// The command listing every rule with its counter. Calico's allow-set
+    /// drop rules are in the filter table (cali-INPUT): iptables' other
+    /// tables are never read; nftables is listed terse (no set elements).
+    fn list_all(self) -> (&'static str, Vec<String>) {
+        let args: &[&str] = match self {
+            Backend::Iptables | Backend::Ip6tables => &["-c", "-t", "filter"],
+            Backend::Nftables => &["-j", "-t", "list", "ruleset"],
+        };
+        let tool = match self {
+            Backend::Iptables => "iptables-save",
+            Backend::Ip6tables => "ip6tables-save",
+            Backend::Nftables => "nft",
+        };
+        (tool, args.iter().map(|a| a.to_string()).collect())
+    }
+
+    /// The command listing the rules of one `chain` with their counters.
+    fn list_chain(self, chain: &[String]) -> (&'static str, Vec<String>) {
+        let (tool, head): (&str, &[&str]) = match self {
+            Backend::Iptables => ("iptables", &["-t", "filter", "-v", "-S"]),
+            Backend::Ip6tables => ("ip6tables", &["-t", "filter", "-v", "-S"]),
+            Backend::Nftables => ("nft", &["-j", "list", "chain"]),
+        };
+        let args = head
+            .iter()
+            .map(|a| a.to_string())
+            .chain(chain.iter().cloned());
+        (tool, args.collect())
+    }
+
+    /// The commented rules of one listing (either kind) of this backend.
+    fn parse(self, text: &str) -> Result<Vec<RuleCounter>> {
+        match self {
+            Backend::Iptables | Backend::Ip6tables => Ok(parse_iptables(text, self.name())),
+            Backend::Nftables => parse_nft_ruleset(text),
+        }
+    }
+}
+
+/// How often each backend's rules are all listed again, to find Calico's
+/// drop rules where they were not before (a backend without them, a rule
+/// Calico added to another chain). Between two, only the chains found are
+/// read: listing tens of thousands of rules every refresh would be the
+/// observer's main cost.
+pub const RESCAN: Duration = Duration::from_secs(60);
+
+/// Where Calico's drop rules were last found, per backend, so that a read
+/// lists only those chains (a few rules) instead of the node's whole rule
+/// set (Calico writes tens of thousands): the cost of a read no longer
+/// grows with the node's rules. Everything is listed again every [`RESCAN`],
+/// and at once when the located chains no longer hold the rules found in
+/// them (Calico rewrote or moved them).
+#[derive(Debug, Clone, Default)]
+pub struct RuleLocator {
+    located: [Located; 3],
+}
+
+/// One backend's part of a [`RuleLocator`].
+#[derive(Debug, Clone, Default)]
+struct Located {
+    /// Chains holding Calico's drop rules, as found by the last full list.
+    chains: Vec<Vec<String>>,
+    /// How many of Calico's drop rules were in them.
+    rules: usize,
+    /// When everything was last listed.
+    listed_all: Option<Instant>,
+}
+
+/// Counters of Calico's drop rules, each with the rule it is, and the
+/// problems met reading them. Missing tools are a problem, not an error.
+pub fn read_calico_drop_rules(locator: &mut RuleLocator) -> (Vec<RuleReading>, Vec<String>) {
+    read_with(locator, Instant::now(), &mut |tool, args| {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        tools::output(tool, &args, "its rule counters")
+    })
+}
+
+/// Runs one command line for [`read_with`]: the tool and its arguments.
+type Runner<'a> = dyn FnMut(&str, &[String]) -> Result<String, ToolError> + 'a;
+
+/// [`read_calico_drop_rules`] with the tools run by `run`, at `now`.
+fn read_with(
+    locator: &mut RuleLocator,
+    now: Instant,
+    run: &mut Runner<'_>,
+) -> (Vec<RuleReading>, Vec<String>) {
+    let mut rules = Vec::new();
+    let mut problems = Vec::new();
+    for (backend, located) in Backend::ALL.into_iter().zip(&mut locator.located) {
+        match read_backend(backend, located, now, run) {
             Ok(found) => rules.extend(found),
-            Err(e) => problems.push(format!("cannot parse `nft -j -t list ruleset`: {e}")),
-        },
-        Err(e) => problems.push(e.to_string()),
+            Err(problem) => problems.push(problem),
+        }
     }
     let calico = rules
         .into_iter()
         .filter_map(|rule| {
-            CALICO_DROP_RULES
-                .iter()
-                .find(|(comment, _, _)| *comment == rule.comment)
-                .map(|&(_, kind, family)| RuleReading {
-                    backend: rule.backend,
-                    kind,
-                    family,
-                    packets: rule.packets,
-                    comment: rule.comment,
-                })
+            let &(_, kind, family) = calico_rule(&rule)?;
+            Some(RuleReading {
+                backend: rule.backend,
+                kind,
+                family,
+                packets: rule.packets,
+                comment: rule.comment,
+            })
         })
         .collect();
     (calico, problems)
 }
 
-/// Commented rules of `iptables-save -c` output:
-/// `[579:34740] -A cali-INPUT ... -m comment --comment "Drop ..." ... -j DROP`.
-pub fn parse_iptables_save(text: &str, backend: &'static str) -> Vec<RuleCounter> {
+/// The entry of [`CALICO_DROP_RULES`] that `rule` is, if any.
+fn calico_rule(rule: &RuleCounter) -> Option<&'static (&'static str, SetKind, Family)> {
+    CALICO_DROP_RULES
+        .iter()
+        .find(|(comment, _, _)| *comment == rule.comment)
+}
+
+/// Why a listing gave no rules.
+enum ListError {
+    /// The tool is missing, hung or failed.
+    Tool(ToolError),
+    /// Its output is not what it should be.
+    Parse(String),
+}
+
+impl std::fmt::Display for ListError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ListError::Tool(e) => e.fmt(f),
+            ListError::Parse(message) => f.write_str(message),
+        }
+    }
+}
+
+/// One backend's Calico drop rules: from the located chains while they
+/// hold the rules found in them and the last full list is recent, else
+/// from a full list.
+fn read_backend(
+    backend: Backend,
+    located: &mut Located,
+    now: Instant,
+    run: &mut Runner<'_>,
+) -> Result<Vec<RuleCounter>, String> {
+    let mut list = |(tool, args): (&str, Vec<String>)| -> Result<Vec<RuleCounter>, ListError> {
+        let text = run(tool, &args).map_err(ListError::Tool)?;
+        let rules = backend.parse(&text).map_err(|e| {
+            ListError::Parse(format!("cannot parse `{tool} {}`: {e}", args.join(" ")))
+        })?;
+        Ok(rules
+            .into_iter()
+            .filter(|r| calico_rule(r).is_some())
+            .collect())
+    };
+    let fresh = located
+        .listed_all
+        .is_some_and(|at| now.saturating_duration_since(at) < RESCAN);
+    if fresh {
+        let mut found = Vec::new();
+        for chain in &located.chains {
+            match list(backend.list_chain(chain)) {
+                Ok(rules) => found.extend(rules),
+                // Listing everything would not answer either.
+                Err(ListError::Tool(
+                    e @ (ToolError::TimedOut { .. } | ToolError::NotInstalled { .. }),
+                )) => return Err(e.to_string()),
+                // The chain is gone or unreadable: look everywhere again.
+                Err(_) => {
+                    found.clear();
+                    break;
+                }
+            }
+        }
+        if found.len() == located.rules {
+            return Ok(found);
+        }
+    }
+    *located = Located {
+        listed_all: Some(now),
+        ..Located::default()
+    };
+    let found = list(backend.list_all()).map_err(|e| e.to_string())?;
+    for rule in &found {
+        if !located.chains.contains(&rule.chain) {
+            located.chains.push(rule.chain.clone());
+        }
+    }
+    located.rules = found.len();
+    Ok(found)
+}
+
+/// Commented rules of `iptables-save -c` output
+/// (`[579:34740] -A cali-INPUT ... -m comment --comment "Drop ..." ... -j DROP`)
+/// or of `iptables -v -S CHAIN` (`-A cali-INPUT ... -c 579 34740 -j DROP`).
+/// Rules are split into words as a shell would (shlex): iptables quotes
+/// comments with `"` and escapes inner quotes with `\"`.
+pub fn parse_iptables(text: &str, backend: &'static str) -> Vec<RuleCounter> {
     let mut rules = Vec::new();
     for line in text.lines() {
-        let Some(rest) = line.strip_prefix('[') else {
+        let (save_counters, rule) = match line.strip_prefix('[') {
+            Some(rest) => match rest.split_once(']') {
+                Some((counters, rule)) => (counters.split_once(':'), rule),
+                None => continue,
+            },
+            None => (None, line),
+        };
+        let Some(words) = shlex::split(rule) else {
             continue;
         };
-        let Some((counters, rule)) = rest.split_once(']') else {
+        let after = |flag: &str, n: usize| -> Option<&[String]> {
+            let at = words.iter().position(|w| w == flag)?;
+            words.get(at + 1..at + 1 + n)
+        };
+        let (Some([chain]), Some([comment])) = (after("-A", 1), after("--comment", 1)) else {
             continue;
         };
-        let Some((packets, bytes)) = counters.split_once(':') else {
-            continue;
+        let counters = match save_counters {
+            Some((packets, bytes)) => (packets.parse(), bytes.parse()),
+            None => match after("-c", 2) {
+                Some([packets, bytes]) => (packets.parse(), bytes.parse()),
+                _ => continue,
+            },
         };
-        let (Ok(packets), Ok(bytes)) = (packets.parse(), bytes.parse()) else {
-            continue;
-        };
-        let Some(comment) = comment_of(rule) else {
+        let (Ok(packets), Ok(bytes)) = counters else {
             continue;
         };
         rules.push(RuleCounter {
             backend,
-            comment,
+            chain: vec![chain.clone()],
+            comment: comment.clone(),
             packets,
             bytes,
         });
@@ -117,29 +311,11 @@ pub fn parse_iptables_save(text: &str, backend: &'static str) -> Vec<RuleCounter
     rules
 }
 
-/// The `--comment` argument, quoted (with `\"` escapes) or bare.
-fn comment_of(rule: &str) -> Option<String> {
-    let after = rule.split_once("--comment ")?.1;
-    if let Some(quoted) = after.strip_prefix('"') {
-        let mut comment = String::new();
-        let mut chars = quoted.chars();
-        while let Some(c) = chars.next() {
-            match c {
-                '\\' => comment.extend(chars.next()),
-                '"' => return Some(comment),
-                c => comment.push(c),
-            }
-        }
-        None
-    } else {
-        after.split_whitespace().next().map(str::to_string)
-    }
-}
-
 /// Native nftables rules with a comment and a counter, from
-/// `nft -j -t list ruleset` (terse: without set elements). (iptables-nft rules carry their comment in an
-/// `xt` match without text, so they are only read through iptables-save:
-/// nothing is counted twice.)
+/// `nft -j -t list ruleset` (terse: without set elements) or
+/// `nft -j list chain FAMILY TABLE CHAIN`. (iptables-nft rules carry their
+/// comment in an `xt` match without text, so they are only read through
+/// iptables: nothing is counted twice.)
 pub fn parse_nft_ruleset(json: &str) -> Result<Vec<RuleCounter>> {
     let doc: NftDoc = serde_json::from_str(json)?;
     let mut rules = Vec::new();
@@ -155,8 +331,14 @@ pub fn parse_nft_ruleset(json: &str) -> Result<Vec<RuleCounter>> {
             .and_then(|e| e.as_array())
             .and_then(|exprs| exprs.iter().find_map(|e| e.get("counter")));
         let Some(counter) = counter else { continue };
+        let text = |key: &str| rule.get(key).and_then(|v| v.as_str()).unwrap_or_default();
         rules.push(RuleCounter {
             backend: "nftables",
+            chain: vec![
+                text("family").to_string(),
+                text("table").to_string(),
+                text("chain").to_string(),
+            ],
             comment: comment.to_string(),
             packets: counter.get("packets").and_then(|v| v.as_u64()).unwrap_or(0),
             bytes: counter.get("bytes").and_then(|v| v.as_u64()).unwrap_or(0),
@@ -169,6 +351,8 @@ pub fn parse_nft_ruleset(json: &str) -> Result<Vec<RuleCounter>> {
 mod tests {
     use super::*;
 
+    const VXLAN_DROP: &str = "Drop IPv4 VXLAN packets from non-allowed hosts";
+
     #[test]
     fn iptables_save_counters_by_comment() {
         let text = r#"# Generated by iptables-save v1.8.9 (nf_tables)
@@ -179,24 +363,43 @@ mod tests {
 [579:34740] -A cali-INPUT -p udp -m comment --comment "Drop IPv4 VXLAN packets from non-allowed hosts" -m addrtype --dst-type LOCAL -m udp --dport 4789 -j DROP
 [3:180] -A cali-INPUT -m comment --comment cali:abc -j MARK
 COMMIT"#;
-        let rules = parse_iptables_save(text, "iptables");
+        let rules = parse_iptables(text, "iptables");
         assert_eq!(rules.len(), 3);
-        assert_eq!(
-            rules[1].comment,
-            "Drop IPv4 VXLAN packets from non-allowed hosts"
-        );
+        assert_eq!(rules[1].comment, VXLAN_DROP);
+        assert_eq!(rules[1].chain, ["cali-INPUT"]);
         assert_eq!((rules[1].packets, rules[1].bytes), (579, 34740));
         assert_eq!(rules[0].packets, 65_000_000);
         assert_eq!(rules[2].comment, "cali:abc");
     }
 
     #[test]
-    fn escaped_quotes_in_comments() {
+    fn iptables_chain_listing_counters_by_comment() {
+        // `iptables -t filter -v -S cali-INPUT` (iptables 1.8.9).
+        let text = r#"-N cali-INPUT
+-A cali-INPUT -p udp -m comment --comment "Drop IPv4 VXLAN packets from non-allowed hosts" -m udp --dport 4789 -c 579 34740 -j DROP
+-A cali-INPUT -m comment --comment "a \"q\" -c 1 2" -c 7 420 -j ACCEPT
+-A cali-INPUT -j ACCEPT -c 9 9"#;
+        let rules = parse_iptables(text, "iptables");
         assert_eq!(
-            comment_of(r#"-m comment --comment "a \"b\" c" -j X"#).as_deref(),
-            Some(r#"a "b" c"#)
+            rules,
+            vec![
+                RuleCounter {
+                    backend: "iptables",
+                    chain: vec!["cali-INPUT".into()],
+                    comment: VXLAN_DROP.into(),
+                    packets: 579,
+                    bytes: 34740,
+                },
+                RuleCounter {
+                    backend: "iptables",
+                    chain: vec!["cali-INPUT".into()],
+                    comment: r#"a "q" -c 1 2"#.into(),
+                    packets: 7,
+                    bytes: 420,
+                },
+            ]
         );
-        assert_eq!(comment_of("-j ACCEPT"), None);
+        assert!(parse_iptables("[1:2] -A X -m comment --comment \"open", "iptables").is_empty());
     }
 
     #[test]
@@ -207,11 +410,190 @@ COMMIT"#;
             rules,
             vec![RuleCounter {
                 backend: "nftables",
-                comment: "Drop IPv4 VXLAN packets from non-allowed hosts".into(),
+                chain: vec!["ip".into(), "calico".into(), "filter-INPUT".into()],
+                comment: VXLAN_DROP.into(),
                 packets: 579,
                 bytes: 34740
             }]
         );
         assert!(parse_nft_ruleset("{").is_err());
+    }
+
+    /// A node's tools as the locator sees them: iptables' filter table as
+    /// `(chain, comment, packets)` rules, no ip6tables, no nft; every
+    /// command line run is recorded.
+    struct FakeNode {
+        rules: Vec<(&'static str, &'static str, u64)>,
+        runs: Vec<String>,
+        hang: bool,
+    }
+
+    impl FakeNode {
+        fn new(rules: Vec<(&'static str, &'static str, u64)>) -> FakeNode {
+            FakeNode {
+                rules,
+                runs: Vec::new(),
+                hang: false,
+            }
+        }
+
+        fn run(&mut self, tool: &str, args: &[String]) -> Result<String, ToolError> {
+            let command = format!("{tool} {}", args.join(" "));
+            self.runs.push(command.clone());
+            let rule = |(chain, comment, packets): &(&str, &str, u64)| {
+                format!("-A {chain} -m comment --comment \"{comment}\" -c {packets} 0 -j DROP\n")
+            };
+            match tool {
+                "iptables" if self.hang => Err(ToolError::TimedOut {
+                    command,
+                    timeout: tools::TIMEOUT,
+                    what: "its rule counters".into(),
+                }),
+                "iptables-save" => Ok(self
+                    .rules
+                    .iter()
+                    .map(|r| {
+                        format!(
+                            "[{}:0] {}",
+                            r.2,
+                            rule(r).replace(&format!(" -c {} 0", r.2), "")
+                        )
+                    })
+                    .collect()),
+                "iptables" => {
+                    let chain = args.last().unwrap();
+                    let listed: String = self
+                        .rules
+                        .iter()
+                        .filter(|r| r.0 == chain)
+                        .map(rule)
+                        .collect();
+                    if listed.is_empty() {
+                        return Err(ToolError::Failed {
+                            command,
+                            stderr: "No chain/target/match by that name.".into(),
+                        });
+                    }
+                    Ok(listed)
+                }
+                tool => Err(ToolError::NotInstalled {
+                    tool: tool.into(),
+                    what: "its rule counters".into(),
+                }),
+            }
+        }
+
+        fn read(&mut self, locator: &mut RuleLocator, at: Instant) -> Vec<(String, u64)> {
+            let (readings, _) = read_with(locator, at, &mut |tool, args| self.run(tool, args));
+            readings
+                .into_iter()
+                .map(|r| (r.comment, r.packets))
+                .collect()
+        }
+
+        /// The iptables commands run since the last call.
+        fn iptables_runs(&mut self) -> Vec<String> {
+            std::mem::take(&mut self.runs)
+                .into_iter()
+                .filter(|r| r.starts_with("iptables"))
+                .collect()
+        }
+    }
+
+    #[test]
+    fn rules_are_found_once_then_read_in_their_chain() {
+        let mut node = FakeNode::new(vec![
+            ("cali-INPUT", VXLAN_DROP, 5),
+            ("cali-fw-abc", "cali:policy", 1),
+        ]);
+        let mut locator = RuleLocator::default();
+        let t0 = Instant::now();
+        assert_eq!(node.read(&mut locator, t0), [(VXLAN_DROP.into(), 5)]);
+        assert_eq!(node.iptables_runs(), ["iptables-save -c -t filter"]);
+        node.rules[0].2 = 8;
+        assert_eq!(node.read(&mut locator, t0), [(VXLAN_DROP.into(), 8)]);
+        assert_eq!(
+            node.iptables_runs(),
+            ["iptables -t filter -v -S cali-INPUT"]
+        );
+
+        // Calico moved the rule: its old chain is gone, everything is
+        // listed again at once and the new chain read from then on.
+        node.rules[0].0 = "cali-INPUT-2";
+        assert_eq!(node.read(&mut locator, t0), [(VXLAN_DROP.into(), 8)]);
+        assert_eq!(
+            node.iptables_runs(),
+            [
+                "iptables -t filter -v -S cali-INPUT",
+                "iptables-save -c -t filter"
+            ]
+        );
+        node.read(&mut locator, t0);
+        assert_eq!(
+            node.iptables_runs(),
+            ["iptables -t filter -v -S cali-INPUT-2"]
+        );
+
+        // A hung tool is reported, not answered by listing everything.
+        node.hang = true;
+        let (readings, problems) =
+            read_with(&mut locator, t0, &mut |tool, args| node.run(tool, args));
+        assert!(readings.is_empty());
+        assert!(
+            problems.iter().any(|p| p.contains("did not answer")),
+            "{problems:?}"
+        );
+        assert_eq!(
+            node.iptables_runs(),
+            ["iptables -t filter -v -S cali-INPUT-2"]
+        );
+    }
+
+    #[test]
+    fn a_rule_gone_from_its_chain_makes_a_full_list() {
+        let mut node = FakeNode::new(vec![
+            ("cali-INPUT", VXLAN_DROP, 5),
+            ("cali-INPUT", "Drop IPIP packets from non-Calico hosts", 2),
+        ]);
+        let mut locator = RuleLocator::default();
+        let t0 = Instant::now();
+        node.read(&mut locator, t0);
+        node.rules[1].0 = "cali-OTHER";
+        assert_eq!(node.read(&mut locator, t0).len(), 2);
+        assert_eq!(
+            node.iptables_runs(),
+            [
+                "iptables-save -c -t filter",
+                "iptables -t filter -v -S cali-INPUT",
+                "iptables-save -c -t filter"
+            ]
+        );
+    }
+
+    #[test]
+    fn everything_is_listed_again_only_every_rescan() {
+        let mut node = FakeNode::new(vec![("cali-fw-abc", "cali:policy", 1)]);
+        let mut locator = RuleLocator::default();
+        let t0 = Instant::now();
+        for offset in [0, 1, 30, 59] {
+            assert!(
+                node.read(&mut locator, t0 + Duration::from_secs(offset))
+                    .is_empty()
+            );
+        }
+        assert_eq!(node.iptables_runs(), ["iptables-save -c -t filter"]);
+        node.rules.push(("cali-INPUT", VXLAN_DROP, 3));
+        assert_eq!(
+            node.read(&mut locator, t0 + RESCAN),
+            [(VXLAN_DROP.into(), 3)]
+        );
+        assert_eq!(node.iptables_runs(), ["iptables-save -c -t filter"]);
+        node.read(&mut locator, t0 + RESCAN + Duration::from_secs(1));
+        assert_eq!(
+            node.iptables_runs(),
+            ["iptables -t filter -v -S cali-INPUT"]
+        );
+        node.read(&mut locator, t0 + RESCAN * 2);
+        assert_eq!(node.iptables_runs(), ["iptables-save -c -t filter"]);
     }
 }
