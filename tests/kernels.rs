@@ -584,3 +584,59 @@ fn incident_lab_holds_on_this_kernel() {
     checks.finish();
     lab::assert_incident(&lines);
 }
+
+/// The flow map read by batch lookups (BPF_MAP_LOOKUP_BATCH, how
+/// `attach` reads it where the kernel has it) holds exactly the rows the
+/// key-by-key walk reads: 3,000 VXLAN peers put there by XDP test runs,
+/// peer `i` sending `i % 5 + 1` frames.
+#[test]
+fn batch_lookups_read_what_the_walk_reads() {
+    use observer::bpf::{Hook, LoadConfig, Observer, maps::MapRead, testrun};
+    use support::frames::{icmp_eth_frame, vxlan_frame};
+    if !have_root("batch_lookups_read_what_the_walk_reads") {
+        return;
+    }
+    const PEERS: u32 = 3_000;
+    let observer = Observer::load(&LoadConfig {
+        max_flows: 2 * PEERS,
+        ..LoadConfig::default()
+    })
+    .expect("loading the eBPF programs");
+    let xdp = observer.program_fd(Hook::Xdp).expect("the XDP program");
+    let inner = icmp_eth_frame([192, 168, 0, 1].into(), [192, 168, 0, 2].into());
+    let mut sent_packets = 0;
+    for i in 0..PEERS {
+        let peer = std::net::IpAddr::from((0x0a01_0000 + i).to_be_bytes());
+        let frame = vxlan_frame(peer, [10, 0, 0, 1].into(), 42, &inner);
+        for _ in 0..i % 5 + 1 {
+            testrun::run(xdp, &frame, None, 1).expect("an XDP test run");
+            sent_packets += 1;
+        }
+    }
+    let rows = |how| -> BTreeMap<_, (u64, u64)> {
+        observer
+            .read_flows_with(how)
+            .unwrap_or_else(|e| panic!("{how:?}: {e:#}"))
+            .into_iter()
+            .map(|(id, c)| (id, (c.packets, c.bytes)))
+            .collect()
+    };
+    let (batch, walk) = (rows(MapRead::Batch), rows(MapRead::Walk));
+    let packets = |rows: &BTreeMap<_, (u64, u64)>| rows.values().map(|c| c.0).sum::<u64>();
+    let mut checks = Checks::default();
+    checks.compare(
+        "batch_rows",
+        batch.len() as u64,
+        u64::from(PEERS),
+        "peers sent",
+    );
+    checks.compare("batch_packets", packets(&batch), sent_packets, "frames run");
+    checks.compare("walk_packets", packets(&walk), sent_packets, "frames run");
+    checks.holds(
+        "batch_equals_walk",
+        batch == walk,
+        Some(batch.len() as u64),
+        "every row and count",
+    );
+    checks.finish();
+}

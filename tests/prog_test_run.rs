@@ -18,7 +18,7 @@ use std::{collections::BTreeMap, net::IpAddr};
 
 use observer::{
     bpf::testrun::{self, skb_gso_ctx},
-    bpf::{Hook, LoadConfig, Observer},
+    bpf::{Hook, LoadConfig, Observer, maps::MapRead},
     model::ports::PortConfig,
     model::rows::{FlowCounters, FlowId},
 };
@@ -1975,4 +1975,51 @@ fn frame_builders_produce_valid_frames() {
     );
     assert_eq!(internet_checksum(&[&g]), 0, "gre checksum verifies");
     assert!(checked > 40, "checked {checked} frames");
+}
+
+/// The two ways of reading the maps, batch lookups (BPF_MAP_LOOKUP_BATCH,
+/// a few system calls for a whole map) and the key-by-key walk, read the
+/// same rows, exactly: 5,000 VXLAN peers, peer `i` sending `i % 7 + 1`
+/// frames, so the flow map needs several batch calls (1,024 entries each)
+/// and the flow cache's slots fill too.
+#[test]
+fn batch_lookups_and_the_walk_read_the_same_rows() {
+    const PEERS: u32 = 5_000;
+    let mut h = Harness::new(&LoadConfig {
+        max_flows: 2 * PEERS,
+        ..LoadConfig::default()
+    });
+    let local = IpAddr::from([10, 0, 0, 1]);
+    let inner = icmp_eth_frame([192, 168, 0, 1].into(), [192, 168, 0, 2].into());
+    let mut sent = BTreeMap::new();
+    for i in 0..PEERS {
+        let peer = IpAddr::from((0x0a01_0000 + i).to_be_bytes());
+        let frame = vxlan_frame(peer, local, 42, &inner);
+        let frames = i % 7 + 1;
+        // One run per frame: a repeated test run costs this kernel
+        // milliseconds per call.
+        for _ in 0..frames {
+            h.run_unchecked(Hook::Xdp, &frame, None, 1);
+        }
+        sent.insert(
+            peer,
+            (u64::from(frames), frames as u64 * frame.len() as u64),
+        );
+    }
+    let rows = |how| -> BTreeMap<FlowId, (u64, u64)> {
+        h.obs
+            .read_flows_with(how)
+            .unwrap_or_else(|e| panic!("{how:?}: {e:#}"))
+            .into_iter()
+            .map(|(id, c)| (id, (c.packets, c.bytes)))
+            .collect()
+    };
+    let batch = rows(MapRead::Batch);
+    assert_eq!(batch, rows(MapRead::Walk));
+    let by_peer: BTreeMap<IpAddr, (u64, u64)> = batch
+        .iter()
+        .map(|(id, counts)| (id.peer.expect("a peer row"), *counts))
+        .collect();
+    assert_eq!(batch.len(), PEERS as usize, "one row per peer");
+    assert_eq!(by_peer, sent);
 }

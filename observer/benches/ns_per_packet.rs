@@ -70,9 +70,16 @@ fn run() -> anyhow::Result<()> {
             "loading eBPF programs needs root (CAP_BPF, CAP_NET_ADMIN, CAP_PERFMON): run `cargo xtask bench` as root"
         );
     }
-    if std::env::var("OBSERVER_BENCH_ONLY").as_deref() == Ok("monitor") {
-        system::monitor::run()?;
-        return system::write_table();
+    match std::env::var("OBSERVER_BENCH_ONLY").as_deref() {
+        Ok("monitor") => {
+            system::monitor::run()?;
+            return system::write_table();
+        }
+        Ok("snapshot") => {
+            system::snapshot::run(&frames::vxlan())?;
+            return system::write_table();
+        }
+        _ => {}
     }
     let observer = Observer::load(&Default::default())?;
     let pass = system::maptypes::load_xdp_pass()?;

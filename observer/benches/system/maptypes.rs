@@ -62,8 +62,37 @@ pub fn load_xdp_pass() -> io::Result<OwnedFd> {
     )
 }
 
+/// Loads a tc program for tcx ingress that only returns TC_ACT_UNSPEC
+/// (-1, "next program / default action", the observer's own verdict): the
+/// tcx counterpart of [`load_xdp_pass`].
+pub fn load_tc_pass() -> io::Result<OwnedFd> {
+    const BPF_PROG_TYPE_SCHED_CLS: u32 = 3;
+    const BPF_TCX_INGRESS: u32 = 46;
+    load_raw(
+        BPF_PROG_TYPE_SCHED_CLS,
+        BPF_TCX_INGRESS,
+        b"tc_pass",
+        &[
+            // BPF_ALU64 | BPF_MOV | BPF_K: r0 = -1 (TC_ACT_UNSPEC)
+            Insn::new(0xb7, 0, 0, -1),
+            // BPF_JMP | BPF_EXIT
+            Insn::new(0x95, 0, 0, 0),
+        ],
+    )
+}
+
 /// Loads an XDP program from raw instructions.
 pub fn load_raw_xdp(prog_name: &[u8], insns: &[Insn]) -> io::Result<OwnedFd> {
+    load_raw(BPF_PROG_TYPE_XDP, 0, prog_name, insns)
+}
+
+/// Loads a program of `prog_type` from raw instructions.
+fn load_raw(
+    prog_type: u32,
+    expected_attach_type: u32,
+    prog_name: &[u8],
+    insns: &[Insn],
+) -> io::Result<OwnedFd> {
     /// The leading fields of `union bpf_attr` for BPF_PROG_LOAD (uapi
     /// linux/bpf.h); the kernel treats the fields not passed as zero.
     #[repr(C)]
@@ -85,7 +114,7 @@ pub fn load_raw_xdp(prog_name: &[u8], insns: &[Insn]) -> io::Result<OwnedFd> {
     let mut name = [0u8; 16];
     name[..prog_name.len()].copy_from_slice(prog_name);
     let attr = ProgLoadAttr {
-        prog_type: BPF_PROG_TYPE_XDP,
+        prog_type,
         insn_cnt: insns.len() as u32,
         insns: insns.as_ptr() as u64,
         license: license.as_ptr() as u64,
@@ -96,7 +125,7 @@ pub fn load_raw_xdp(prog_name: &[u8], insns: &[Insn]) -> io::Result<OwnedFd> {
         prog_flags: 0,
         prog_name: name,
         prog_ifindex: 0,
-        expected_attach_type: 0,
+        expected_attach_type,
     };
     bpf(BPF_PROG_LOAD, &attr)
 }

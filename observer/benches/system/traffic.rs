@@ -13,8 +13,9 @@
 //! the figure is frames per second read by R.
 //! - `throughput_ratio`: `observer attach vr` as built (default
 //!   `--xdp-mode auto`, which picks `traffic_rx_hook`) over nothing;
-//! - `throughput_xdp_pass_ratio`: a program that only returns XDP_PASS,
-//!   attached in the mode the observer picked, over nothing: what turning
+//! - `throughput_xdp_pass_ratio`: a program that only returns XDP_PASS
+//!   (TC_ACT_UNSPEC when the observer picked tcx), attached in the mode
+//!   the observer picked, over nothing: what turning
 //!   XDP on costs by itself (on veth, native XDP moves receive to veth's
 //!   NAPI + ptr_ring path and copies each frame that lacks XDP headroom
 //!   into a page-pool page);
@@ -68,7 +69,7 @@
 use std::{
     fs,
     io::{BufRead, BufReader},
-    os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd},
+    os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd},
     path::PathBuf,
     process::{Child, Command, Stdio},
     sync::{
@@ -106,11 +107,13 @@ const CPU_FLOOD: Duration = Duration::from_millis(2000);
 /// Rounds of the floods with BPF run-time stats on.
 const STATS_ROUNDS: usize = 2;
 
-/// How an XDP program is attached to vr.
+/// How a receive program is attached to vr.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Mode {
     Native,
     Generic,
+    /// tc ingress through tcx (a tc program, not XDP).
+    Tcx,
 }
 
 impl Mode {
@@ -119,6 +122,7 @@ impl Mode {
         match hook {
             "xdp-native" => Some(Mode::Native),
             "xdp-generic" => Some(Mode::Generic),
+            "tcx" => Some(Mode::Tcx),
             _ => None,
         }
     }
@@ -430,10 +434,12 @@ impl Lab {
         })
     }
 
-    /// Attaches `prog` to vr with a bpf link (detached when it is closed).
+    /// Attaches `prog` to vr with a bpf link (detached when it is closed):
+    /// an XDP program in its mode, or a tc program with tcx.
     fn attach_xdp(&self, prog: BorrowedFd, mode: Mode) -> anyhow::Result<OwnedFd> {
         const BPF_LINK_CREATE: libc::c_long = 28;
         const BPF_XDP: u32 = 37;
+        const BPF_TCX_INGRESS: u32 = 46;
         const XDP_FLAGS_SKB_MODE: u32 = 2;
         const XDP_FLAGS_DRV_MODE: u32 = 4;
         let (r, prog) = (self.r.clone(), prog.as_raw_fd());
@@ -447,10 +453,10 @@ impl Lab {
             let mut attr = [0u32; 16];
             attr[0] = prog as u32;
             attr[1] = ifindex;
-            attr[2] = BPF_XDP;
-            attr[3] = match mode {
-                Mode::Native => XDP_FLAGS_DRV_MODE,
-                Mode::Generic => XDP_FLAGS_SKB_MODE,
+            (attr[2], attr[3]) = match mode {
+                Mode::Native => (BPF_XDP, XDP_FLAGS_DRV_MODE),
+                Mode::Generic => (BPF_XDP, XDP_FLAGS_SKB_MODE),
+                Mode::Tcx => (BPF_TCX_INGRESS, 0),
             };
             // SAFETY: attr outlives the call; the size passed is its own.
             let fd = unsafe {
@@ -783,9 +789,17 @@ pub fn run(vxlan: &[u8], xdp_pass: BorrowedFd) -> anyhow::Result<()> {
         .unwrap_or("?")
         .to_string();
     let picked = Mode::of_rx_hook(&rx_hook).ok_or_else(|| {
-        anyhow!("the observer attached to veth vr with rx_hook {rx_hook}, not XDP; the traffic bench compares it with XDP_PASS in the same mode")
+        anyhow!("the observer attached to veth vr with rx_hook {rx_hook}; the traffic bench compares it with a pass program in the same mode, which it has for XDP and tcx only")
     })?;
     report("traffic_rx_hook", &rx_hook, "hook");
+    // The "XDP_PASS" baseline in tcx mode: a tc program that only returns
+    // TC_ACT_UNSPEC.
+    let tc_pass = super::maptypes::load_tc_pass()?;
+    let xdp_pass = if picked == Mode::Tcx {
+        tc_pass.as_fd()
+    } else {
+        xdp_pass
+    };
     throughput(&lab, vxlan, xdp_pass, picked)?;
     cpu(&lab, vxlan, xdp_pass, picked)
 }

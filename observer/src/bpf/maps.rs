@@ -13,7 +13,7 @@ use anyhow::{Context, Result};
 use aya::{
     Pod,
     maps::{
-        Array, HashMap as BpfHashMap, MapData, MapError, PerCpuArray, PerCpuHashMap, PerCpuValues,
+        Array, HashMap as BpfHashMap, IterableMap, MapData, MapError, PerCpuArray, PerCpuHashMap,
         lpm_trie::{Key, LpmTrie},
     },
 };
@@ -25,7 +25,7 @@ use observer_common::{
     WATCHED_BITS_MAP, WATCHED_MAP, WatchedIface, config,
 };
 
-use super::Observer;
+use super::{Observer, batch};
 use crate::{
     model::facts::{AllowSets, SetKind},
     model::rows::{DropCounters, DropId, FlowCounters, FlowId, KernelStats},
@@ -111,10 +111,19 @@ impl Observer {
     }
 
     /// Reads every row of the flow counters, summed over CPUs: the keys of
-    /// the flow cache and of the LRU map, each once.
+    /// the flow cache and of the LRU map, each once; by batch lookups where
+    /// the kernel has them, else walking the maps.
     pub fn read_flows(&self) -> Result<Vec<(FlowId, FlowCounters)>> {
-        let cached = self.read_flow_cache()?;
-        let lru = walk(&self.flow_map()?, FLOWS_MAP, |key, values| {
+        self.read_flows_with(MapRead::Batch)
+            .or_else(|_| self.read_flows_with(MapRead::Walk))
+    }
+
+    /// [`Observer::read_flows`] by one way of reading maps only (an error
+    /// when the kernel has no batch lookup): tests compare the two, the
+    /// bench times them.
+    pub fn read_flows_with(&self, how: MapRead) -> Result<Vec<(FlowId, FlowCounters)>> {
+        let cached = self.read_flow_cache(how)?;
+        let lru = read_percpu_hash(&self.flow_map()?, FLOWS_MAP, how, |key, values| {
             (*key, FlowCounters::sum(values.iter()))
         })?;
         Ok(merge_cached(lru, cached))
@@ -122,17 +131,32 @@ impl Observer {
 
     /// The keys held in the per-CPU flow cache, with their counters summed
     /// over the CPUs that hold them.
-    fn read_flow_cache(&self) -> Result<HashMap<FlowKey, FlowCounters>> {
-        let cache: PerCpuArray<&MapData, FlowCacheSlot> = PerCpuArray::try_from(
-            self.ebpf
-                .map(FLOW_CACHE_MAP)
-                .context("FLOW_CACHE map missing")?,
-        )?;
+    fn read_flow_cache(&self, how: MapRead) -> Result<HashMap<FlowKey, FlowCounters>> {
+        let map = self
+            .ebpf
+            .map(FLOW_CACHE_MAP)
+            .context("FLOW_CACHE map missing")?;
+        let cache: PerCpuArray<&MapData, FlowCacheSlot> = PerCpuArray::try_from(map)?;
+        let all_slots: Vec<Vec<FlowCacheSlot>> = match how {
+            MapRead::Batch => {
+                batch::lookup_all_percpu::<u32, FlowCacheSlot>(cache.map(), possible_cpus()?)
+                    .context("batch lookup of the FLOW_CACHE map")?
+                    .context("this kernel has no batch lookup for the FLOW_CACHE map")?
+                    .into_iter()
+                    .map(|(_, slots)| slots)
+                    .collect()
+            }
+            MapRead::Walk => (0..FLOW_CACHE_SLOTS)
+                .map(|index| {
+                    cache
+                        .get(&index, 0)
+                        .map(|slots| slots.to_vec())
+                        .with_context(|| format!("reading slot {index} of the FLOW_CACHE map"))
+                })
+                .collect::<Result<_>>()?,
+        };
         let mut keys: HashMap<FlowKey, FlowCounters> = HashMap::new();
-        for index in 0..FLOW_CACHE_SLOTS {
-            let slots = cache
-                .get(&index, 0)
-                .with_context(|| format!("reading slot {index} of the FLOW_CACHE map"))?;
+        for slots in &all_slots {
             for slot in slots.iter().filter(|slot| slot.key.ifindex != 0) {
                 let counters = keys.entry(slot.key).or_default();
                 let one = FlowCounters::sum([&slot.value]);
@@ -149,14 +173,16 @@ impl Observer {
     pub fn read_drops(&self) -> Result<Vec<(DropId, DropCounters)>> {
         let map: PerCpuHashMap<&MapData, DropKey, DropValue> =
             PerCpuHashMap::try_from(self.ebpf.map(DROPS_MAP).context("DROPS map missing")?)?;
-        walk(&map, DROPS_MAP, |key, values| {
+        let decode = |key: &DropKey, values: &[DropValue]| {
             let mut total = DropCounters::default();
             for value in values.iter() {
                 total.packets += value.packets;
                 total.bytes += value.bytes;
             }
             (DropId::from_key(key), total)
-        })
+        };
+        read_percpu_hash(&map, DROPS_MAP, MapRead::Batch, decode)
+            .or_else(|_| read_percpu_hash(&map, DROPS_MAP, MapRead::Walk, decode))
     }
 
     /// Reads the kernel self counters (walks the flow map to count its
@@ -213,17 +239,45 @@ fn merge_cached(
     rows
 }
 
-/// Walks a per-CPU LRU map once, decoding each key with its per-CPU values.
-fn walk<K, V, Id, C>(
+/// How the programs' hash and array maps are read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MapRead {
+    /// BPF_MAP_LOOKUP_BATCH: a few system calls for the whole map
+    /// (kernels since 5.6).
+    Batch,
+    /// Key by key: two system calls per entry.
+    Walk,
+}
+
+/// Reads a per-CPU hash map once (`how`), decoding each key with its
+/// per-CPU values.
+fn read_percpu_hash<K, V, Id, C>(
     map: &PerCpuHashMap<&MapData, K, V>,
     name: &str,
-    decode: impl Fn(&K, &PerCpuValues<V>) -> (Id, C),
+    how: MapRead,
+    decode: impl Fn(&K, &[V]) -> (Id, C),
 ) -> Result<Vec<(Id, C)>>
 where
     K: Pod + Eq + Hash,
     V: Pod,
 {
-    dedup_listing(map.iter(), decode).with_context(|| format!("reading the {name} map"))
+    match how {
+        MapRead::Batch => {
+            let entries = batch::lookup_all_percpu::<K, V>(map.map(), possible_cpus()?)
+                .with_context(|| format!("batch lookup of the {name} map"))?
+                .with_context(|| format!("this kernel has no batch lookup for the {name} map"))?;
+            dedup_listing(entries.into_iter().map(Ok), |key, values| {
+                decode(key, values)
+            })
+        }
+        MapRead::Walk => dedup_listing(map.iter(), |key, values| decode(key, values)),
+    }
+    .with_context(|| format!("reading the {name} map"))
+}
+
+/// The number of possible CPUs: per-CPU values come one per possible CPU.
+fn possible_cpus() -> Result<usize> {
+    aya::util::nr_cpus().map_err(|(path, e)| anyhow::anyhow!("reading {path}: {e}"))
 }
 
 /// The rows of a map listing, each key once.

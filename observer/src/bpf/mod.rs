@@ -11,6 +11,7 @@ use aya::{
 };
 
 pub mod attach;
+mod batch;
 pub mod btf;
 pub mod features;
 pub mod load;
