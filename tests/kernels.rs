@@ -585,10 +585,10 @@ fn incident_lab_holds_on_this_kernel() {
     lab::assert_incident(&lines);
 }
 
-/// The flow map read by batch lookups (BPF_MAP_LOOKUP_BATCH, how
-/// `attach` reads it where the kernel has it) holds exactly the rows the
-/// key-by-key walk reads: 3,000 VXLAN peers put there by XDP test runs,
-/// peer `i` sending `i % 5 + 1` frames.
+/// The flow maps read by batch lookups (BPF_MAP_LOOKUP_BATCH, how
+/// `attach` reads each map where the kernel has it for that map, else key
+/// by key) hold exactly the rows the key-by-key walk reads: 3,000 VXLAN
+/// peers put there by XDP test runs, peer `i` sending `i % 5 + 1` frames.
 #[test]
 fn batch_lookups_read_what_the_walk_reads() {
     use observer::bpf::{Hook, LoadConfig, Observer, maps::MapRead, testrun};

@@ -54,7 +54,10 @@ pub fn run() -> anyhow::Result<()> {
 /// and the first reads excluded).
 fn measure(name: &str, ns: &str, window: Duration) -> anyhow::Result<()> {
     let out = target_dir().join(format!("bench-monitor-{}.jsonl", std::process::id()));
-    let mut child = Command::new(env!("CARGO_BIN_EXE_observer"))
+    // Another build (an earlier commit's) can be measured the same way.
+    let binary =
+        std::env::var("OBSERVER_BENCH_BINARY").unwrap_or(env!("CARGO_BIN_EXE_observer").into());
+    let mut child = Command::new(binary)
         .args(["attach", "--netns", ns, "lo", "--output", "json"])
         .env("OBSERVER_LOG", "error")
         .stdout(fs::File::create(&out)?)

@@ -4,8 +4,8 @@
 //!
 //! Hand-written because aya 0.14 has no batch API; the attribute is the
 //! kernel's `union bpf_attr` `batch` member (include/uapi/linux/bpf.h), from
-//! aya-obj's bindings. Hash and array maps have it since 5.6 (all supported
-//! kernels; `cargo xtask vm-test` checks it on each);
+//! aya-obj's bindings. Hash maps have it since 5.6, per-CPU arrays since
+//! 5.13 (`cargo xtask vm-test` reads both on every supported kernel);
 //! [`lookup_all_percpu`] says when the kernel refuses it, and the caller
 //! then walks the map instead.
 

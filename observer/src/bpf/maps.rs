@@ -112,15 +112,13 @@ impl Observer {
 
     /// Reads every row of the flow counters, summed over CPUs: the keys of
     /// the flow cache and of the LRU map, each once; by batch lookups where
-    /// the kernel has them, else walking the maps.
+    /// the kernel has them for the map, else walking it.
     pub fn read_flows(&self) -> Result<Vec<(FlowId, FlowCounters)>> {
         self.read_flows_with(MapRead::Batch)
-            .or_else(|_| self.read_flows_with(MapRead::Walk))
     }
 
-    /// [`Observer::read_flows`] by one way of reading maps only (an error
-    /// when the kernel has no batch lookup): tests compare the two, the
-    /// bench times them.
+    /// [`Observer::read_flows`] by one way of reading maps: tests compare
+    /// the two.
     pub fn read_flows_with(&self, how: MapRead) -> Result<Vec<(FlowId, FlowCounters)>> {
         let cached = self.read_flow_cache(how)?;
         let lru = read_percpu_hash(&self.flow_map()?, FLOWS_MAP, how, |key, values| {
@@ -137,16 +135,17 @@ impl Observer {
             .map(FLOW_CACHE_MAP)
             .context("FLOW_CACHE map missing")?;
         let cache: PerCpuArray<&MapData, FlowCacheSlot> = PerCpuArray::try_from(map)?;
-        let all_slots: Vec<Vec<FlowCacheSlot>> = match how {
+        let batched = match how {
+            // Per-CPU arrays have no batch lookup before 5.13.
             MapRead::Batch => {
                 batch::lookup_all_percpu::<u32, FlowCacheSlot>(cache.map(), possible_cpus()?)
                     .context("batch lookup of the FLOW_CACHE map")?
-                    .context("this kernel has no batch lookup for the FLOW_CACHE map")?
-                    .into_iter()
-                    .map(|(_, slots)| slots)
-                    .collect()
             }
-            MapRead::Walk => (0..FLOW_CACHE_SLOTS)
+            MapRead::Walk => None,
+        };
+        let all_slots: Vec<Vec<FlowCacheSlot>> = match batched {
+            Some(entries) => entries.into_iter().map(|(_, slots)| slots).collect(),
+            None => (0..FLOW_CACHE_SLOTS)
                 .map(|index| {
                     cache
                         .get(&index, 0)
@@ -182,7 +181,6 @@ impl Observer {
             (DropId::from_key(key), total)
         };
         read_percpu_hash(&map, DROPS_MAP, MapRead::Batch, decode)
-            .or_else(|_| read_percpu_hash(&map, DROPS_MAP, MapRead::Walk, decode))
     }
 
     /// Reads the kernel self counters (walks the flow map to count its
@@ -242,8 +240,9 @@ fn merge_cached(
 /// How the programs' hash and array maps are read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MapRead {
-    /// BPF_MAP_LOOKUP_BATCH: a few system calls for the whole map
-    /// (kernels since 5.6).
+    /// BPF_MAP_LOOKUP_BATCH, a few system calls for the whole map, where
+    /// the kernel has it for the map (hash maps since 5.6, per-CPU arrays
+    /// since 5.13); else key by key.
     Batch,
     /// Key by key: two system calls per entry.
     Walk,
@@ -261,16 +260,16 @@ where
     K: Pod + Eq + Hash,
     V: Pod,
 {
-    match how {
-        MapRead::Batch => {
-            let entries = batch::lookup_all_percpu::<K, V>(map.map(), possible_cpus()?)
-                .with_context(|| format!("batch lookup of the {name} map"))?
-                .with_context(|| format!("this kernel has no batch lookup for the {name} map"))?;
-            dedup_listing(entries.into_iter().map(Ok), |key, values| {
-                decode(key, values)
-            })
-        }
-        MapRead::Walk => dedup_listing(map.iter(), |key, values| decode(key, values)),
+    let batched = match how {
+        MapRead::Batch => batch::lookup_all_percpu::<K, V>(map.map(), possible_cpus()?)
+            .with_context(|| format!("batch lookup of the {name} map"))?,
+        MapRead::Walk => None,
+    };
+    match batched {
+        Some(entries) => dedup_listing(entries.into_iter().map(Ok), |key, values| {
+            decode(key, values)
+        }),
+        None => dedup_listing(map.iter(), |key, values| decode(key, values)),
     }
     .with_context(|| format!("reading the {name} map"))
 }
