@@ -305,7 +305,7 @@ fn vxlan_allow_set_drops(tag: &str, plane: Plane) {
     let tools = ToolLog::new(tag);
     let observer = ObserverProcess::spawn_with_env(
         Some(lab.r.name()),
-        &["--allow-set-refresh", "300ms", "vr"],
+        &["--allow-set-refresh", "100ms", "vr"],
         &[("PATH", &tools.path())],
     );
     observer.wait_ready(1);

@@ -252,8 +252,8 @@ pub struct AttachArgs {
     #[arg(long = "allow-cidr", value_name = "[PROTO=]CIDR")]
     pub allow_cidrs: Vec<Tagged<ipnet::IpNet>>,
 
-    /// How often allow-sets and Calico's drop-rule counters are re-read
-    /// (each read runs ipset, nft, iptables on a thread of its own, so
+    /// How often allow-sets are re-read, and every third period Calico's
+    /// drop-rule counters (each read runs ipset, nft, iptables on a thread of its own, so
     /// a slow tool never delays an interval; a tool that hangs is given up
     /// after 10s and reported); changes take effect in the programs at the
     /// first interval after the read. Local vxlan devices (for vni_unknown)

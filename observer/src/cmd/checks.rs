@@ -55,6 +55,13 @@ pub struct NodeChecks {
     drops_when_asked: Vec<DropRow>,
 }
 
+/// The rule counters are read every this many allow-set refresh periods
+/// (15 s by default): the cross-check compares totals since attach, so a
+/// disagreement shows a few seconds later, and on a node with Calico's
+/// nftables rules at scale each read costs nft 30 ms of CPU (it loads the
+/// whole table).
+const RULES_EVERY_REFRESHES: u32 = 3;
+
 /// Calico's drop-rule counters as read, and the problems met reading them.
 type RulesRead = (Vec<RuleReading>, Vec<String>);
 
@@ -314,8 +321,9 @@ impl NodeChecks {
     }
 
     /// Calico's drop-rule counters since attach beside the observer's
-    /// `calico_allow_set` counts, when a read is in: every refresh period
-    /// (like the allow-sets, on the reader thread) and at the end
+    /// `calico_allow_set` counts, when a read is in: every
+    /// [`RULES_EVERY_REFRESHES`] refresh periods (on the reader thread, like
+    /// the allow-sets) and at the end
     /// (`is_final`, waiting for the tools), not every interval: each read
     /// runs iptables, ip6tables and nft (on the chains holding Calico's
     /// rules, see [`RuleLocator`]). `None` when no read finished. The
@@ -336,7 +344,7 @@ impl NodeChecks {
         };
         let due = self
             .last_rules_read
-            .is_none_or(|at| at.elapsed() >= self.refresh);
+            .is_none_or(|at| at.elapsed() >= self.refresh * RULES_EVERY_REFRESHES);
         if due && self.ask(ReadRequest::Rules(self.rule_locator.clone())) {
             self.last_rules_read = Some(Instant::now());
             self.drops_when_asked = drops.to_vec();
