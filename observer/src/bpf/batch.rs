@@ -41,10 +41,15 @@ pub fn lookup_all_percpu<K: Pod, V: Pod>(
     // the kernel writes to `out_batch` and reads from `in_batch`.
     let mut position: u64 = 0;
     let mut first = true;
+    // u64 words keep the buffers 8-byte aligned for the kernel's copies.
+    let buffers = |chunk: u32| {
+        (
+            vec![0u64; (chunk as usize * size_of::<K>()).div_ceil(8)],
+            vec![0u64; (chunk as usize * element_values).div_ceil(8)],
+        )
+    };
+    let (mut keys, mut values) = buffers(chunk);
     loop {
-        // u64 words keep the buffers 8-byte aligned for the kernel's copies.
-        let mut keys = vec![0u64; (chunk as usize * size_of::<K>()).div_ceil(8)];
-        let mut values = vec![0u64; (chunk as usize * element_values).div_ceil(8)];
         let mut next: u64 = 0;
         // SAFETY: all-zero is a valid bpf_attr.
         let mut attr: bpf_attr = unsafe { std::mem::zeroed() };
@@ -81,6 +86,7 @@ pub fn lookup_all_percpu<K: Pod, V: Pod>(
             // for more from the same place.
             (_, Some(libc::ENOSPC)) if filled == 0 => {
                 chunk = chunk.checked_mul(2).ok_or(error)?;
+                (keys, values) = buffers(chunk);
                 continue;
             }
             // The kernel has no batch lookup for this map (EINVAL before

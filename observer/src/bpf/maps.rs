@@ -266,12 +266,15 @@ where
         MapRead::Walk => None,
     };
     match batched {
-        Some(entries) => dedup_listing(entries.into_iter().map(Ok), |key, values| {
-            decode(key, values)
-        }),
-        None => dedup_listing(map.iter(), |key, values| decode(key, values)),
+        // A batch lookup passes each bucket once, under its lock: no key
+        // comes twice, unlike in a walk that the LRU restarts.
+        Some(entries) => Ok(entries
+            .iter()
+            .map(|(key, values)| decode(key, values))
+            .collect()),
+        None => dedup_listing(map.iter(), |key, values| decode(key, values))
+            .with_context(|| format!("reading the {name} map")),
     }
-    .with_context(|| format!("reading the {name} map"))
 }
 
 /// The number of possible CPUs: per-CPU values come one per possible CPU.

@@ -2,8 +2,8 @@
 //! and nftables data planes), so the observer's own `calico_allow_set`
 //! counts can be shown beside the kernel's and a disagreement flagged.
 //! Rules are found by their comment, as chain names differ between
-//! Calico's data planes, by a search made once a minute; each read lists
-//! only the chains found ([`RuleLocator`]). Tool output is parsed for the same reason as in
+//! Calico's data planes, by a search made every few minutes; each read
+//! lists only the chains found ([`RuleLocator`]). Tool output is parsed for the same reason as in
 //! `allowsets`: no maintained crate reads it.
 
 use std::time::{Duration, Instant};

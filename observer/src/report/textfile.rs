@@ -39,6 +39,57 @@ type EncapSeries = (String, &'static str, &'static str, Option<IpAddr>);
 /// Label key of a drop series: (iface, proto, peer, reason).
 type DropSeries = (String, &'static str, Option<IpAddr>, String);
 
+/// A series key with a peer in it: what [`SplitFamily::export`] needs to
+/// split it between its own series and "other".
+trait SeriesKey: Clone + Eq + std::hash::Hash + Ord {
+    /// The key's peer.
+    fn peer(&self) -> Option<IpAddr>;
+    /// Its labels, with `peer` as the peer value (`None`: its own peer).
+    fn labels(&self, peer: Option<String>) -> Labels;
+    /// Whether `other` differs from it in the peer only (one "other" series).
+    fn same_but_peer(&self, other: &Self) -> bool;
+}
+
+impl SeriesKey for EncapSeries {
+    fn peer(&self) -> Option<IpAddr> {
+        self.3
+    }
+
+    fn labels(&self, peer: Option<String>) -> Labels {
+        let (iface, direction, proto, own) = self;
+        vec![
+            ("iface", iface.clone()),
+            ("direction", direction.to_string()),
+            ("proto", proto.to_string()),
+            ("peer", peer.unwrap_or_else(|| peer_label(*own))),
+        ]
+    }
+
+    fn same_but_peer(&self, other: &Self) -> bool {
+        (&self.0, self.1, self.2) == (&other.0, other.1, other.2)
+    }
+}
+
+impl SeriesKey for DropSeries {
+    fn peer(&self) -> Option<IpAddr> {
+        self.2
+    }
+
+    fn labels(&self, peer: Option<String>) -> Labels {
+        let (iface, proto, own, reason) = self;
+        vec![
+            ("iface", iface.clone()),
+            ("proto", proto.to_string()),
+            ("peer", peer.unwrap_or_else(|| peer_label(*own))),
+            ("reason", reason.clone()),
+        ]
+    }
+
+    fn same_but_peer(&self, other: &Self) -> bool {
+        (&self.0, self.1, &self.3) == (&other.0, other.1, &other.3)
+    }
+}
+
 /// Where a row's counts currently go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Bucket {
@@ -228,42 +279,11 @@ impl Exporter {
 
         // Split each series between its own label and "other".
         let mut encap_series = [Series::default(), Series::default()];
-        self.encap.export(
-            &encap_now,
-            (
-                |key: &EncapSeries| key.3,
-                |(iface, direction, proto, peer): &EncapSeries, label| {
-                    vec![
-                        ("iface", iface.clone()),
-                        ("direction", direction.to_string()),
-                        ("proto", proto.to_string()),
-                        ("peer", label.unwrap_or_else(|| peer_label(*peer))),
-                    ]
-                },
-                |a: &EncapSeries, b: &EncapSeries| (&a.0, a.1, a.2) == (&b.0, b.1, b.2),
-            ),
-            &bucket_of,
-            &mut encap_series,
-        );
+        self.encap.export(&encap_now, &bucket_of, &mut encap_series);
         let [packets, bytes] = encap_series;
         let mut drop_series = [Series::default()];
-        self.drop_splits.export(
-            &drops_now,
-            (
-                |key: &DropSeries| key.2,
-                |(iface, proto, peer, reason): &DropSeries, label| {
-                    vec![
-                        ("iface", iface.clone()),
-                        ("proto", proto.to_string()),
-                        ("peer", label.unwrap_or_else(|| peer_label(*peer))),
-                        ("reason", reason.clone()),
-                    ]
-                },
-                |a: &DropSeries, b: &DropSeries| (&a.0, a.1, &a.3) == (&b.0, b.1, &b.3),
-            ),
-            &bucket_of,
-            &mut drop_series,
-        );
+        self.drop_splits
+            .export(&drops_now, &bucket_of, &mut drop_series);
         let [drops] = drop_series;
 
         // The smallest next-hop MTU routers reported ("fragmentation
@@ -419,7 +439,7 @@ struct SplitFamily<K> {
     retired: BTreeMap<Labels, Vec<u64>>,
 }
 
-impl<K: Clone + Eq + std::hash::Hash + Ord> SplitFamily<K> {
+impl<K: SeriesKey> SplitFamily<K> {
     fn new() -> Self {
         SplitFamily {
             splits: HashMap::new(),
@@ -429,21 +449,13 @@ impl<K: Clone + Eq + std::hash::Hash + Ord> SplitFamily<K> {
 
     /// Adds the values of `now` (one column per entry of `out`) to the
     /// series: each key's own series while its peer is labeled, and the
-    /// "other" series. `labels(key, Some("other"))` gives the labels with
-    /// that peer value, `None` with the key's own peer; `same_but_peer`
-    /// tells keys whose "other" series is one.
+    /// "other" series.
     fn export(
         &mut self,
         now: &BTreeMap<K, Vec<u64>>,
-        key_fns: (
-            impl Fn(&K) -> Option<IpAddr>,
-            impl Fn(&K, Option<String>) -> Labels,
-            impl Fn(&K, &K) -> bool,
-        ),
         bucket_of: &impl Fn(Option<IpAddr>) -> Bucket,
         out: &mut [Series],
     ) {
-        let (peer_of, labels, same_but_peer) = key_fns;
         let other = || Some(OTHER_PEERS.to_string());
         let gone: Vec<K> = self
             .splits
@@ -456,7 +468,7 @@ impl<K: Clone + Eq + std::hash::Hash + Ord> SplitFamily<K> {
                 let (_, contribution) = split.values(&split.last);
                 let retired = self
                     .retired
-                    .entry(labels(&key, other()))
+                    .entry(key.labels(other()))
                     .or_insert_with(|| vec![0; out.len()]);
                 retired
                     .iter_mut()
@@ -477,14 +489,14 @@ impl<K: Clone + Eq + std::hash::Hash + Ord> SplitFamily<K> {
         let mut run: Option<(&K, Vec<u64>)> = None;
         let flush = |run: Option<(&K, Vec<u64>)>, out: &mut [Series]| {
             if let Some((key, sums)) = run {
-                let other_labels = labels(key, other());
+                let other_labels = key.labels(other());
                 for (series, value) in out.iter_mut().zip(sums) {
                     series.add(other_labels.clone(), value);
                 }
             }
         };
         for (key, values) in now {
-            let peer = peer_of(key);
+            let peer = key.peer();
             let split = match self.splits.get_mut(key) {
                 Some(split) => split,
                 None => self
@@ -495,13 +507,13 @@ impl<K: Clone + Eq + std::hash::Hash + Ord> SplitFamily<K> {
             split.assign(bucket_of(peer), values);
             let (own, to_other) = split.values(values);
             if split.bucket == Bucket::Own {
-                let own_labels = labels(key, None);
+                let own_labels = key.labels(None);
                 for (series, value) in out.iter_mut().zip(&own) {
                     series.add(own_labels.clone(), *value);
                 }
             }
             match &mut run {
-                Some((first, sums)) if same_but_peer(first, key) => {
+                Some((first, sums)) if first.same_but_peer(key) => {
                     sums.iter_mut().zip(&to_other).for_each(|(s, v)| *s += v);
                 }
                 _ => flush(run.replace((key, to_other)), out),
