@@ -640,3 +640,26 @@ fn batch_lookups_read_what_the_walk_reads() {
     );
     checks.finish();
 }
+
+/// `observer replay`'s native classifier counts what this kernel's
+/// programs count: random and mutated frames through both (a short run of
+/// `tests/differential.rs`; these VMs emulate their CPU, so 3,000 frames).
+/// Here the skb test run takes frames shorter than their IP header, which
+/// newer kernels refuse, and before 5.18 XDP test runs are single-buffer.
+#[test]
+fn native_replay_counts_what_the_programs_count() {
+    use support::differential::{Budget, fuzz};
+    if !have_root("native_replay_counts_what_the_programs_count") {
+        return;
+    }
+    const FRAMES: u64 = 3_000;
+    let result = fuzz(0x5eed_0000_0000_0510, Budget::Frames(FRAMES));
+    let mut checks = Checks::default();
+    checks.holds(
+        "native_equals_kernel",
+        result.is_ok(),
+        result.as_ref().ok().map(|a| a.frames),
+        &result.map_or_else(|difference| difference, |a| format!("{} rows", a.rows)),
+    );
+    checks.finish();
+}

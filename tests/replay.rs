@@ -8,7 +8,10 @@
 //!   a snap length that cuts the VXLAN frames), replayed as pcap and as
 //!   pcapng / Linux cooked v1, v2 / raw IP conversions, with and without
 //!   `--local`, and with `--allow-cidr`;
-//! - damaged and foreign files: exact message, frame number and exit status.
+//! - damaged and foreign files: exact message, frame number and exit status;
+//! - the native classifier (the default) and `--kernel` (the loaded
+//!   programs, by BPF_PROG_TEST_RUN) give the same rows, byte for byte, on
+//!   every capture above (`replay_both`).
 //!
 //! Replays run inside a namespace of their own, so allow-sets of other
 //! tests on the node cannot change their drop counts.
@@ -72,6 +75,47 @@ fn replay(ns: &Netns, args: &[&str]) -> ObserverRun {
         status: output.status,
         stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
     }
+}
+
+/// Replays `args` with the native classifier and with `--kernel`, checks
+/// that both succeed with the same rows for every capture, and returns the
+/// native run.
+fn replay_both(ns: &Netns, args: &[&str]) -> ObserverRun {
+    let native = replay(ns, args);
+    let kernel_args: Vec<&str> = std::iter::once("--kernel")
+        .chain(args.iter().copied())
+        .collect();
+    let kernel = replay(ns, &kernel_args);
+    assert!(
+        native.status.success(),
+        "{}: {}",
+        native.status,
+        native.stderr
+    );
+    assert!(
+        kernel.status.success(),
+        "--kernel {}: {}",
+        kernel.status,
+        kernel.stderr
+    );
+    let captures: Vec<&Value> = native
+        .lines
+        .iter()
+        .filter(|l| l["type"] == "replay")
+        .map(|l| &l["iface"])
+        .collect();
+    assert!(!captures.is_empty(), "no replay lines: {:#?}", native.lines);
+    for iface in captures {
+        let iface = iface.as_str().unwrap();
+        assert_eq!(summary(&native, iface)["classifier"], "native");
+        assert_eq!(summary(&kernel, iface)["classifier"], "kernel");
+        assert_eq!(
+            rows_of(&native, iface),
+            rows_of(&kernel, iface),
+            "{iface}: native rows (left) differ from the kernel's (right)"
+        );
+    }
+    native
 }
 
 /// The `replay` line of capture `iface`.
@@ -138,7 +182,7 @@ fn reference_captures_replay_as_tcpdump_decodes_them() {
     let dir = support::pcaps_dir();
     let ns = Netns::new("rpr");
     let paths: Vec<&str> = captures.iter().map(|p| p.to_str().unwrap()).collect();
-    let run = replay(&ns, &paths);
+    let run = replay_both(&ns, &paths);
     assert!(run.status.success(), "{}: {}", run.status, run.stderr);
     run.final_stats();
 
@@ -375,7 +419,7 @@ fn recorded_vxlan_and_ipip_replay_as_tcpdump_counts_them() {
 
     // Received by B: every frame is rx, the peer is the outer source.
     let ns = Netns::new("rpr");
-    let run = replay(&ns, &[&path]);
+    let run = replay_both(&ns, &[&path]);
     assert!(run.status.success(), "{}: {}", run.status, run.stderr);
     let line = summary(&run, &path);
     assert_eq!(line["frames"], frames);
@@ -406,7 +450,7 @@ fn recorded_vxlan_and_ipip_replay_as_tcpdump_counts_them() {
     );
 
     // --local B: B's own frames are tx, with the outer destination as peer.
-    let local = replay(&ns, &["--local", B_IP, &path]);
+    let local = replay_both(&ns, &["--local", B_IP, &path]);
     assert!(local.status.success(), "{}", local.stderr);
     assert_eq!(summary(&local, &path)["tx_frames"], from_b);
     assert_eq!(
@@ -425,7 +469,7 @@ fn recorded_vxlan_and_ipip_replay_as_tcpdump_counts_them() {
     assert_eq!(all_packets(&local, &path), frames);
 
     // Allow-sets: only B may send VXLAN, only A IPIP.
-    let allowed = replay(
+    let allowed = replay_both(
         &ns,
         &[
             "--allow-cidr",
@@ -554,21 +598,34 @@ fn long_frames_count_every_captured_byte() {
     drop(writer);
     let ns = Netns::new("rpl");
     let file = files.0[0].to_str().unwrap();
-    let run = replay(&ns, &["--local", A_IP, file]);
-    assert!(run.status.success(), "{}: {}", run.status, run.stderr);
     let total = |frames: &[Vec<u8>]| frames.iter().map(|f| f.len() as u64).sum::<u64>();
-    assert_eq!(
-        run.counts(file, "rx", "vxlan", Some(B_IP), 42),
-        (received.len() as u64, total(&received))
-    );
-    assert_eq!(
-        run.counts(file, "tx", "vxlan", Some(B_IP), 42),
-        (sent.len() as u64, total(&sent))
-    );
-    // Cut: the sent frames above an skb test run and the 65,549-byte one;
-    // also the received jumbo frame on kernels without multi-buffer XDP.
-    let cut = summary(&run, file)["cut"].as_u64().unwrap();
-    assert!(cut == 3 || cut == 4, "cut {cut}");
+    for kernel in [false, true] {
+        let mut args = vec!["--local", A_IP, file];
+        if kernel {
+            args.insert(0, "--kernel");
+        }
+        let run = replay(&ns, &args);
+        assert!(run.status.success(), "{}: {}", run.status, run.stderr);
+        assert_eq!(
+            run.counts(file, "rx", "vxlan", Some(B_IP), 42),
+            (received.len() as u64, total(&received)),
+            "kernel: {kernel}"
+        );
+        assert_eq!(
+            run.counts(file, "tx", "vxlan", Some(B_IP), 42),
+            (sent.len() as u64, total(&sent)),
+            "kernel: {kernel}"
+        );
+        // Cut (kernel only: the native classifier takes any length): the
+        // sent frames above an skb test run and the 65,549-byte one; also
+        // the received jumbo frame on kernels without multi-buffer XDP.
+        let cut = summary(&run, file)["cut"].as_u64().unwrap();
+        if kernel {
+            assert!(cut == 3 || cut == 4, "cut {cut}");
+        } else {
+            assert_eq!(cut, 0);
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------

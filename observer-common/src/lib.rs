@@ -1,7 +1,14 @@
 //! Map layouts and constants shared by the eBPF programs (`observer-ebpf`)
 //! and userspace (`observer`). Everything here is `#[repr(C)]` and
-//! `no_std`, because both sides read the same bytes.
+//! `no_std`, because both sides read the same bytes; so is the packet
+//! parser (`parse`) and the classifier checks (`checks`), which both sides
+//! run: the programs on the wire, `observer replay` on capture files.
 #![no_std]
+// Inline asm on BPF: `parse::window_offset` hides offsets from LLVM.
+#![cfg_attr(target_arch = "bpf", feature(asm_experimental_arch))]
+
+pub mod checks;
+pub mod parse;
 
 /// Name of the per-CPU LRU hash map holding one [`FlowKey`] -> [`FlowValue`]
 /// entry per (interface, direction, protocol, peer, VNI).
@@ -206,6 +213,22 @@ pub struct FlowKey {
     pub reason: u8,
 }
 
+impl FlowKey {
+    /// The key of the classification `c` seen on `ifindex` in `direction`.
+    #[inline(always)]
+    pub fn of(ifindex: u32, direction: Direction, c: &parse::Classified) -> FlowKey {
+        FlowKey {
+            peer: c.peer,
+            ifindex,
+            vni: c.vni,
+            direction: direction as u8,
+            proto: c.proto as u8,
+            peer_family: c.peer_family,
+            reason: c.reason as u8,
+        }
+    }
+}
+
 /// Per-CPU value of [`FLOWS_MAP`].
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -222,6 +245,33 @@ pub struct FlowValue {
     pub inner_family: u8,
     /// Padding, always zero.
     pub _pad: [u8; 7],
+}
+
+impl FlowValue {
+    /// The first `packets`/`bytes` of a key, with the inner sample of `c`.
+    #[inline(always)]
+    pub fn first(c: &parse::Classified, packets: u64, bytes: u64) -> FlowValue {
+        FlowValue {
+            packets,
+            bytes,
+            inner_src: c.inner_src,
+            inner_dst: c.inner_dst,
+            inner_family: c.inner_family,
+            _pad: [0; 7],
+        }
+    }
+
+    /// Adds `packets`/`bytes`; the inner sample becomes `c`'s when it has one.
+    #[inline(always)]
+    pub fn add(&mut self, c: &parse::Classified, packets: u64, bytes: u64) {
+        self.packets += packets;
+        self.bytes += bytes;
+        if c.inner_family != family::NONE {
+            self.inner_src = c.inner_src;
+            self.inner_dst = c.inner_dst;
+            self.inner_family = c.inner_family;
+        }
+    }
 }
 
 /// Name of the per-CPU array of [`FlowCacheSlot`]s in front of
@@ -518,6 +568,23 @@ pub struct DropKey {
     pub peer_family: u8,
     /// Padding, always zero.
     pub _pad: u8,
+}
+
+impl DropKey {
+    /// The key of a drop of the classified frame `c` on `ifindex`.
+    #[inline(always)]
+    pub fn of(ifindex: u32, c: &parse::Classified, origin: u8, reason: u32) -> DropKey {
+        DropKey {
+            peer: c.peer,
+            ifindex,
+            vni: c.vni,
+            reason,
+            origin,
+            proto: c.proto as u8,
+            peer_family: c.peer_family,
+            _pad: 0,
+        }
+    }
 }
 
 /// Per-CPU value of [`DROPS_MAP`].

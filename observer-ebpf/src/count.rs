@@ -2,28 +2,12 @@
 //! cache (one array lookup and a key compare), else the LRU map.
 
 use aya_ebpf::bindings::BPF_NOEXIST;
-use observer_common::{
-    Direction, FLOW_CACHE_SLOTS, FlowCacheSlot, FlowKey, FlowValue, Stat, family,
-};
+use observer_common::{FLOW_CACHE_SLOTS, FlowCacheSlot, FlowKey, FlowValue, Stat};
 
 use crate::{
     maps::{FLOW_CACHE, FLOWS, STATS},
     parse::Classified,
 };
-
-/// The flow key of the classification `c` seen on `ifindex` in `direction`.
-#[inline(always)]
-pub fn flow_key(ifindex: u32, direction: Direction, c: &Classified) -> FlowKey {
-    FlowKey {
-        peer: c.peer,
-        ifindex,
-        vni: c.vni,
-        direction: direction as u8,
-        proto: c.proto as u8,
-        peer_family: c.peer_family,
-        reason: c.reason as u8,
-    }
-}
 
 /// Adds `packets`/`bytes` to `key`. Returns this CPU's cache slot of the
 /// key when it has one (the allow-set verdict is cached there).
@@ -41,7 +25,7 @@ pub fn record(
         // reads it.
         let slot = unsafe { &mut *slot };
         if same_key(&slot.key, key) {
-            add(&mut slot.value, c, packets, bytes);
+            slot.value.add(c, packets, bytes);
             return Some(slot);
         }
         if slot.key.ifindex == 0 {
@@ -100,22 +84,10 @@ fn same_key(a: &FlowKey, b: &FlowKey) -> bool {
 #[inline(always)]
 fn claim(slot: &mut FlowCacheSlot, key: &FlowKey, c: &Classified, packets: u64, bytes: u64) {
     slot.allow_verdict = 0;
-    slot.value = initial_value(c, packets, bytes);
+    slot.value = FlowValue::first(c, packets, bytes);
     slot.key = FlowKey { ifindex: 0, ..*key };
     core::sync::atomic::compiler_fence(core::sync::atomic::Ordering::Release);
     slot.key.ifindex = key.ifindex;
-}
-
-#[inline(always)]
-fn initial_value(c: &Classified, packets: u64, bytes: u64) -> FlowValue {
-    FlowValue {
-        packets,
-        bytes,
-        inner_src: c.inner_src,
-        inner_dst: c.inner_dst,
-        inner_family: c.inner_family,
-        _pad: [0; 7],
-    }
 }
 
 /// The LRU path: a key without a cache slot on this CPU.
@@ -123,11 +95,11 @@ fn initial_value(c: &Classified, packets: u64, bytes: u64) -> FlowValue {
 fn record_in_map(key: &FlowKey, c: &Classified, packets: u64, bytes: u64) {
     if let Some(value) = FLOWS.get_ptr_mut(key) {
         // SAFETY: per-CPU value of this CPU; nothing else writes it concurrently.
-        add(unsafe { &mut *value }, c, packets, bytes);
+        unsafe { &mut *value }.add(c, packets, bytes);
         return;
     }
     if FLOWS
-        .insert(key, initial_value(c, packets, bytes), BPF_NOEXIST as u64)
+        .insert(key, FlowValue::first(c, packets, bytes), BPF_NOEXIST as u64)
         .is_ok()
     {
         bump(Stat::FlowInserts);
@@ -135,21 +107,10 @@ fn record_in_map(key: &FlowKey, c: &Classified, packets: u64, bytes: u64) {
     }
     match FLOWS.get_ptr_mut(key) {
         // SAFETY: as above.
-        Some(value) => add(unsafe { &mut *value }, c, packets, bytes),
+        Some(value) => unsafe { &mut *value }.add(c, packets, bytes),
         // Another CPU inserted the key between our lookup and insert, and
         // the entry was evicted again before we could find it.
         None => bump(Stat::FlowInsertFailures),
-    }
-}
-
-#[inline(always)]
-fn add(value: &mut FlowValue, c: &Classified, packets: u64, bytes: u64) {
-    value.packets += packets;
-    value.bytes += bytes;
-    if c.inner_family != family::NONE {
-        value.inner_src = c.inner_src;
-        value.inner_dst = c.inner_dst;
-        value.inner_family = c.inner_family;
     }
 }
 

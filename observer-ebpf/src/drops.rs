@@ -2,9 +2,14 @@
 //! kfree_skb hook (kernel reasons).
 
 use aya_ebpf::maps::lpm_trie::Key;
-use observer_common::{ClassifierDrop, DropKey, DropValue, Proto, config, drop_origin, family};
+use observer_common::{
+    ClassifierDrop, DropKey, DropValue, Proto,
+    checks::{self, CheckFacts},
+    config, drop_origin, family,
+};
 
 use crate::{
+    maps::MapPorts,
     maps::{
         CONFIG, DROPS, IFACE_MTU, IPIP_ALLOW4, IPIP_ALLOW6, LOCAL_VNIS, VXLAN_ALLOW4, VXLAN_ALLOW6,
         config_on,
@@ -12,25 +17,10 @@ use crate::{
     parse::Classified,
 };
 
-/// IPv6's minimum link MTU (RFC 8200).
-const MIN_LINK_MTU: usize = 1280;
-
-/// VXLAN flags bit I: the VNI field is valid (RFC 7348).
-const VXLAN_FLAG_I: u8 = 0x08;
-
 /// Adds one packet to the drop counters of (ifindex, peer, origin, reason).
 #[inline(always)]
 pub fn record(ifindex: u32, c: &Classified, origin: u8, reason: u32, bytes: u64) {
-    let key = DropKey {
-        peer: c.peer,
-        ifindex,
-        vni: c.vni,
-        reason,
-        origin,
-        proto: c.proto as u8,
-        peer_family: c.peer_family,
-        _pad: 0,
-    };
+    let key = DropKey::of(ifindex, c, origin, reason);
     if let Some(value) = DROPS.get_ptr_mut(key) {
         // SAFETY: per-CPU value of this CPU.
         unsafe {
@@ -46,43 +36,37 @@ pub fn record(ifindex: u32, c: &Classified, origin: u8, reason: u32, bytes: u64)
 }
 
 /// Flags received tunnel packets the node is likely to drop, without
-/// touching them: a source outside the allow-set of its encapsulation,
-/// VXLAN without the I flag or with a VNI no local device has, an outer
-/// fragment, an outer packet above the interface MTU. `verdict` is the
-/// allow-set verdict cached in the flow's cache slot, when it has one.
+/// touching them (the reasons: `observer_common::checks`). `verdict` is
+/// the allow-set verdict cached in the flow's cache slot, when it has one.
 #[inline(always)]
 pub fn classifier_checks(ifindex: u32, c: &Classified, wire_len: u64, verdict: Option<&mut u32>) {
-    if c.proto == Proto::Other {
-        return;
-    }
-    let flag = |reason: ClassifierDrop| {
+    let mut facts = MapFacts { ifindex, verdict };
+    checks::classifier_drops(c, wire_len, &mut facts, |reason: ClassifierDrop| {
         record(ifindex, c, drop_origin::CLASSIFIER, reason as u32, wire_len)
-    };
-    if outside_allow_set_cached(c, verdict) {
-        flag(ClassifierDrop::CalicoAllowSet);
+    });
+}
+
+/// The checks' node facts, from the maps userspace fills.
+struct MapFacts<'a> {
+    ifindex: u32,
+    verdict: Option<&'a mut u32>,
+}
+
+impl CheckFacts for MapFacts<'_> {
+    #[inline(always)]
+    fn outside_allow_set(&mut self, c: &Classified) -> bool {
+        outside_allow_set_cached(c, self.verdict.as_deref_mut())
     }
-    if c.proto == Proto::Vxlan {
-        if c.vxlan_flags & VXLAN_FLAG_I == 0 {
-            flag(ClassifierDrop::VxlanNoIFlag);
-        }
-        if config_on(config::VNI_CHECK) && LOCAL_VNIS.get_ptr(c.vni).is_none() {
-            flag(ClassifierDrop::VniUnknown);
-        }
+
+    #[inline(always)]
+    fn vni_unknown(&self, vni: u32) -> bool {
+        config_on(config::VNI_CHECK) && LOCAL_VNIS.get_ptr(vni).is_none()
     }
-    if c.outer_fragment {
-        flag(ClassifierDrop::OuterFragment);
-    }
-    // No underlay has an MTU below IPv6's minimum: smaller packets skip the
-    // map lookup, which would otherwise cost as much as the rest of the
-    // program.
-    if wire_len > (c.l2_len + MIN_LINK_MTU) as u64
-        && let Some(mtu) = IFACE_MTU.get_ptr(ifindex)
-    {
+
+    #[inline(always)]
+    fn iface_mtu(&self) -> Option<u32> {
         // SAFETY: map value pointer from a successful lookup.
-        let mtu = unsafe { *mtu } as u64;
-        if wire_len > c.l2_len as u64 + mtu {
-            flag(ClassifierDrop::OverMtu);
-        }
+        IFACE_MTU.get_ptr(self.ifindex).map(|mtu| unsafe { *mtu })
     }
 }
 
@@ -90,7 +74,7 @@ pub fn classifier_checks(ifindex: u32, c: &Classified, wire_len: u64, verdict: O
 /// sent, against the tunnel peer it was sent to (see `parse::too_big`).
 #[inline(always)]
 pub fn path_mtu_checks<F: crate::parse::Frame>(f: &F, ifindex: u32, c: &Classified, wire_len: u64) {
-    if let Some(quoted) = crate::parse::too_big(f, c) {
+    if let Some(quoted) = crate::parse::too_big(f, c, &MapPorts) {
         record(
             ifindex,
             &quoted,

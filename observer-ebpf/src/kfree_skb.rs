@@ -18,7 +18,7 @@ use observer_common::{
 
 use crate::{
     drops,
-    maps::{SCRATCH, SCRATCH_DROPS, SKB_LAYOUT, WATCHED, WATCHED_BITS},
+    maps::{MapPorts, SCRATCH, SCRATCH_DROPS, SKB_LAYOUT, WATCHED, WATCHED_BITS},
     parse,
 };
 
@@ -94,7 +94,7 @@ fn try_observe_drop(skb: usize, reason: u32) -> Option<()> {
         return None;
     }
     let frame = parse::CopiedFrame { buf, len: copy };
-    let c = parse::classify(&frame, Direction::Rx);
+    let c = parse::classify(&frame, Direction::Rx, &MapPorts);
     // skb->len counts from skb->data, which has moved past the headers
     // already parsed by the stack; add them back for wire bytes.
     let bytes = len as u64 + data.saturating_sub(start) as u64;

@@ -1,15 +1,15 @@
-//! eBPF programs of the observer. One hook per module; the packet parser and
-//! the counter update they share live in `parse` and `count`.
+//! eBPF programs of the observer. One hook per module; the counter update
+//! they share lives in `count`, the packet parser in `observer_common::parse`
+//! (shared with userspace, which runs it natively on capture files).
 #![cfg_attr(target_arch = "bpf", no_std)]
 #![cfg_attr(target_arch = "bpf", no_main)]
-// Inline asm on BPF: `parse::window_offset` hides offsets from LLVM.
-#![cfg_attr(target_arch = "bpf", feature(asm_experimental_arch))]
+
+use observer_common::parse;
 
 mod count;
 mod drops;
 mod kfree_skb;
 mod maps;
-mod parse;
 mod tc_checks;
 mod tc_egress;
 mod tc_ingress;

@@ -1,11 +1,11 @@
 //! The maps the programs write (layouts in `observer-common`).
 
-use crate::parse::{Classified, Scratch};
 use aya_ebpf::{
     bindings::BPF_F_NO_PREALLOC,
     macros::map,
     maps::{Array, HashMap, LpmTrie, LruPerCpuHashMap, PerCpuArray, ProgramArray},
 };
+use observer_common::parse::{Classified, PortTable, Scratch};
 use observer_common::{
     ALLOW_SET_MAX_PREFIXES, DEFAULT_MAX_FLOWS, DropKey, DropValue, FLOW_CACHE_SLOTS, FlowCacheSlot,
     FlowKey, FlowValue, LOCAL_VNIS_MAX, STAT_COUNT, SkbLayout, WATCHED_BITS as WATCHED_BITS_COUNT,
@@ -30,6 +30,16 @@ pub static FLOW_CACHE: PerCpuArray<FlowCacheSlot> =
 /// An array indexed by port makes the lookup a bounds check and a load.
 #[map(name = "UDP_PORTS")]
 pub static UDP_PORTS: Array<u8> = Array::with_max_entries(65536, 0);
+
+/// The parser's port table: [`UDP_PORTS`].
+pub struct MapPorts;
+
+impl PortTable for MapPorts {
+    #[inline(always)]
+    fn tag(&self, port: u16) -> u8 {
+        UDP_PORTS.get(port as u32).copied().unwrap_or(0)
+    }
+}
 
 /// Self counters indexed by `observer_common::Stat`.
 #[map(name = "STATS")]

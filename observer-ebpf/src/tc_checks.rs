@@ -5,7 +5,7 @@
 
 use aya_ebpf::{macros::classifier, programs::TcContext};
 
-use observer_common::Direction;
+use observer_common::{Direction, FlowKey};
 
 use crate::{
     count, drops,
@@ -27,7 +27,7 @@ fn try_checks(ctx: &TcContext) -> Option<()> {
     let pending = unsafe { *PENDING.get_ptr(0)? };
     let c = &pending.classified;
     // The flow's cache slot holds its allow-set verdict.
-    let slot = count::cached_slot(&count::flow_key(pending.ifindex, Direction::Rx, c));
+    let slot = count::cached_slot(&FlowKey::of(pending.ifindex, Direction::Rx, c));
     drops::classifier_checks(
         pending.ifindex,
         c,

@@ -3,11 +3,11 @@
 //! and wire accounting of GSO skbs.
 
 use aya_ebpf::{helpers::generated::bpf_skb_load_bytes, programs::TcContext};
-use observer_common::Direction;
+use observer_common::{Direction, FlowKey};
 
 use crate::{
     count,
-    maps::{CHECKS, PENDING, Pending, SCRATCH, SCRATCH_TC},
+    maps::{CHECKS, MapPorts, PENDING, Pending, SCRATCH, SCRATCH_TC},
     parse::{self, CopiedFrame, Frame, HEADER_WINDOW, PacketFrame},
 };
 
@@ -102,7 +102,7 @@ fn count_frame<F: Frame>(
     len: u64,
     segs: u64,
 ) -> parse::Classified {
-    let c = parse::classify(frame, direction);
+    let c = parse::classify(frame, direction, &MapPorts);
     let (packets, bytes) = if segs > 1 {
         // Each segment repeats the headers; without an inner L4 header we
         // can only count the skb's own bytes.
@@ -111,6 +111,6 @@ fn count_frame<F: Frame>(
     } else {
         (1, len)
     };
-    count::record(&count::flow_key(ifindex, direction, &c), &c, packets, bytes);
+    count::record(&FlowKey::of(ifindex, direction, &c), &c, packets, bytes);
     c
 }

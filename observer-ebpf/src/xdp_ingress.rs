@@ -5,9 +5,9 @@ use aya_ebpf::{
     bindings::xdp_action, helpers::generated::bpf_xdp_get_buff_len, macros::xdp,
     programs::XdpContext,
 };
-use observer_common::Direction;
+use observer_common::{Direction, FlowKey};
 
-use crate::{count, drops, parse};
+use crate::{count, drops, maps::MapPorts, parse};
 
 /// Entry point on kernels with multi-buffer XDP (5.18+): `frags` so that it
 /// also attaches to jumbo-MTU devices, where only the first buffer is
@@ -27,6 +27,9 @@ pub fn observer_xdp_sb(ctx: XdpContext) -> u32 {
     xdp_action::XDP_PASS
 }
 
+/// Longest frame of a 1,500-byte MTU (two VLAN tags, no FCS).
+const MAX_STANDARD_FRAME: usize = 1522;
+
 /// Whether a frame may continue in fragments beyond its linear buffer.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Buffers {
@@ -40,19 +43,22 @@ fn try_observer_xdp(ctx: &XdpContext, buffers: Buffers) {
         start: ctx.data(),
         end: ctx.data_end(),
     };
-    let c = parse::classify(&frame, Direction::Rx);
+    let c = parse::classify(&frame, Direction::Rx, &MapPorts);
     // The linear buffer is the whole frame unless it is shorter than the IP
-    // header says: only then ask for the length including fragments (a
-    // helper call costs more than the rest of the program).
+    // header says, or longer than a standard frame (only jumbo-MTU devices
+    // have fragments, and a frame may carry bytes past its IP packet): only
+    // then ask for the length including fragments (a helper call costs
+    // more than the rest of the program, but little per byte of a jumbo
+    // frame).
     let linear = frame.end - frame.start;
-    let bytes = if buffers == Buffers::Multi && c.ip_end > linear {
+    let bytes = if buffers == Buffers::Multi && (c.ip_end > linear || linear > MAX_STANDARD_FRAME) {
         // SAFETY: ctx.ctx is the program's own xdp_md.
         unsafe { bpf_xdp_get_buff_len(ctx.ctx) }
     } else {
         linear as u64
     };
     let ifindex = ctx.ingress_ifindex() as u32;
-    let slot = count::record(&count::flow_key(ifindex, Direction::Rx, &c), &c, 1, bytes);
+    let slot = count::record(&FlowKey::of(ifindex, Direction::Rx, &c), &c, 1, bytes);
     // Plain traffic (most packets on many nodes) ends here.
     if parse::needs_checks(&c) {
         drops::classifier_checks(ifindex, &c, bytes, slot.map(|s| &mut s.allow_verdict));

@@ -79,6 +79,10 @@ fn run() -> anyhow::Result<()> {
             system::snapshot::run(&frames::vxlan())?;
             return system::write_table();
         }
+        Ok("replay") => {
+            system::replay::run(&frames::vxlan())?;
+            return system::write_table();
+        }
         _ => {}
     }
     let observer = Observer::load(&Default::default())?;

@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 pub mod calico;
+pub mod differential;
 pub mod exporter;
 pub mod frames;
 pub mod kernel_suite;

@@ -1,6 +1,9 @@
 //! `cargo xtask fuzz`: runs the cargo-fuzz target of the capture reader
 //! (`fuzz/fuzz_targets/capture.rs`) with the eBPF nightly, seeded with
-//! `fuzz/seeds` and the reference captures. Never part of `cargo xtask test`.
+//! `fuzz/seeds` and the reference captures, then the differential test of
+//! the two replay classifiers (`tests/differential.rs`) for as long, from a
+//! new seed. Never part of `cargo xtask test`, which runs the differential
+//! test briefly from a fixed seed.
 
 use std::{path::PathBuf, process::Command};
 
@@ -11,9 +14,14 @@ use crate::util;
 /// Options of `cargo xtask fuzz`.
 #[derive(clap::Args)]
 pub struct FuzzArgs {
-    /// How long libFuzzer runs.
+    /// How long libFuzzer runs, and then the differential test.
     #[arg(long, default_value_t = 300)]
     pub seconds: u64,
+
+    /// Seed of the differential test (default: from the clock; printed,
+    /// so that a failure can be replayed with it).
+    #[arg(long)]
+    pub seed: Option<u64>,
 }
 
 /// The fuzz target.
@@ -70,5 +78,35 @@ pub fn fuzz(args: &FuzzArgs) -> Result<()> {
             .arg("--")
             .arg(format!("-max_total_time={}", args.seconds))
             .arg("-print_final_stats=1"),
+    )?;
+    differential(args)
+}
+
+/// Runs `tests/differential.rs` for `args.seconds` from `args.seed` (or
+/// the clock's nanoseconds). A difference fails with the frame, saved as a
+/// pcap, and the seed.
+fn differential(args: &FuzzArgs) -> Result<()> {
+    let seed = args.seed.unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.as_nanos() as u64)
+    });
+    println!(
+        "xtask: differential replay classifiers, seed 0x{seed:x}, {} s",
+        args.seconds
+    );
+    util::run(
+        util::cargo()
+            .args([
+                "test",
+                "-p",
+                "observer",
+                "--test",
+                "differential",
+                "--",
+                "--nocapture",
+            ])
+            .env("OBSERVER_DIFF_SEED", format!("0x{seed:x}"))
+            .env("OBSERVER_DIFF_SECONDS", args.seconds.to_string()),
     )
 }

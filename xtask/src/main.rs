@@ -104,8 +104,11 @@ enum Task {
     Soak(soak::SoakArgs),
     /// Not in CI: fuzz the capture reader of `observer replay` (cargo-fuzz
     /// target `capture`, with the nightly; installs cargo-fuzz when
-    /// missing) for --seconds (default 300). The corpus grows in
-    /// fuzz/corpus/capture, crashes land in fuzz/artifacts/capture.
+    /// missing) for --seconds (default 300), then the differential test of
+    /// replay's native classifier against the eBPF programs for as long,
+    /// from a new seed (or --seed). The corpus grows in
+    /// fuzz/corpus/capture, crashes land in fuzz/artifacts/capture; a
+    /// classifier difference fails with its frame saved as a pcap.
     Fuzz(fuzz::FuzzArgs),
     /// Check observer/src's layering (what `cargo xtask test` checks in its
     /// `layers` step): model imports no other layer, report and node only

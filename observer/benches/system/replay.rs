@@ -1,6 +1,8 @@
 //! `observer replay` speed: the built binary on a generated capture of
 //! 1,000,000 VXLAN frames from 16 sources (written under target/, removed
-//! afterwards), wall time from start to exit.
+//! afterwards), wall time from start to exit; with the native classifier
+//! (`replay_fps`, the default) and with `--kernel` (`replay_kernel_fps`,
+//! one BPF_PROG_TEST_RUN per frame).
 
 use std::{
     fs,
@@ -44,18 +46,30 @@ pub fn run(vxlan: &[u8]) -> anyhow::Result<()> {
         })?;
     }
     drop(writer);
+    let measured = [
+        ("replay_fps", &[][..]),
+        ("replay_kernel_fps", &["--kernel"][..]),
+    ]
+    .into_iter()
+    .try_for_each(|(name, extra)| replay(&path, name, extra));
+    let _ = fs::remove_file(&path);
+    measured
+}
+
+/// Replays `path` with `extra` arguments and reports frames per second as `name`.
+fn replay(path: &std::path::Path, name: &str, extra: &[&str]) -> anyhow::Result<()> {
     let start = Instant::now();
     let output = Command::new(env!("CARGO_BIN_EXE_observer"))
         .args(["replay", "--output", "json"])
-        .arg(&path)
+        .args(extra)
+        .arg(path)
         .env("OBSERVER_LOG", "error")
         .stderr(Stdio::inherit())
         .output()?;
     let seconds = start.elapsed().as_secs_f64();
-    let _ = fs::remove_file(&path);
     ensure!(
         output.status.success(),
-        "observer replay failed ({})",
+        "observer replay {extra:?} failed ({})",
         output.status
     );
     let counted: u64 = String::from_utf8_lossy(&output.stdout)
@@ -66,10 +80,10 @@ pub fn run(vxlan: &[u8]) -> anyhow::Result<()> {
         .sum();
     ensure!(
         counted == u64::from(FRAMES),
-        "replay counted {counted} of {FRAMES} frames"
+        "replay {extra:?} counted {counted} of {FRAMES} frames"
     );
     report(
-        "replay_fps",
+        name,
         format!("{:.0}", f64::from(FRAMES) / seconds),
         "frames/s",
     );

@@ -45,11 +45,16 @@ pub fn run(vxlan: &[u8]) -> anyhow::Result<()> {
         let mut engine = Engine::new(Thresholds::default(), 0.0);
         let known = Known::default();
         let (mut read, mut encode) = (Vec::new(), Vec::new());
+        // Where the time goes, per stage: read, aggregate, anomalies,
+        // families, encode.
+        let mut stages: [Vec<f64>; 5] = Default::default();
+        let ms = |from: Instant, to: Instant| (to - from).as_secs_f64() * 1e3;
         let mut bytes = 0;
         // One round more than measured: the first creates every row.
         for round in 0..=ROUNDS {
             let start = Instant::now();
             let flows = observer.read_flows()?;
+            let read_at = Instant::now();
             ensure!(
                 flows.len() == peers as usize,
                 "{} rows in the flow map, {peers} expected",
@@ -57,6 +62,7 @@ pub fn run(vxlan: &[u8]) -> anyhow::Result<()> {
             );
             aggregator.update(&flows);
             let rows = aggregator.finish_interval(1.0);
+            let aggregated_at = Instant::now();
             engine.observe(round as f64 + 1.0, SystemTime::now(), &rows, &[], &known);
             let read_done = Instant::now();
             let input = ExportInput {
@@ -70,12 +76,18 @@ pub fn run(vxlan: &[u8]) -> anyhow::Result<()> {
                 anomalies: &engine.active(),
                 anomalies_raised: engine.raised(),
             };
-            let text = textfile::encode(&exporter.families(&input))?;
+            let families = exporter.families(&input);
+            let families_at = Instant::now();
+            let text = textfile::encode(&families)?;
             let done = Instant::now();
             bytes = text.len();
             if round > 0 {
-                read.push((read_done - start).as_secs_f64() * 1e3);
-                encode.push((done - read_done).as_secs_f64() * 1e3);
+                read.push(ms(start, read_done));
+                encode.push(ms(read_done, done));
+                let marks = [start, read_at, aggregated_at, read_done, families_at, done];
+                for (stage, pair) in stages.iter_mut().zip(marks.windows(2)) {
+                    stage.push(ms(pair[0], pair[1]));
+                }
             }
         }
         report(
@@ -88,6 +100,16 @@ pub fn run(vxlan: &[u8]) -> anyhow::Result<()> {
             format!("{:.2}", median(&mut encode)),
             "ms",
         );
+        if peers == 100_000 {
+            let names = ["read", "aggregate", "anomalies", "families", "encode"];
+            for (name, stage) in names.iter().zip(&mut stages) {
+                report(
+                    &format!("stage_{name}_{peers}_peers"),
+                    format!("{:.2}", median(stage)),
+                    "ms",
+                );
+            }
+        }
         report(&format!("textfile_{peers}_peers"), bytes, "bytes");
         report(
             &format!("rss_{peers}_peers"),

@@ -316,6 +316,12 @@ pub struct ReplayArgs {
     /// (`ipip=CIDR`), e.g. the capturing cluster's node network. Repeatable.
     #[arg(long = "allow-cidr", value_name = "[PROTO=]CIDR")]
     pub allow_cidrs: Vec<Tagged<ipnet::IpNet>>,
+
+    /// Classify with the loaded eBPF programs (BPF_PROG_TEST_RUN per frame;
+    /// needs CAP_BPF) instead of the same parser compiled into observer.
+    /// Both count the same; this checks this kernel's verdict on a capture.
+    #[arg(long)]
+    pub kernel: bool,
 }
 
 /// UDP ports that mean an encapsulation (attach, diagnose, replay).

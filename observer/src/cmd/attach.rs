@@ -520,7 +520,7 @@ impl<'a> Monitor<'a> {
         self.drop_aggregator.update(&self.observer.read_drops()?);
         let rows = self.aggregator.finish_interval(seconds);
         let drop_rows = self.checks.drop_rows(
-            &self.observer,
+            self.observer.kernel_reasons(),
             self.drop_aggregator.finish_interval(seconds),
         );
         // Netfilter lines are printed when the counters were read; the

@@ -24,11 +24,24 @@ use crate::{
     model::facts::{AllowSets, SetKind},
     model::rows::DropRow,
     model::rows::Row,
-    model::rows::{self, DropId},
+    model::rows::{self, DropId, KernelReasons},
     node::allowsets::{self, AllowSetConfig},
     node::netfilter::{self, RuleLocator},
     report::lines::AllowSetLine,
 };
+
+/// Where allow-sets are mirrored: the programs' tries, or `observer
+/// replay`'s native classifier.
+pub trait AllowSetSink {
+    /// Replaces the mirrored sets with `snapshot`'s.
+    fn apply_allow_sets(&mut self, snapshot: &AllowSets) -> Result<()>;
+}
+
+impl AllowSetSink for Observer {
+    fn apply_allow_sets(&mut self, snapshot: &AllowSets) -> Result<()> {
+        Observer::apply_allow_sets(self, snapshot)
+    }
+}
 
 /// Refresh state of the node-side checks.
 pub struct NodeChecks {
@@ -203,7 +216,10 @@ impl NodeChecks {
     /// every refresh period, on the reader thread), mirrors changes into
     /// the programs, and returns a report per allow-set that changed (all
     /// of them on the first call).
-    pub fn refresh(&mut self, observer: &mut Observer) -> Result<Vec<AllowSetLine>> {
+    pub fn refresh<S: AllowSetSink + ?Sized>(
+        &mut self,
+        observer: &mut S,
+    ) -> Result<Vec<AllowSetLine>> {
         if self.allow.is_none() {
             self.last_refresh = Some(Instant::now());
             let snapshot = allowsets::read(&self.config);
@@ -225,9 +241,9 @@ impl NodeChecks {
     /// Mirrors `snapshot` into the programs when it changed; the reports.
     /// A kind whose read failed part-way keeps its previous set: a tool
     /// that timed out must not switch the check off.
-    fn apply(
+    fn apply<S: AllowSetSink + ?Sized>(
         &mut self,
-        observer: &mut Observer,
+        observer: &mut S,
         mut snapshot: AllowSets,
     ) -> Result<Vec<AllowSetLine>> {
         if let Some(previous) = &self.allow {
@@ -301,10 +317,10 @@ impl NodeChecks {
 
     /// Drop rows with their reason named (the kernel's names for kernel
     /// reasons) and the sentence to act on.
-    pub fn drop_rows(&self, observer: &Observer, rows: Vec<Row<DropId>>) -> Vec<DropRow> {
+    pub fn drop_rows(&self, kernel: &KernelReasons, rows: Vec<Row<DropId>>) -> Vec<DropRow> {
         rows.into_iter()
             .map(|row| {
-                let reason = row.id.reason_name(observer.kernel_reasons());
+                let reason = row.id.reason_name(kernel);
                 let message = rows::message(
                     &row.id,
                     row.packets,

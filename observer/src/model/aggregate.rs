@@ -3,7 +3,9 @@
 //! per-interval rates. Bounded: at most `max_rows` rows are kept; the
 //! longest-idle rows are forgotten first and counted.
 
-use std::{collections::HashMap, hash::Hash, net::IpAddr};
+use std::{hash::Hash, net::IpAddr};
+
+use foldhash::{HashMap, HashSet};
 
 use crate::model::rows::{DropCounters, DropId, FlowCounters, FlowId, Row};
 
@@ -78,7 +80,7 @@ impl<K: Copy + Eq + Hash + Ord> Aggregator<K> {
     /// An aggregator keeping at most `max_rows` rows (at least 1).
     pub fn new(max_rows: usize) -> Self {
         Aggregator {
-            rows: HashMap::new(),
+            rows: HashMap::default(),
             max_rows: max_rows.max(1),
             generation: 0,
             forgotten_rows: 0,
@@ -120,7 +122,7 @@ impl<K: Copy + Eq + Hash + Ord> Aggregator<K> {
         // Keys gone from the kernel map keep their totals, but their kernel
         // baseline resets so a re-created key counts from zero.
         if read.len() < self.rows.len() {
-            let present: std::collections::HashSet<&K> = read.iter().map(|(id, _)| id).collect();
+            let present: HashSet<&K> = read.iter().map(|(id, _)| id).collect();
             for (id, state) in self.rows.iter_mut() {
                 if !present.contains(id) {
                     state.kernel = [(0, 0); 2];

@@ -2,7 +2,10 @@
 //! (allow-sets, the peers the data plane expects) and the pure helpers the
 //! anomaly rules use on it. `node` fills these; nothing here does I/O.
 
-use std::{collections::BTreeSet, net::IpAddr};
+use std::{
+    collections::{BTreeSet, HashSet},
+    net::IpAddr,
+};
 
 use ipnet::IpNet;
 use observer_common::Proto;
@@ -74,7 +77,30 @@ impl AllowSet {
         self.sources.iter().map(SetSource::short_name).collect()
     }
 
-    pub(crate) fn add(
+    /// The set indexed for membership tests, as the programs' LPM tries
+    /// answer them.
+    pub fn lookup(&self) -> AllowLookup {
+        let lengths = |v4: bool| -> Vec<u8> {
+            let lengths: BTreeSet<u8> = self
+                .prefixes
+                .iter()
+                .filter(|p| matches!(p, IpNet::V4(_)) == v4)
+                .map(IpNet::prefix_len)
+                .collect();
+            lengths.into_iter().collect()
+        };
+        AllowLookup {
+            prefixes: self.prefixes.iter().copied().collect(),
+            v4_lengths: lengths(true),
+            v6_lengths: lengths(false),
+            ipv4: self.ipv4,
+            ipv6: self.ipv6,
+        }
+    }
+
+    /// Adds the members of one set found at `source`; `family` (when its
+    /// definition says) makes that family checked even when it is empty.
+    pub fn add(
         &mut self,
         source: SetSource,
         family: Option<Family>,
@@ -89,6 +115,33 @@ impl AllowSet {
         if !self.sources.contains(&source) {
             self.sources.push(source);
         }
+    }
+}
+
+/// An [`AllowSet`] indexed by prefix length: a membership test is one
+/// hash lookup per distinct length of the address's family (Calico's sets
+/// hold /32 and /128 node addresses: one length).
+#[derive(Debug, Clone, Default)]
+pub struct AllowLookup {
+    prefixes: HashSet<IpNet>,
+    v4_lengths: Vec<u8>,
+    v6_lengths: Vec<u8>,
+    ipv4: bool,
+    ipv6: bool,
+}
+
+impl AllowLookup {
+    /// Whether the set checks `addr`'s family and holds no prefix
+    /// containing it (the `calico_allow_set` drop reason).
+    pub fn refuses(&self, addr: IpAddr) -> bool {
+        let (checked, lengths) = match addr {
+            IpAddr::V4(_) => (self.ipv4, &self.v4_lengths),
+            IpAddr::V6(_) => (self.ipv6, &self.v6_lengths),
+        };
+        checked
+            && !lengths.iter().any(|&len| {
+                IpNet::new(addr, len).is_ok_and(|net| self.prefixes.contains(&net.trunc()))
+            })
     }
 }
 
@@ -254,6 +307,30 @@ mod tests {
 
     fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()
+    }
+
+    #[test]
+    fn lookup_answers_like_the_tries() {
+        let mut set = AllowSet::default();
+        set.add(
+            SetSource::AllowCidr,
+            None,
+            [net("10.0.0.7/32"), net("10.1.0.0/16"), net("fd00::/64")],
+        );
+        let lookup = set.lookup();
+        assert!(!lookup.refuses(ip("10.0.0.7")));
+        assert!(lookup.refuses(ip("10.0.0.8")));
+        assert!(!lookup.refuses(ip("10.1.255.9")));
+        assert!(!lookup.refuses(ip("fd00::1")));
+        assert!(lookup.refuses(ip("fd01::1")));
+        // A family with no set found is not checked; an empty set that
+        // exists refuses everyone.
+        let mut v4_only = AllowSet::default();
+        v4_only.add(SetSource::Ipset("s".into()), Some(Family::V4), []);
+        let lookup = v4_only.lookup();
+        assert!(lookup.refuses(ip("10.0.0.7")));
+        assert!(!lookup.refuses(ip("fd00::1")));
+        assert!(!AllowSet::default().lookup().refuses(ip("10.0.0.7")));
     }
 
     fn net(s: &str) -> IpNet {

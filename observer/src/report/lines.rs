@@ -328,11 +328,17 @@ pub struct ReplayLine<'a> {
     /// The capture's number (from 1); rows carry it as `ifindex`.
     pub ifindex: u32,
     pub format: &'static str,
+    /// `native` (the programs' parser compiled into observer) or `kernel`
+    /// (`--kernel`: the loaded programs, by BPF_PROG_TEST_RUN).
+    pub classifier: &'static str,
     pub frames: u64,
     pub tx_frames: u64,
     pub truncated: u64,
     pub truncated_bytes: u64,
     pub cut: u64,
+    /// Frames the kernel refused to test-run (`--kernel` only; classified
+    /// by the native build of the parser).
+    pub refused: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub first_ts: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -8,15 +8,17 @@
 //! series always equals the total.
 
 use std::{
-    collections::{BTreeMap, HashMap, HashSet},
+    collections::{BTreeMap, HashMap},
     fs,
     io::{self, Write},
     net::IpAddr,
     os::unix::fs::PermissionsExt,
     path::{Path, PathBuf},
+    sync::Arc,
     time::SystemTime,
 };
 
+use foldhash::{HashMap as FastMap, HashSet as FastSet};
 use prometheus::{
     Encoder, TextEncoder,
     proto::{Counter, Gauge, LabelPair, Metric, MetricFamily, MetricType},
@@ -35,19 +37,21 @@ pub const TEXTFILE_NAME: &str = "observer.prom";
 pub const OTHER_PEERS: &str = "other";
 
 /// Label key of an encapsulation series: (iface, direction, proto, peer).
-type EncapSeries = (String, &'static str, &'static str, Option<IpAddr>);
+/// The interface name is shared (`Arc`): a key is made per row per export.
+type EncapSeries = (Arc<str>, &'static str, &'static str, Option<IpAddr>);
 /// Label key of a drop series: (iface, proto, peer, reason).
-type DropSeries = (String, &'static str, Option<IpAddr>, String);
+type DropSeries = (Arc<str>, &'static str, Option<IpAddr>, String);
 
 /// A series key with a peer in it: what [`SplitFamily::export`] needs to
 /// split it between its own series and "other".
-trait SeriesKey: Clone + Eq + std::hash::Hash + Ord {
+trait SeriesKey: Clone + Eq + std::hash::Hash {
     /// The key's peer.
     fn peer(&self) -> Option<IpAddr>;
     /// Its labels, with `peer` as the peer value (`None`: its own peer).
     fn labels(&self, peer: Option<String>) -> Labels;
-    /// Whether `other` differs from it in the peer only (one "other" series).
-    fn same_but_peer(&self, other: &Self) -> bool;
+    /// The key without its peer: keys that differ only in their peer share
+    /// one "other" series.
+    fn without_peer(&self) -> Self;
 }
 
 impl SeriesKey for EncapSeries {
@@ -58,15 +62,15 @@ impl SeriesKey for EncapSeries {
     fn labels(&self, peer: Option<String>) -> Labels {
         let (iface, direction, proto, own) = self;
         vec![
-            ("iface", iface.clone()),
+            ("iface", iface.to_string()),
             ("direction", direction.to_string()),
             ("proto", proto.to_string()),
             ("peer", peer.unwrap_or_else(|| peer_label(*own))),
         ]
     }
 
-    fn same_but_peer(&self, other: &Self) -> bool {
-        (&self.0, self.1, self.2) == (&other.0, other.1, other.2)
+    fn without_peer(&self) -> Self {
+        (self.0.clone(), self.1, self.2, None)
     }
 }
 
@@ -78,15 +82,15 @@ impl SeriesKey for DropSeries {
     fn labels(&self, peer: Option<String>) -> Labels {
         let (iface, proto, own, reason) = self;
         vec![
-            ("iface", iface.clone()),
+            ("iface", iface.to_string()),
             ("proto", proto.to_string()),
             ("peer", peer.unwrap_or_else(|| peer_label(*own))),
             ("reason", reason.clone()),
         ]
     }
 
-    fn same_but_peer(&self, other: &Self) -> bool {
-        (&self.0, self.1, &self.3) == (&other.0, other.1, &other.3)
+    fn without_peer(&self) -> Self {
+        (self.0.clone(), self.1, None, self.3.clone())
     }
 }
 
@@ -97,35 +101,40 @@ enum Bucket {
     Other,
 }
 
-/// Split of one row's counts between its own series and `peer="other"`.
+/// Split of one row's counts between its own series and `peer="other"`,
+/// for `N` counters (packets and bytes, or drops). Fixed-size arrays: one
+/// split per key, updated per key at every export.
 #[derive(Debug, Clone)]
-struct Split {
+struct Split<const N: usize> {
     bucket: Bucket,
     /// The row's counts when it entered its current bucket.
-    base: Vec<u64>,
+    base: [u64; N],
     /// Counts finished in each bucket in earlier periods.
-    own: Vec<u64>,
-    other: Vec<u64>,
+    own: [u64; N],
+    other: [u64; N],
     /// The row's counts at the previous export: a move between buckets
     /// takes effect from there, so the interval in which a peer rose to
     /// the top already counts as its own.
-    last: Vec<u64>,
+    last: [u64; N],
+    /// Number of the export that last saw the key.
+    seen: u64,
 }
 
-impl Split {
-    fn new(bucket: Bucket, width: usize) -> Split {
+impl<const N: usize> Split<N> {
+    fn new(bucket: Bucket) -> Self {
         Split {
             bucket,
-            base: vec![0; width],
-            own: vec![0; width],
-            other: vec![0; width],
-            last: vec![0; width],
+            base: [0; N],
+            own: [0; N],
+            other: [0; N],
+            last: [0; N],
+            seen: 0,
         }
     }
 
     /// Moves to `bucket` (closing the current period at the previous
     /// export's counts), then records `now` as the latest counts.
-    fn assign(&mut self, bucket: Bucket, now: &[u64]) {
+    fn assign(&mut self, bucket: Bucket, now: [u64; N]) {
         if bucket != self.bucket {
             let done = match self.bucket {
                 Bucket::Own => &mut self.own,
@@ -134,29 +143,24 @@ impl Split {
             for ((done, last), base) in done.iter_mut().zip(&self.last).zip(&self.base) {
                 *done += last.saturating_sub(*base);
             }
-            self.base = self.last.clone();
+            self.base = self.last;
             self.bucket = bucket;
         }
-        self.last = now.to_vec();
+        self.last = now;
     }
 
     /// (own series value, contribution to the other series) at `now`.
-    fn values(&self, now: &[u64]) -> (Vec<u64>, Vec<u64>) {
-        let current: Vec<u64> = now
-            .iter()
-            .zip(&self.base)
-            .map(|(n, b)| n.saturating_sub(*b))
-            .collect();
-        let add = |done: &[u64], on: bool| -> Vec<u64> {
-            done.iter()
-                .zip(&current)
-                .map(|(d, c)| d + if on { *c } else { 0 })
-                .collect()
+    fn values(&self, now: &[u64; N]) -> ([u64; N], [u64; N]) {
+        let mut own = self.own;
+        let mut other = self.other;
+        let current = match self.bucket {
+            Bucket::Own => &mut own,
+            Bucket::Other => &mut other,
         };
-        (
-            add(&self.own, self.bucket == Bucket::Own),
-            add(&self.other, self.bucket == Bucket::Other),
-        )
+        for ((value, n), b) in current.iter_mut().zip(now).zip(&self.base) {
+            *value += n.saturating_sub(*b);
+        }
+        (own, other)
     }
 }
 
@@ -185,8 +189,8 @@ pub struct ExportInput<'a> {
 /// Metric state across exports: peer label caps and error counts.
 pub struct Exporter {
     max_peers: usize,
-    encap: SplitFamily<EncapSeries>,
-    drop_splits: SplitFamily<DropSeries>,
+    encap: SplitFamily<EncapSeries, 2>,
+    drop_splits: SplitFamily<DropSeries, 1>,
     /// Export failures so far (reported in the next successful file).
     pub errors: u64,
     /// Highest eviction count exported so far.
@@ -212,8 +216,8 @@ impl Exporter {
 
     /// The peers that keep their own label: the top `max_peers` by packets
     /// plus dropped packets.
-    fn labeled_peers(&self, input: &ExportInput<'_>) -> HashSet<IpAddr> {
-        let mut score: HashMap<IpAddr, u64> = HashMap::new();
+    fn labeled_peers(&self, input: &ExportInput<'_>) -> FastSet<IpAddr> {
+        let mut score: FastMap<IpAddr, u64> = FastMap::default();
         for row in input.rows {
             if let Some(peer) = row.id.peer {
                 *score.entry(peer).or_default() += row.packets;
@@ -225,23 +229,28 @@ impl Exporter {
             }
         }
         let mut ranked: Vec<(u64, IpAddr)> = score.into_iter().map(|(p, s)| (s, p)).collect();
-        ranked.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
-        ranked
-            .into_iter()
-            .take(self.max_peers)
-            .map(|(_, p)| p)
-            .collect()
+        // The top max_peers, in no order: a selection, not a sort of every
+        // peer.
+        if self.max_peers < ranked.len() {
+            ranked.select_nth_unstable_by(self.max_peers, |a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+            ranked.truncate(self.max_peers);
+        }
+        ranked.into_iter().map(|(_, p)| p).collect()
     }
 
     /// Builds the metric families for `input`.
     pub fn families(&mut self, input: &ExportInput<'_>) -> Vec<MetricFamily> {
         let labeled = self.labeled_peers(input);
-        let iface = |ifindex: u32| {
-            input
-                .ifaces
-                .get(&ifindex)
-                .cloned()
-                .unwrap_or_else(|| format!("if{ifindex}"))
+        let mut names: HashMap<u32, Arc<str>> = input
+            .ifaces
+            .iter()
+            .map(|(index, name)| (*index, Arc::from(name.as_str())))
+            .collect();
+        let mut iface = |ifindex: u32| {
+            names
+                .entry(ifindex)
+                .or_insert_with(|| Arc::from(format!("if{ifindex}")))
+                .clone()
         };
         let bucket_of = |peer: Option<IpAddr>| match peer {
             Some(p) if !labeled.contains(&p) => Bucket::Other,
@@ -250,7 +259,8 @@ impl Exporter {
 
         // Rows of different ifindexes with one name (an interface deleted
         // and re-created) add up: the name is the series.
-        let mut encap_now: BTreeMap<EncapSeries, Vec<u64>> = BTreeMap::new();
+        let mut encap_now: FastMap<EncapSeries, [u64; 2]> =
+            FastMap::with_capacity_and_hasher(input.rows.len(), Default::default());
         for row in input
             .rows
             .iter()
@@ -262,11 +272,11 @@ impl Exporter {
                 row.id.proto.name(),
                 row.id.peer,
             );
-            let e = encap_now.entry(key).or_insert_with(|| vec![0, 0]);
+            let e = encap_now.entry(key).or_default();
             e[0] += row.packets;
             e[1] += row.bytes;
         }
-        let mut drops_now: BTreeMap<DropSeries, Vec<u64>> = BTreeMap::new();
+        let mut drops_now: FastMap<DropSeries, [u64; 1]> = FastMap::default();
         for d in input.drops {
             let key = (
                 iface(d.row.id.ifindex),
@@ -274,7 +284,7 @@ impl Exporter {
                 d.row.id.peer,
                 d.reason.clone(),
             );
-            drops_now.entry(key).or_insert_with(|| vec![0])[0] += d.row.packets;
+            drops_now.entry(key).or_default()[0] += d.row.packets;
         }
 
         // Split each series between its own label and "other".
@@ -290,7 +300,7 @@ impl Exporter {
         // needed", "packet too big") per interface and tunnel peer: what the
         // tunnel device's MTU must fit. Peers beyond the label cap share
         // "other", so the family stays bounded like the counters.
-        let mut path_mtu: BTreeMap<(String, String), u32> = BTreeMap::new();
+        let mut path_mtu: BTreeMap<(Arc<str>, String), u32> = BTreeMap::new();
         for d in input.drops {
             let Some(mtu) = d.row.id.mtu else { continue };
             let peer = match bucket_of(d.row.id.peer) {
@@ -338,7 +348,7 @@ impl Exporter {
                 MetricType::GAUGE,
                 path_mtu
                     .into_iter()
-                    .map(|((iface, peer), mtu)| (vec![("iface", iface), ("peer", peer)], f64::from(mtu)))
+                    .map(|((iface, peer), mtu)| (vec![("iface", iface.to_string()), ("peer", peer)], f64::from(mtu)))
                     .collect(),
             ),
             family(
@@ -434,92 +444,80 @@ fn peer_label(peer: Option<IpAddr>) -> String {
 /// The splits of one metric family's series, keyed by `K`, plus the
 /// "other" counts of series whose rows are gone (forgotten by the bounded
 /// aggregator), so "other" never shrinks.
-struct SplitFamily<K> {
-    splits: HashMap<K, Split>,
-    retired: BTreeMap<Labels, Vec<u64>>,
+struct SplitFamily<K, const N: usize> {
+    splits: FastMap<K, Split<N>>,
+    /// What keys gone from the rows had given to "other", per key without
+    /// its peer.
+    retired: FastMap<K, [u64; N]>,
+    /// Exports so far (see [`Split::seen`]).
+    exports: u64,
 }
 
-impl<K: SeriesKey> SplitFamily<K> {
+impl<K: SeriesKey, const N: usize> SplitFamily<K, N> {
     fn new() -> Self {
         SplitFamily {
-            splits: HashMap::new(),
-            retired: BTreeMap::new(),
+            splits: FastMap::default(),
+            retired: FastMap::default(),
+            exports: 0,
         }
     }
 
     /// Adds the values of `now` (one column per entry of `out`) to the
     /// series: each key's own series while its peer is labeled, and the
-    /// "other" series.
+    /// "other" series. Labels are built only for labeled peers and once
+    /// per "other" series (labels built per key were most of an export at
+    /// 100,000 peers).
     fn export(
         &mut self,
-        now: &BTreeMap<K, Vec<u64>>,
+        now: &FastMap<K, [u64; N]>,
         bucket_of: &impl Fn(Option<IpAddr>) -> Bucket,
-        out: &mut [Series],
+        out: &mut [Series; N],
     ) {
-        let other = || Some(OTHER_PEERS.to_string());
-        let gone: Vec<K> = self
-            .splits
-            .keys()
-            .filter(|k| !now.contains_key(*k))
-            .cloned()
-            .collect();
-        for key in gone {
-            if let Some(split) = self.splits.remove(&key) {
-                let (_, contribution) = split.values(&split.last);
-                let retired = self
-                    .retired
-                    .entry(key.labels(other()))
-                    .or_insert_with(|| vec![0; out.len()]);
-                retired
-                    .iter_mut()
-                    .zip(contribution)
-                    .for_each(|(r, c)| *r += c);
-            }
-        }
-        for (labels, retired) in &self.retired {
-            for (series, value) in out.iter_mut().zip(retired) {
-                series.add(labels.clone(), *value);
-            }
-        }
-        // Keys come sorted, so keys that differ only in their peer mostly
-        // follow each other: their "other" counts are summed and their
-        // labels built once per run of them, and own labels only for
-        // labeled peers (labels built per key were most of an export at
-        // 100,000 peers).
-        let mut run: Option<(&K, Vec<u64>)> = None;
-        let flush = |run: Option<(&K, Vec<u64>)>, out: &mut [Series]| {
-            if let Some((key, sums)) = run {
-                let other_labels = key.labels(other());
-                for (series, value) in out.iter_mut().zip(sums) {
-                    series.add(other_labels.clone(), value);
-                }
-            }
+        self.exports += 1;
+        let mut other: FastMap<K, [u64; N]> = FastMap::default();
+        let add = |sums: &mut [u64; N], values: &[u64; N]| {
+            sums.iter_mut().zip(values).for_each(|(s, v)| *s += v);
         };
         for (key, values) in now {
-            let peer = key.peer();
+            let bucket = bucket_of(key.peer());
             let split = match self.splits.get_mut(key) {
                 Some(split) => split,
                 None => self
                     .splits
                     .entry(key.clone())
-                    .or_insert_with(|| Split::new(bucket_of(peer), values.len())),
+                    .or_insert_with(|| Split::new(bucket)),
             };
-            split.assign(bucket_of(peer), values);
+            split.seen = self.exports;
+            split.assign(bucket, *values);
             let (own, to_other) = split.values(values);
             if split.bucket == Bucket::Own {
                 let own_labels = key.labels(None);
-                for (series, value) in out.iter_mut().zip(&own) {
-                    series.add(own_labels.clone(), *value);
+                for (series, value) in out.iter_mut().zip(own) {
+                    series.add(own_labels.clone(), value);
                 }
             }
-            match &mut run {
-                Some((first, sums)) if first.same_but_peer(key) => {
-                    sums.iter_mut().zip(&to_other).for_each(|(s, v)| *s += v);
-                }
-                _ => flush(run.replace((key, to_other)), out),
+            add(other.entry(key.without_peer()).or_insert([0; N]), &to_other);
+        }
+        // Keys gone from the rows: what they gave "other" stays there.
+        let exports = self.exports;
+        let retired = &mut self.retired;
+        self.splits.retain(|key, split| {
+            if split.seen == exports {
+                return true;
+            }
+            let (_, contribution) = split.values(&split.last);
+            add(
+                retired.entry(key.without_peer()).or_insert([0; N]),
+                &contribution,
+            );
+            false
+        });
+        for (group, sums) in self.retired.iter().chain(&other) {
+            let labels = group.labels(Some(OTHER_PEERS.to_string()));
+            for (series, value) in out.iter_mut().zip(sums) {
+                series.add(labels.clone(), *value);
             }
         }
-        flush(run, out);
     }
 }
 
@@ -633,6 +631,7 @@ mod tests {
     use super::*;
     use crate::model::rows::{Origin, testing};
     use observer_common::{ClassifierDrop, Proto};
+    use std::collections::HashSet;
 
     fn row(peer: &str, packets: u64) -> Row {
         testing::row(testing::flow_id(peer), packets)

@@ -1,5 +1,7 @@
-//! Runs captured frames through the loaded programs with BPF_PROG_TEST_RUN
-//! and turns the flow and drop maps into per-capture rows.
+//! The kernel replay engine, `observer replay --kernel`: it runs captured frames
+//! through the loaded programs with BPF_PROG_TEST_RUN and turns the flow
+//! and drop maps into per-capture rows. (The default engine runs the same
+//! parser natively: `native`.)
 //!
 //! Every frame is classified in the kernel by the programs `attach` uses:
 //! `observer_xdp` for received frames, and `observer_tc_out` (the same
@@ -21,16 +23,21 @@
 use std::{collections::HashMap, hash::Hash, net::IpAddr};
 
 use anyhow::{Context, Result};
-use observer_common::{Direction, Proto, Unclassified};
 
 use crate::{
     bpf::features::XdpProgram,
     bpf::testrun,
     bpf::{Hook, Observer},
+    cmd::checks::AllowSetSink,
     cmd::replay::capture::{self, Frame},
+    cmd::replay::classify::{ETH_HLEN, Engine, FileRows, FrameOutcome, add_runts, rate},
+    cmd::replay::native::NativeEngine,
     model::aggregate::{Aggregator, DropAggregator},
+    model::facts::AllowSets,
+    model::ports::PortConfig,
     model::rows::DropId,
     model::rows::FlowId,
+    model::rows::KernelReasons,
     model::rows::KernelStats,
     model::rows::{self, Row},
 };
@@ -40,8 +47,6 @@ use crate::{
 pub const FOLD_EVERY: usize = 4096;
 /// Capacity of the flow and drop maps for a replay.
 pub const REPLAY_MAX_FLOWS: u32 = 65_536;
-/// The kernel refuses test runs of frames shorter than an Ethernet header.
-const ETH_HLEN: usize = 14;
 /// Longest frame an XDP test run of the multi-buffer program takes: one
 /// page plus 17 page fragments (MAX_SKB_FRAGS); 64 KiB keeps every header
 /// of a BIG TCP frame.
@@ -54,45 +59,15 @@ pub const MAX_XDP_SB_FRAME: usize = 4096 - 256 - 320;
 /// NET_SKB_PAD (64), NET_IP_ALIGN (up to 2) and the skb_shared_info (320).
 pub const MAX_TC_FRAME: usize = 4096 - 64 - 2 - 320;
 
-/// What happened to one frame.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct FrameOutcome {
-    /// Counted as sent (its outer source is `--local`).
-    pub tx: bool,
-    /// Longer than a test run takes: classified on its first bytes; its
-    /// row still gets every captured byte (see the module's docs).
-    pub cut: bool,
-}
-
-/// Counters of one capture, beside its rows.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct FileCounts {
-    /// Frames read.
-    pub frames: u64,
-    /// Frames counted as sent (`--local` source).
-    pub tx_frames: u64,
-    /// Frames cut by the snap length when captured.
-    pub truncated: u64,
-    /// Bytes the snap length cut off (original minus captured lengths).
-    pub truncated_bytes: u64,
-    /// Frames longer than a test run takes (see [`FrameOutcome::cut`]).
-    pub cut: u64,
-    /// Frames shorter than an Ethernet header, counted as `truncated_l2`
-    /// without a test run (the kernel refuses those).
-    pub runts: u64,
-}
-
-/// The rows one capture added.
-pub struct FileRows {
-    /// Flow rows (interface index = the capture's number).
-    pub rows: Vec<Row>,
-    /// Drop rows, same labelling.
-    pub drops: Vec<Row<DropId>>,
-}
-
 /// A loaded observer fed with frames.
+///
+/// Kernels since about 6.13 refuse an skb test run (tc) of an IPv4 or
+/// IPv6 frame shorter than its IP header (EINVAL), which the programs
+/// would count as `truncated_l3`; such a frame goes to the native build of
+/// the same parser instead, so that one runt does not end the replay.
 pub struct Replayer {
     observer: Observer,
+    refused: NativeEngine,
     local: Vec<IpAddr>,
     aggregator: Aggregator,
     drop_aggregator: DropAggregator,
@@ -111,10 +86,12 @@ pub struct Replayer {
 type Readings<K> = HashMap<K, (u64, u64)>;
 
 impl Replayer {
-    /// Feeds `observer`; frames whose outer source is in `local` count as sent.
-    pub fn new(observer: Observer, local: Vec<IpAddr>) -> Replayer {
-        Replayer {
+    /// Feeds `observer`, loaded with the UDP ports of `ports`; frames
+    /// whose outer source is in `local` count as sent.
+    pub fn new(observer: Observer, ports: &PortConfig, local: Vec<IpAddr>) -> Result<Replayer> {
+        Ok(Replayer {
             observer,
+            refused: NativeEngine::new(ports, local.clone())?,
             local,
             // Replay keeps every row: forgetting one would lose counts.
             aggregator: Aggregator::new(usize::MAX),
@@ -125,48 +102,7 @@ impl Replayer {
             flow_entries: 0,
             flow_top_up: HashMap::new(),
             drop_top_up: HashMap::new(),
-        }
-    }
-
-    /// The observer, for drop reason names.
-    pub fn observer(&self) -> &Observer {
-        &self.observer
-    }
-
-    /// Runs one frame through its program. Frames shorter than an Ethernet
-    /// header are not run (see [`FileCounts::runts`]) and return `None`.
-    pub fn run(&mut self, frame: &Frame) -> Result<Option<FrameOutcome>> {
-        if frame.data.len() < ETH_HLEN {
-            return Ok(None);
-        }
-        let tx = capture::outer_source(&frame.data).is_some_and(|src| self.local.contains(&src));
-        let (hook, max) = if tx {
-            (Hook::TcEgress, MAX_TC_FRAME)
-        } else if self.observer.plan().xdp == XdpProgram::MultiBuffer {
-            (Hook::Xdp, MAX_XDP_FRAME)
-        } else {
-            (Hook::Xdp, MAX_XDP_SB_FRAME)
-        };
-        let data = &frame.data[..frame.data.len().min(max)];
-        // A cut frame is counted up to the cut: its row is topped up.
-        let cut = data.len() < frame.data.len();
-        let before = if cut { Some(self.readings()?) } else { None };
-        testrun::run(self.observer.program_fd(hook)?, data, None, 1).with_context(|| {
-            format!(
-                "BPF_PROG_TEST_RUN of {} on frame {} ({} bytes)",
-                self.observer.program_name(hook),
-                frame.number,
-                data.len()
-            )
-        })?;
-        if let Some(before) = before {
-            self.top_up(&before, frame.data.len() as u64)?;
-        }
-        self.unfolded += 1;
-        if self.unfolded >= FOLD_EVERY {
-            self.fold()?;
-        }
-        Ok(Some(FrameOutcome { tx, cut }))
+        })
     }
 
     fn readings(&self) -> Result<(Readings<FlowId>, Readings<DropId>)> {
@@ -207,13 +143,73 @@ impl Replayer {
         self.unfolded = 0;
         Ok(())
     }
+}
+
+impl AllowSetSink for Replayer {
+    fn apply_allow_sets(&mut self, snapshot: &AllowSets) -> Result<()> {
+        self.refused.apply_allow_sets(snapshot)?;
+        self.observer.apply_allow_sets(snapshot)
+    }
+}
+
+impl Engine for Replayer {
+    fn name(&self) -> &'static str {
+        "kernel"
+    }
+
+    fn run(&mut self, frame: &Frame) -> Result<Option<FrameOutcome>> {
+        if frame.data.len() < ETH_HLEN {
+            return Ok(None);
+        }
+        let tx = capture::outer_source(&frame.data).is_some_and(|src| self.local.contains(&src));
+        let (hook, max) = if tx {
+            (Hook::TcEgress, MAX_TC_FRAME)
+        } else if self.observer.plan().xdp == XdpProgram::MultiBuffer {
+            (Hook::Xdp, MAX_XDP_FRAME)
+        } else {
+            (Hook::Xdp, MAX_XDP_SB_FRAME)
+        };
+        let data = &frame.data[..frame.data.len().min(max)];
+        // A cut frame is counted up to the cut: its row is topped up.
+        let cut = data.len() < frame.data.len();
+        let before = if cut { Some(self.readings()?) } else { None };
+        let ran = testrun::run(self.observer.program_fd(hook)?, data, None, 1);
+        if hook == Hook::TcEgress
+            && ran
+                .as_ref()
+                .is_err_and(|e| e.raw_os_error() == Some(libc::EINVAL))
+        {
+            let outcome = self.refused.run(frame)?;
+            return Ok(outcome.map(|o| FrameOutcome { refused: true, ..o }));
+        }
+        ran.with_context(|| {
+            format!(
+                "BPF_PROG_TEST_RUN of {} on frame {} ({} bytes)",
+                self.observer.program_name(hook),
+                frame.number,
+                data.len()
+            )
+        })?;
+        if let Some(before) = before {
+            self.top_up(&before, frame.data.len() as u64)?;
+        }
+        self.unfolded += 1;
+        if self.unfolded >= FOLD_EVERY {
+            self.fold()?;
+        }
+        Ok(Some(FrameOutcome {
+            tx,
+            cut,
+            refused: false,
+        }))
+    }
 
     /// Ends capture number `index`: its rows, with rates over `seconds`
     /// (the capture's time span; rates are 0 when it is unknown), plus
     /// `runts` frames as unclassified `truncated_l2`.
-    pub fn finish_file(&mut self, index: u32, seconds: f64, runts: u64) -> Result<FileRows> {
+    fn finish_file(&mut self, index: u32, seconds: f64, runts: u64) -> Result<FileRows> {
         self.fold()?;
-        let mut rows = grown(
+        let rows = grown(
             topped_up(self.aggregator.finish_interval(1.0), &self.flow_top_up),
             &mut self.flow_seen,
             seconds,
@@ -222,24 +218,9 @@ impl Replayer {
                 ..id
             },
         );
-        if runts > 0 {
-            rows.push(Row {
-                id: FlowId {
-                    ifindex: index,
-                    direction: Direction::Rx,
-                    proto: Proto::Other,
-                    reason: Unclassified::TruncatedL2,
-                    peer: None,
-                    vni: 0,
-                },
-                packets: runts,
-                bytes: 0,
-                pps: rate(runts, seconds),
-                bps: 0.0,
-                inner: None,
-                changed: true,
-            });
-        }
+        let refused = self.refused.finish_file(index, seconds, 0)?;
+        let mut rows = merged(rows, refused.rows);
+        add_runts(&mut rows, index, seconds, runts);
         let drops = grown(
             topped_up(self.drop_aggregator.finish_interval(1.0), &self.drop_top_up),
             &mut self.drop_seen,
@@ -249,12 +230,19 @@ impl Replayer {
                 ..id
             },
         );
-        Ok(FileRows { rows, drops })
+        Ok(FileRows {
+            rows,
+            drops: merged(drops, refused.drops),
+        })
     }
 
     /// The kernel's self counters after the last read.
-    pub fn stats(&self) -> Result<KernelStats> {
+    fn stats(&self) -> Result<KernelStats> {
         self.observer.stats_for(self.flow_entries)
+    }
+
+    fn kernel_reasons(&self) -> &KernelReasons {
+        self.observer.kernel_reasons()
     }
 }
 
@@ -283,12 +271,27 @@ fn topped_up<K: Eq + Hash>(mut rows: Vec<Row<K>>, top_up: &HashMap<K, u64>) -> V
     rows
 }
 
-fn rate(count: u64, seconds: f64) -> f64 {
-    if seconds > 0.0 {
-        count as f64 / seconds
-    } else {
-        0.0
+/// `rows` and `more` as one list: rows of the same identity add up.
+fn merged<K: Copy + Eq + Hash>(rows: Vec<Row<K>>, more: Vec<Row<K>>) -> Vec<Row<K>> {
+    if more.is_empty() {
+        return rows;
     }
+    let mut by_id: HashMap<K, Row<K>> = HashMap::new();
+    for row in rows.into_iter().chain(more) {
+        match by_id.get_mut(&row.id) {
+            Some(sum) => {
+                sum.packets += row.packets;
+                sum.bytes += row.bytes;
+                sum.pps += row.pps;
+                sum.bps += row.bps;
+                sum.inner = row.inner.or(sum.inner);
+            }
+            None => {
+                by_id.insert(row.id, row);
+            }
+        }
+    }
+    by_id.into_values().collect()
 }
 
 /// The rows whose totals grew since `seen`, as rows of the growth only

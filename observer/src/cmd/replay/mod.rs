@@ -2,13 +2,20 @@
 //! with the observer's own eBPF classifier, and prints attach's rows.
 //!
 //! - `capture` reads pcap/pcapng into Ethernet frames (pure, fuzzed);
-//! - `engine` runs the frames through the programs (BPF_PROG_TEST_RUN) and
-//!   makes per-capture rows from the maps;
+//! - `native` classifies them in this process with the programs' own parser
+//!   and checks, compiled natively (the default: no privileges, no system
+//!   call per frame);
+//! - `classify` says what an engine does (frames in, per-capture rows out);
+//! - `engine` runs the frames through the loaded programs
+//!   (BPF_PROG_TEST_RUN) for `--kernel`, making per-capture rows from the
+//!   maps;
 //! - this module checks the files and privileges, mirrors the allow-sets,
 //!   prints, and chooses the exit status ([`EXIT_DAMAGED`], [`EXIT_USAGE`]).
 
 pub mod capture;
+pub mod classify;
 pub mod engine;
+pub mod native;
 
 use std::{
     collections::HashMap,
@@ -36,7 +43,9 @@ use crate::{
 };
 
 use capture::Frames;
-use engine::{FileCounts, Replayer};
+use classify::{Engine, FileCounts};
+use engine::Replayer;
+use native::NativeEngine;
 
 /// Exit status when a capture is damaged; the counts read before the
 /// damage are printed.
@@ -74,16 +83,21 @@ fn replay(args: &ReplayArgs) -> Result<u8> {
     for path in &args.files {
         open(path)?;
     }
-    preflight::check_privileges().context(
-        "replay runs every frame through the eBPF classifier with BPF_PROG_TEST_RUN, which needs CAP_BPF",
-    )?;
     let ports = args.ports.resolve(Default::default());
-    let mut observer = Observer::load(&LoadConfig {
-        max_flows: engine::REPLAY_MAX_FLOWS,
-        ports,
-        // Replay runs received frames through XDP, never tc ingress.
-        defer_tc_ingress: true,
-    })?;
+    let mut engine: Box<dyn Engine> = if args.kernel {
+        preflight::check_privileges().context(
+            "replay --kernel runs every frame through the eBPF classifier with BPF_PROG_TEST_RUN, which needs CAP_BPF (without --kernel the same parser runs in this process)",
+        )?;
+        let observer = Observer::load(&LoadConfig {
+            max_flows: engine::REPLAY_MAX_FLOWS,
+            ports: ports.clone(),
+            // Replay runs received frames through XDP, never tc ingress.
+            defer_tc_ingress: true,
+        })?;
+        Box::new(Replayer::new(observer, &ports, args.local.clone())?)
+    } else {
+        Box::new(NativeEngine::new(&ports, args.local.clone())?)
+    };
     let allow = AllowSetConfig {
         sets: args.allow_sets.clone(),
         cidrs: args.allow_cidrs.clone(),
@@ -91,22 +105,21 @@ fn replay(args: &ReplayArgs) -> Result<u8> {
     let mut checks = NodeChecks::new(allow, Duration::MAX);
     // No local VNIs are written: the capture's belong to the node that
     // captured, not to this one's vxlan devices, so vni_unknown is off.
-    let reports = checks.refresh(&mut observer)?;
+    let reports = checks.refresh(engine.as_mut())?;
     let format = Format::or_default(args.output);
 
-    let mut engine = Replayer::new(observer, args.local.clone());
     let mut replayed = Vec::new();
     let mut rows: Vec<Row> = Vec::new();
     let mut drop_rows: Vec<Row<DropId>> = Vec::new();
     for (i, path) in args.files.iter().enumerate() {
         let index = u32::try_from(i + 1).context("too many captures")?;
-        let (one, file_rows) = replay_file(&mut engine, path, index)?;
+        let (one, file_rows) = replay_file(engine.as_mut(), path, index)?;
         rows.extend(file_rows.rows);
         drop_rows.extend(file_rows.drops);
         replayed.push(one);
     }
 
-    let drops = checks.drop_rows(engine.observer(), drop_rows);
+    let drops = checks.drop_rows(engine.kernel_reasons(), drop_rows);
     let ifaces: HashMap<u32, String> = replayed
         .iter()
         .enumerate()
@@ -134,7 +147,7 @@ fn replay(args: &ReplayArgs) -> Result<u8> {
         anomalies: &[],
     };
     // A closed stdout ends here (see `cmd::pipe`).
-    print(format, &reports, &replayed, &snapshot).context("writing output")?;
+    print(format, &reports, engine.name(), &replayed, &snapshot).context("writing output")?;
     let mut code = 0;
     for r in &replayed {
         if let Some((error, status)) = &r.error {
@@ -147,10 +160,10 @@ fn replay(args: &ReplayArgs) -> Result<u8> {
 
 /// Replays one capture as number `index`.
 fn replay_file(
-    engine: &mut Replayer,
+    engine: &mut dyn Engine,
     path: &Path,
     index: u32,
-) -> Result<(Replayed, engine::FileRows)> {
+) -> Result<(Replayed, classify::FileRows)> {
     let mut frames = open(path)?;
     let mut one = Replayed {
         name: path.display().to_string(),
@@ -186,6 +199,7 @@ fn replay_file(
             Some(outcome) => {
                 counts.tx_frames += u64::from(outcome.tx);
                 counts.cut += u64::from(outcome.cut);
+                counts.refused += u64::from(outcome.refused);
             }
         }
     }
@@ -206,6 +220,7 @@ fn timestamp(since_epoch: Duration) -> String {
 fn print(
     format: Format,
     reports: &[crate::report::lines::AllowSetLine],
+    classifier: &'static str,
     replayed: &[Replayed],
     snapshot: &Snapshot<'_>,
 ) -> io::Result<()> {
@@ -220,11 +235,13 @@ fn print(
                     iface: &r.name,
                     ifindex: i as u32 + 1,
                     format: r.format,
+                    classifier,
                     frames: r.counts.frames,
                     tx_frames: r.counts.tx_frames,
                     truncated: r.counts.truncated,
                     truncated_bytes: r.counts.truncated_bytes,
                     cut: r.counts.cut,
+                    refused: r.counts.refused,
                     first_ts: r.first.map(timestamp),
                     last_ts: r.last.map(timestamp),
                     error: r.error.as_ref().map(|(e, _)| e.as_str()),
@@ -238,14 +255,16 @@ fn print(
                 let c = &r.counts;
                 writeln!(
                     out,
-                    "replay {} ({}): {} frames, {} sent by --local, {} truncated by the snap length ({} bytes not captured), {} cut to the test-run limit{}",
+                    "replay {} ({}, {} classifier): {} frames, {} sent by --local, {} truncated by the snap length ({} bytes not captured), {} cut to the test-run limit, {} refused by the test run{}",
                     r.name,
                     r.format,
+                    classifier,
                     c.frames,
                     c.tx_frames,
                     c.truncated,
                     c.truncated_bytes,
                     c.cut,
+                    c.refused,
                     r.error
                         .as_ref()
                         .map_or(String::new(), |(e, _)| format!("; STOPPED: {e}"))

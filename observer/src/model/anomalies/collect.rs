@@ -4,10 +4,11 @@
 //! counts (inner source, reported path MTU, drop reasons).
 
 use std::{
-    collections::{BTreeMap, BTreeSet, HashMap},
+    collections::{BTreeMap, BTreeSet},
     net::IpAddr,
 };
 
+use foldhash::HashMap;
 use observer_common::{ClassifierDrop, Direction, Proto};
 
 use super::Key;
@@ -94,8 +95,8 @@ pub(super) fn collect(
     drops: &[DropRow],
     local: &BTreeSet<IpAddr>,
 ) -> (HashMap<Key, Totals>, HashMap<Key, Extra>) {
-    let mut totals: HashMap<Key, Totals> = HashMap::new();
-    let mut extras: HashMap<Key, Extra> = HashMap::new();
+    let mut totals: HashMap<Key, Totals> = HashMap::default();
+    let mut extras: HashMap<Key, Extra> = HashMap::default();
     for row in rows {
         let Some(peer) = row.id.peer else { continue };
         if row.id.proto == Proto::Other || local.contains(&peer) {

@@ -6,9 +6,11 @@
 //! [`MAX_ACTIVE`] are only counted.
 
 use std::{
-    collections::{BTreeMap, HashMap, VecDeque},
+    collections::{BTreeMap, VecDeque},
     time::{Duration, SystemTime},
 };
+
+use foldhash::HashMap;
 
 use super::{
     ActiveKey, Anomaly, Event, Key, Kind, Known, MAX_ACTIVE, MAX_TRACKED_PEERS, Thresholds,
@@ -65,7 +67,7 @@ impl Engine {
     pub fn new(thresholds: Thresholds, start: f64) -> Engine {
         Engine {
             thresholds,
-            tracks: HashMap::new(),
+            tracks: HashMap::default(),
             active: BTreeMap::new(),
             start,
             previous: start,
@@ -262,8 +264,9 @@ impl Engine {
         }
         let mut by_age: Vec<(f64, Key)> =
             self.tracks.iter().map(|(k, t)| (t.last_seen, *k)).collect();
-        by_age.sort_by(|a, b| a.0.total_cmp(&b.0));
         let excess = self.tracks.len() - MAX_TRACKED_PEERS;
+        // The `excess` oldest, in no order: a selection, not a sort.
+        by_age.select_nth_unstable_by(excess - 1, |a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
         for (_, key) in by_age.into_iter().take(excess) {
             self.tracks.remove(&key);
             self.forgotten_peers += 1;

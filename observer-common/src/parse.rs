@@ -3,14 +3,18 @@
 //! encapsulations the observer knows. Pure reads: nothing here writes the
 //! packet.
 //!
+//! The same source is compiled twice: into the eBPF programs, and natively
+//! into userspace, where `observer replay` classifies capture files with it
+//! (a differential fuzz test keeps the two builds in agreement). What
+//! differs between them comes in through traits: how bytes are read
+//! ([`Frame`]) and where the UDP port table lives ([`PortTable`]).
+//!
 //! Shape matters for the verifier: each encapsulation parser only says
 //! where its inner packet starts and of which kind, and the inner headers
 //! are read once at the end, so the program is not inlined once per
 //! encapsulation.
 
-use observer_common::{Direction, PORT_MATCH_SOURCE, PORT_PROTO_MASK, Proto, Unclassified, family};
-
-use crate::maps::UDP_PORTS;
+use crate::{Direction, PORT_MATCH_SOURCE, PORT_PROTO_MASK, Proto, Unclassified, family};
 
 const ETH_HLEN: usize = 14;
 const ETH_P_IP: u16 = 0x0800;
@@ -49,6 +53,29 @@ pub trait Frame {
     /// aligned for `T`. Implementations pass `off` through
     /// [`window_offset`] before using it as a pointer offset.
     fn read<T: Copy>(&self, off: usize) -> Option<T>;
+}
+
+/// The UDP port table: port -> protocol byte (a [`Proto`], plus
+/// [`PORT_MATCH_SOURCE`]); 0 for ports that name no encapsulation. The
+/// programs read the `UDP_PORTS` map, userspace an array.
+pub trait PortTable {
+    /// The protocol byte of `port`.
+    fn tag(&self, port: u16) -> u8;
+}
+
+/// A frame held in memory (userspace): reads bounded by its length and by
+/// [`HEADER_WINDOW`], like the programs'.
+pub struct SliceFrame<'a>(pub &'a [u8]);
+
+impl Frame for SliceFrame<'_> {
+    #[inline(always)]
+    fn read<T: Copy>(&self, off: usize) -> Option<T> {
+        let off = window_offset(off, core::mem::size_of::<T>())?;
+        let bytes = self.0.get(off..off + core::mem::size_of::<T>())?;
+        // SAFETY: `bytes` holds size_of::<T>() bytes; every T read here is
+        // plain data (integers and arrays of them), valid for any bytes.
+        Some(unsafe { core::ptr::read_unaligned(bytes.as_ptr() as *const T) })
+    }
 }
 
 /// Direct packet access (XDP, and tc when the linear part of the skb holds
@@ -296,7 +323,7 @@ impl Encap {
 
 /// Classifies the frame as seen in `direction`.
 #[inline(always)]
-pub fn classify<F: Frame>(f: &F, direction: Direction) -> Classified {
+pub fn classify<F: Frame, P: PortTable>(f: &F, direction: Direction, ports: &P) -> Classified {
     let Some(eth_type) = f.read::<u16>(12) else {
         return Classified::unclassified(Unclassified::TruncatedL2);
     };
@@ -394,7 +421,7 @@ pub fn classify<F: Frame>(f: &F, direction: Direction) -> Classified {
             inner_off: l4_off,
         }),
         IPPROTO_GRE => gre(f, l4_off),
-        IPPROTO_UDP => udp(f, l4_off),
+        IPPROTO_UDP => udp(f, l4_off, ports),
         _ => Ok(Encap::plain()),
     };
     let encap = match encap {
@@ -482,13 +509,13 @@ fn ipv6_payload<F: Frame>(
 }
 
 #[inline(always)]
-fn udp<F: Frame>(f: &F, off: usize) -> Result<Encap, Unclassified> {
+fn udp<F: Frame, P: PortTable>(f: &F, off: usize, table: &P) -> Result<Encap, Unclassified> {
     let Some(ports) = f.read::<[u16; 4]>(off) else {
         return Err(Unclassified::TruncatedL4);
     };
-    let mut tag = port_tag(u16::from_be(ports[1]));
+    let mut tag = table.tag(u16::from_be(ports[1]));
     if tag == 0 {
-        let source_tag = port_tag(u16::from_be(ports[0]));
+        let source_tag = table.tag(u16::from_be(ports[0]));
         if source_tag & PORT_MATCH_SOURCE != 0 {
             tag = source_tag;
         }
@@ -541,11 +568,6 @@ fn udp<F: Frame>(f: &F, off: usize) -> Result<Encap, Unclassified> {
         inner,
         inner_off,
     })
-}
-
-#[inline(always)]
-fn port_tag(port: u16) -> u8 {
-    UDP_PORTS.get(port as u32).copied().unwrap_or(0)
 }
 
 #[inline(always)]
@@ -656,7 +678,7 @@ pub fn headers_len<F: Frame>(f: &F, c: &Classified) -> Option<usize> {
 /// and 8 bytes after it): enough for the IP protocol or the UDP port that
 /// names the encapsulation.
 #[inline(always)]
-pub fn too_big<F: Frame>(f: &F, c: &Classified) -> Option<Classified> {
+pub fn too_big<F: Frame, P: PortTable>(f: &F, c: &Classified, ports: &P) -> Option<Classified> {
     if c.proto != Proto::Other || c.reason != Unclassified::None || c.l4_off == 0 {
         return None;
     }
@@ -689,8 +711,8 @@ pub fn too_big<F: Frame>(f: &F, c: &Classified) -> Option<Classified> {
         IPPROTO_IPV6 => Proto::Ip6ip,
         IPPROTO_GRE => Proto::Gre,
         IPPROTO_UDP => {
-            let ports = f.read::<[u16; 2]>(quoted_l4_off)?;
-            Proto::from_u8(port_tag(u16::from_be(ports[1])) & PORT_PROTO_MASK)
+            let quoted_ports = f.read::<[u16; 2]>(quoted_l4_off)?;
+            Proto::from_u8(ports.tag(u16::from_be(quoted_ports[1])) & PORT_PROTO_MASK)
         }
         _ => Proto::Other,
     };

@@ -1,0 +1,63 @@
+//! Which classifier drop reasons a received tunnel packet earns: the
+//! decision the ingress hooks make, and `observer replay` makes natively
+//! from the same source. The node facts it needs (allow-sets, local VNIs,
+//! the interface MTU) come through [`CheckFacts`]: maps in the programs,
+//! plain data in userspace.
+
+use crate::{ClassifierDrop, Proto, parse::Classified};
+
+/// IPv6's minimum link MTU (RFC 8200).
+const MIN_LINK_MTU: usize = 1280;
+
+/// VXLAN flags bit I: the VNI field is valid (RFC 7348).
+const VXLAN_FLAG_I: u8 = 0x08;
+
+/// The node facts behind the checks.
+pub trait CheckFacts {
+    /// Whether the frame's encapsulation has an active allow-set that does
+    /// not hold its source (`c.peer`).
+    fn outside_allow_set(&mut self, c: &Classified) -> bool;
+    /// Whether the VNI check is on and no local vxlan device has `vni`.
+    fn vni_unknown(&self, vni: u32) -> bool;
+    /// MTU of the interface the frame arrived on, when known.
+    fn iface_mtu(&self) -> Option<u32>;
+}
+
+/// Calls `flag` once per reason the received frame `c` of `wire_len`
+/// bytes earns: a source outside the allow-set of its encapsulation,
+/// VXLAN without the I flag or with a VNI no local device has, an outer
+/// fragment, an outer packet above the interface MTU. Plain traffic earns
+/// none.
+#[inline(always)]
+pub fn classifier_drops<K: CheckFacts>(
+    c: &Classified,
+    wire_len: u64,
+    facts: &mut K,
+    mut flag: impl FnMut(ClassifierDrop),
+) {
+    if c.proto == Proto::Other {
+        return;
+    }
+    if facts.outside_allow_set(c) {
+        flag(ClassifierDrop::CalicoAllowSet);
+    }
+    if c.proto == Proto::Vxlan {
+        if c.vxlan_flags & VXLAN_FLAG_I == 0 {
+            flag(ClassifierDrop::VxlanNoIFlag);
+        }
+        if facts.vni_unknown(c.vni) {
+            flag(ClassifierDrop::VniUnknown);
+        }
+    }
+    if c.outer_fragment {
+        flag(ClassifierDrop::OuterFragment);
+    }
+    // No underlay has an MTU below IPv6's minimum: smaller packets skip the
+    // MTU lookup, which in the programs costs as much as the rest.
+    if wire_len > (c.l2_len + MIN_LINK_MTU) as u64
+        && let Some(mtu) = facts.iface_mtu()
+        && wire_len > c.l2_len as u64 + u64::from(mtu)
+    {
+        flag(ClassifierDrop::OverMtu);
+    }
+}

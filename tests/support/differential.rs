@@ -1,0 +1,542 @@
+//! Differential fuzzing of the two replay classifiers (see
+//! tests/differential.rs, and the kernel suite's check): random frames of
+//! every kind the parser knows and mutations of them and of the reference
+//! captures, through the eBPF programs (BPF_PROG_TEST_RUN) and through the
+//! native build of the same parser, compared row by row per batch.
+
+use std::{
+    collections::BTreeMap,
+    fmt::Write as _,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+    path::PathBuf,
+    time::{Duration, Instant},
+};
+
+use super::frames::*;
+use observer::{
+    bpf::{LoadConfig, Observer},
+    cmd::checks::AllowSetSink,
+    cmd::replay::{
+        capture::{self, Frame},
+        classify::Engine,
+        engine::{self, Replayer},
+        native::NativeEngine,
+    },
+    model::facts::{AllowSets, SetSource},
+    model::ports::PortConfig,
+};
+
+/// Frames per replayed "capture": the rows of both engines are compared at
+/// the end of each.
+const BATCH: usize = 500;
+
+/// xorshift64*: small, fast and reproducible from its seed (the test must
+/// replay a failure from the seed it prints; no crate needed for that).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+
+    fn chance(&mut self, percent: usize) -> bool {
+        self.below(100) < percent
+    }
+
+    fn pick<T: Copy>(&mut self, items: &[T]) -> T {
+        items[self.below(items.len())]
+    }
+
+    fn bytes(&mut self, n: usize) -> Vec<u8> {
+        (0..n).map(|_| self.next() as u8).collect()
+    }
+
+    /// Fewer than `max` random bytes.
+    fn some_bytes(&mut self, max: usize) -> Vec<u8> {
+        let n = self.below(max);
+        self.bytes(n)
+    }
+}
+
+/// The node whose capture is replayed (its frames are sent: tx).
+const LOCAL4: &str = "10.0.0.1";
+const LOCAL6: &str = "fd00::1";
+/// Peers: the first two of each family are in the allow-sets.
+const PEERS4: [&str; 4] = ["10.0.0.1", "10.0.0.2", "10.0.0.3", "192.0.2.77"];
+const PEERS6: [&str; 3] = ["fd00::1", "fd00::2", "2001:db8::9"];
+/// UDP ports: the defaults of every encapsulation, and two that mean none.
+const PORTS: [u16; 8] = [4789, 8472, 4790, 6081, 51820, 51821, 53, 443];
+
+fn peer(rng: &mut Rng, v6: bool) -> IpAddr {
+    if v6 {
+        addr(rng.pick(&PEERS6))
+    } else {
+        addr(rng.pick(&PEERS4))
+    }
+}
+
+/// An inner packet (IP or Ethernet) of the kind `ethertype` names, or junk.
+fn inner(rng: &mut Rng) -> (u16, Vec<u8>) {
+    let v6 = rng.chance(30);
+    let (src, dst) = if v6 {
+        (addr("fd10::1"), addr("fd10::2"))
+    } else {
+        (addr("172.16.0.1"), addr("172.16.0.2"))
+    };
+    let l4 = match rng.below(3) {
+        0 => tcp(src, dst, 1000, 80, &rng.some_bytes(40)),
+        1 => udp(src, dst, 1000, 53, &rng.some_bytes(40)),
+        _ => icmp_packet(src, dst),
+    };
+    let proto = [IPPROTO_TCP, IPPROTO_UDP, IPPROTO_ICMP][rng.below(3)];
+    let packet = ip(src, dst, proto, &l4);
+    match rng.below(4) {
+        0 => (ETH_P_TEB, eth(ethertype_of(src), &packet)),
+        1 => (ethertype_of(src), packet),
+        2 => (ETH_P_TEB, eth(rng.next() as u16, &rng.bytes(30))),
+        _ => (rng.next() as u16, rng.some_bytes(60)),
+    }
+}
+
+/// The payload of an outer IP packet and its protocol number.
+fn l4(rng: &mut Rng, src: IpAddr, dst: IpAddr) -> (u8, Vec<u8>) {
+    let (ethertype, inner_bytes) = inner(rng);
+    match rng.below(9) {
+        0 | 1 => {
+            let port = rng.pick(&PORTS);
+            let sport = if rng.chance(20) {
+                rng.pick(&PORTS)
+            } else {
+                ENTROPY_PORT
+            };
+            let header = match port {
+                4790 => vxlan_gpe_header(rng.below(1 << 24) as u32, rng.below(5) as u8).to_vec(),
+                6081 => geneve_header(rng.below(1 << 24) as u32, ethertype, rng.below(64) as u8),
+                51820 | 51821 => wireguard_initiation(rng.next() as u32)[..rng.below(40)].to_vec(),
+                _ => {
+                    let mut h = vxlan_header(rng.below(1 << 24) as u32).to_vec();
+                    if rng.chance(10) {
+                        h[0] = rng.next() as u8;
+                    }
+                    h
+                }
+            };
+            let payload = cat(&[&header, &inner_bytes]);
+            (IPPROTO_UDP, udp(src, dst, sport, port, &payload))
+        }
+        2 => {
+            let v6 = rng.chance(30);
+            let (a, b) = (peer(rng, v6), peer(rng, v6));
+            let quoted = ip(a, b, IPPROTO_ICMP, &icmp_packet(a, b));
+            (if v6 { IPPROTO_IPV6 } else { IPPROTO_IPIP }, quoted)
+        }
+        3 => {
+            let gre = Gre {
+                checksum: rng.chance(30),
+                key: rng.chance(30).then(|| rng.next() as u32),
+                seq: rng.chance(30).then(|| rng.next() as u32),
+            };
+            let mut g = gre.encap(ethertype, &inner_bytes);
+            if rng.chance(10) {
+                g[1] = rng.next() as u8;
+            }
+            (IPPROTO_GRE, g)
+        }
+        4 => {
+            // A router's "too big" about a tunnel packet this node sent.
+            let tunnel_peer = peer(rng, src.is_ipv6());
+            let port = rng.pick(&PORTS);
+            let quoted = if rng.chance(50) {
+                ip(
+                    dst,
+                    tunnel_peer,
+                    IPPROTO_UDP,
+                    &udp(dst, tunnel_peer, 1, port, &[0; 8]),
+                )
+            } else {
+                ip(
+                    dst,
+                    tunnel_peer,
+                    rng.pick(&[IPPROTO_IPIP, IPPROTO_GRE, 99]),
+                    &[0; 8],
+                )
+            };
+            let mtu = rng.pick(&[1280u16, 1400, 1450, 9000]);
+            let (proto, kind, code) = if src.is_ipv6() {
+                (IPPROTO_ICMPV6, rng.pick(&[2u8, 1, 128]), 0)
+            } else {
+                (IPPROTO_ICMP, rng.pick(&[3u8, 11]), rng.pick(&[4u8, 1]))
+            };
+            let mut m = vec![kind, code, 0, 0, 0, 0];
+            m.extend_from_slice(&mtu.to_be_bytes());
+            m.extend_from_slice(&quoted[..quoted.len().min(28 + rng.below(60))]);
+            (proto, m)
+        }
+        5 => (IPPROTO_TCP, tcp(src, dst, 1, 2, &rng.some_bytes(100))),
+        6 => (IPPROTO_ICMP, icmp_packet(src, dst)),
+        _ => (rng.next() as u8, rng.some_bytes(100)),
+    }
+}
+
+/// A well-formed frame of a random kind (before mutation).
+fn structured(rng: &mut Rng) -> Vec<u8> {
+    let v6 = rng.chance(35);
+    let (src, dst) = (peer(rng, v6), peer(rng, v6));
+    let (proto, payload) = l4(rng, src, dst);
+    let packet = match (src, dst) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => {
+            let options = Ipv4Options {
+                options: {
+                    let n = rng.pick(&[0, 0, 0, 4, 12, 40]);
+                    rng.bytes(n)
+                },
+                more_fragments: rng.chance(5),
+                fragment_offset: if rng.chance(5) { 185 } else { 0 },
+                ..Ipv4Options::default()
+            };
+            ipv4_with(&options, s, d, proto, &payload)
+        }
+        (IpAddr::V6(s), IpAddr::V6(d)) => {
+            let all = [
+                Ipv6Ext::HopByHop(0),
+                Ipv6Ext::DestOpts(1),
+                Ipv6Ext::Routing(0),
+                Ipv6Ext::Ah,
+                Ipv6Ext::Fragment {
+                    offset: 0,
+                    more: true,
+                },
+                Ipv6Ext::Fragment {
+                    offset: 100,
+                    more: false,
+                },
+            ];
+            let exts: Vec<Ipv6Ext> = (0..rng.pick(&[0, 0, 1, 2, 4, 5]))
+                .map(|_| rng.pick(&all))
+                .collect();
+            ipv6_ext(s, d, &exts, proto, &payload)
+        }
+        _ => unreachable!("one family"),
+    };
+    let mut frame = eth(ethertype_of(src), &packet);
+    if rng.chance(15) {
+        let tags = [Vlan::dot1ad(100), Vlan::dot1q(200), Vlan::dot1q(300)];
+        frame = with_vlans(&frame, &tags[..1 + rng.below(3)]);
+    }
+    if rng.chance(2) {
+        // Jumbo and GRO-sized frames: beyond a test run's length limit.
+        frame.resize(rng.pick(&[4_000, 9_100, 70_000]), 0);
+    }
+    frame
+}
+
+/// `frame` with one to four random edits.
+fn mutate(rng: &mut Rng, mut frame: Vec<u8>) -> Vec<u8> {
+    for _ in 0..1 + rng.below(4) {
+        if frame.is_empty() {
+            break;
+        }
+        // Most edits land in the headers, where the parser looks.
+        let window = if rng.chance(80) { 120 } else { 600 };
+        let at = rng.below(frame.len().min(window));
+        match rng.below(6) {
+            0 => frame[at] ^= 1 << rng.below(8),
+            1 => frame[at] = rng.pick(&[0, 0xff, 0x08, 0x45, 0x4f, 0x60, 0x81, 0x86, 0xdd, 0x11]),
+            2 => frame.truncate(at),
+            3 => {
+                let n = 1 + rng.below(8);
+                let bytes = rng.bytes(n);
+                frame.splice(at..at, bytes);
+            }
+            4 => {
+                let end = (at + 1 + rng.below(8)).min(frame.len());
+                frame.drain(at..end);
+            }
+            _ => {
+                let value: u16 = rng.pick(&[0, 1, 0xffff, 4789, 6081, 0x0800, 0x86dd, 0x8100]);
+                if at + 2 <= frame.len() {
+                    frame[at..at + 2].copy_from_slice(&value.to_be_bytes());
+                }
+            }
+        }
+    }
+    frame
+}
+
+/// Frames of the reference captures, as seeds for mutation.
+fn reference_frames() -> Vec<Vec<u8>> {
+    let mut seeds = Vec::new();
+    let Ok(dir) = std::fs::read_dir(super::pcaps_dir()) else {
+        return seeds;
+    };
+    for entry in dir.flatten() {
+        let Ok(file) = std::fs::File::open(entry.path()) else {
+            continue;
+        };
+        let Ok(frames) = capture::frames(file) else {
+            continue;
+        };
+        seeds.extend(frames.map_while(Result::ok).map(|f| f.data).take(200));
+    }
+    seeds
+}
+
+fn next_frame(rng: &mut Rng, seeds: &[Vec<u8>]) -> Vec<u8> {
+    match rng.below(10) {
+        0..=3 => structured(rng),
+        4..=7 => {
+            let frame = structured(rng);
+            mutate(rng, frame)
+        }
+        8 if !seeds.is_empty() => {
+            let seed = seeds[rng.below(seeds.len())].clone();
+            mutate(rng, seed)
+        }
+        _ => rng.some_bytes(120),
+    }
+}
+
+fn frame(number: u64, data: Vec<u8>) -> Frame {
+    let len = data.len() as u32;
+    Frame {
+        number,
+        timestamp: Duration::from_secs(number),
+        data,
+        link_type: 1,
+        captured_len: len,
+        original_len: len,
+    }
+}
+
+/// Both engines' rows of one batch, as comparable text keyed by row.
+type Rows = BTreeMap<String, String>;
+
+fn run_batch(engine: &mut dyn Engine, frames: &[Frame], index: u32) -> Rows {
+    let mut runts = 0;
+    for f in frames {
+        let outcome = engine
+            .run(f)
+            .unwrap_or_else(|e| panic!("{e:#}\nframe {}:{}", f.number, hex(&f.data)));
+        if outcome.is_none() {
+            runts += 1;
+        }
+    }
+    let rows = engine.finish_file(index, 1.0, runts).expect("finish");
+    let mut out = Rows::new();
+    let mut add = |key: String, value: String| {
+        let name = engine.name();
+        assert!(
+            out.insert(key.clone(), value).is_none(),
+            "{name}: two rows {key}"
+        );
+    };
+    for r in rows.rows {
+        add(
+            format!("flow {:?}", r.id),
+            format!("{} pkts {} bytes inner {:?}", r.packets, r.bytes, r.inner),
+        );
+    }
+    for r in rows.drops {
+        add(
+            format!("drop {:?}", r.id),
+            format!("{} pkts {} bytes", r.packets, r.bytes),
+        );
+    }
+    out
+}
+
+fn allow_sets() -> AllowSets {
+    let mut sets = AllowSets::default();
+    for (set, prefixes) in [
+        (
+            &mut sets.vxlan,
+            ["10.0.0.1/32", "10.0.0.2/32", "fd00::/127"],
+        ),
+        (
+            &mut sets.ipip,
+            ["10.0.0.0/30", "10.0.0.2/32", "fd00::2/128"],
+        ),
+    ] {
+        set.add(
+            SetSource::AllowCidr,
+            None,
+            prefixes.iter().map(|p| p.parse().unwrap()),
+        );
+    }
+    sets
+}
+
+/// Pins this thread to the CPU it runs on: the programs' counters are
+/// per CPU, and their inner sample is the last one on one CPU.
+fn pin_to_one_cpu() {
+    // SAFETY: plain system calls on this thread's own affinity mask.
+    unsafe {
+        let cpu = libc::sched_getcpu().max(0) as usize;
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        assert_eq!(
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set),
+            0,
+            "sched_setaffinity"
+        );
+    }
+}
+
+/// The rows on which `kernel` and `native` differ, one per line.
+fn differences(kernel: &Rows, native: &Rows) -> String {
+    let mut out = String::new();
+    let keys: std::collections::BTreeSet<&String> = kernel.keys().chain(native.keys()).collect();
+    for key in keys {
+        let (k, n) = (kernel.get(key), native.get(key));
+        if k != n {
+            let _ = writeln!(out, "  {key}\n    kernel {k:?}\n    native {n:?}");
+        }
+    }
+    out
+}
+
+fn hex(bytes: &[u8]) -> String {
+    let mut s = String::new();
+    for (i, b) in bytes.iter().take(256).enumerate() {
+        let sep = if i % 16 == 0 { "\n  " } else { " " };
+        let _ = write!(s, "{sep}{b:02x}");
+    }
+    s
+}
+
+/// Writes `data` as a one-frame pcap under target/; says where, or why not
+/// (a VM's root file system is read-only).
+fn save(data: &[u8], seed: u64) -> String {
+    use pcap_file::pcap::{PcapHeader, PcapWriter, RawPcapPacket};
+    let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("diff-{seed:x}.pcap"));
+    let written = std::fs::File::create(&path)
+        .map_err(pcap_file::PcapError::IoError)
+        .and_then(|file| {
+            let header = PcapHeader {
+                snaplen: 262_144,
+                ..PcapHeader::default()
+            };
+            PcapWriter::with_header(file, header)?.write_raw_packet(&RawPcapPacket {
+                ts_sec: 0,
+                ts_frac: 0,
+                incl_len: data.len() as u32,
+                orig_len: data.len() as u32,
+                data: data.into(),
+            })
+        });
+    match written {
+        Ok(_) => format!(
+            "saved as {} (observer replay [--kernel] --local {LOCAL4} --local {LOCAL6} FILE)",
+            path.display()
+        ),
+        Err(e) => format!("not saved: {}: {e}", path.display()),
+    }
+}
+
+/// When to stop.
+#[derive(Clone, Copy, Debug)]
+pub enum Budget {
+    /// After this many frames.
+    Frames(u64),
+    /// At this time.
+    Until(Instant),
+}
+
+/// What a run compared.
+#[derive(Clone, Copy, Debug)]
+pub struct Agreement {
+    /// Frames run through both classifiers.
+    pub frames: u64,
+    /// Rows compared (summed over batches).
+    pub rows: usize,
+}
+
+/// Runs frames generated from `seed` through the programs and the native
+/// classifier until `budget` is spent. The calling thread is pinned to its
+/// CPU. `Err` describes the first difference: the frame (hex-dumped and
+/// saved as a pcap) and the rows that differ.
+pub fn fuzz(seed: u64, budget: Budget) -> Result<Agreement, String> {
+    pin_to_one_cpu();
+
+    let ports = PortConfig::default();
+    let local: Vec<IpAddr> = vec![
+        IpAddr::V4(LOCAL4.parse::<Ipv4Addr>().unwrap()),
+        IpAddr::V6(LOCAL6.parse::<Ipv6Addr>().unwrap()),
+    ];
+    let observer = Observer::load(&LoadConfig {
+        max_flows: engine::REPLAY_MAX_FLOWS,
+        ports: ports.clone(),
+        defer_tc_ingress: true,
+    })
+    .map_err(|e| format!("loading the programs: {e:#}"))?;
+    let mut kernel =
+        Replayer::new(observer, &ports, local.clone()).map_err(|e| format!("{e:#}"))?;
+    let mut native = NativeEngine::new(&ports, local).map_err(|e| format!("{e:#}"))?;
+    let sets = allow_sets();
+    kernel
+        .apply_allow_sets(&sets)
+        .map_err(|e| format!("{e:#}"))?;
+    native
+        .apply_allow_sets(&sets)
+        .map_err(|e| format!("{e:#}"))?;
+
+    let seeds = reference_frames();
+    let mut rng = Rng(seed | 1);
+    let mut tried = 0u64;
+    let mut index = 0u32;
+    let mut rows_compared = 0usize;
+    loop {
+        let done = match budget {
+            Budget::Until(at) => Instant::now() >= at,
+            Budget::Frames(frames) => tried >= frames,
+        };
+        if done {
+            break;
+        }
+        let batch: Vec<Frame> = (0..BATCH)
+            .map(|i| frame(tried + i as u64 + 1, next_frame(&mut rng, &seeds)))
+            .collect();
+        tried += BATCH as u64;
+        index += 1;
+        let from_kernel = run_batch(&mut kernel, &batch, index);
+        let from_native = run_batch(&mut native, &batch, index);
+        rows_compared += from_kernel.len();
+        if from_kernel == from_native {
+            continue;
+        }
+        // Find the first frame that differs on its own.
+        for f in &batch {
+            index += 1;
+            let one = std::slice::from_ref(f);
+            let (k, n) = (
+                run_batch(&mut kernel, one, index),
+                run_batch(&mut native, one, index),
+            );
+            if k != n {
+                let saved = save(&f.data, seed);
+                return Err(format!(
+                    "seed 0x{seed:x}, frame {} ({} bytes) differs:\n{}frame:{}\n{saved}",
+                    f.number,
+                    f.data.len(),
+                    differences(&k, &n),
+                    hex(&f.data),
+                ));
+            }
+        }
+        return Err(format!(
+            "seed 0x{seed:x}: batch {index} differs, but no frame does alone:\n{}",
+            differences(&from_kernel, &from_native)
+        ));
+    }
+    Ok(Agreement {
+        frames: tried,
+        rows: rows_compared,
+    })
+}
