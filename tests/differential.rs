@@ -43,11 +43,17 @@ fn native_and_kernel_classifiers_agree_on_random_and_mutated_frames() {
         return;
     }
     let seed = env_u64("OBSERVER_DIFF_SEED").unwrap_or(DEFAULT_SEED);
-    let budget = match env_u64("OBSERVER_DIFF_SECONDS") {
-        Some(seconds) => Budget::Until(Instant::now() + Duration::from_secs(seconds)),
-        None => Budget::Frames(env_u64("OBSERVER_DIFF_FRAMES").unwrap_or(DEFAULT_FRAMES)),
+    let (budget, told) = match env_u64("OBSERVER_DIFF_SECONDS") {
+        Some(seconds) => (
+            Budget::Until(Instant::now() + Duration::from_secs(seconds)),
+            format!("{seconds} s"),
+        ),
+        None => {
+            let frames = env_u64("OBSERVER_DIFF_FRAMES").unwrap_or(DEFAULT_FRAMES);
+            (Budget::Frames(frames), format!("{frames} frames"))
+        }
     };
-    eprintln!("seed 0x{seed:x}, {budget:?}");
+    eprintln!("seed 0x{seed:x}, {told}");
     let agreement = fuzz(seed, budget).unwrap_or_else(|difference| panic!("{difference}"));
     eprintln!(
         "{} frames, {} rows: the same in both classifiers",

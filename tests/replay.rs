@@ -107,8 +107,8 @@ fn replay_both(ns: &Netns, args: &[&str]) -> ObserverRun {
     assert!(!captures.is_empty(), "no replay lines: {:#?}", native.lines);
     for iface in captures {
         let iface = iface.as_str().unwrap();
-        assert_eq!(summary(&native, iface)["classifier"], "native");
-        assert_eq!(summary(&kernel, iface)["classifier"], "kernel");
+        assert_eq!(summary(&native, iface)["engine"], "native");
+        assert_eq!(summary(&kernel, iface)["engine"], "bpf_test_run");
         assert_eq!(
             rows_of(&native, iface),
             rows_of(&kernel, iface),
@@ -827,4 +827,77 @@ fn damaged_and_foreign_files_name_the_file_frame_and_exit_status() {
         "frame 3: packet of interface 5, which no interface description block declares",
     );
     assert_eq!(counted, 2);
+}
+
+// ---------------------------------------------------------------------------
+// Without privileges.
+
+/// The native engine needs no privileges: as user nobody, a replay counts
+/// every frame, says once that this node's allow-sets were not read, and
+/// applies --allow-cidr; --allow-set (which needs ipset and nft) and
+/// --kernel (which loads programs) are refused with exit status 2.
+#[test]
+fn replay_without_privileges_counts_with_the_native_engine() {
+    use std::os::unix::fs::PermissionsExt;
+    if !support::have_root("replay_without_privileges_counts_with_the_native_engine") {
+        return;
+    }
+    let (bytes, record) = small_pcap();
+    let path = temp_path("unpriv", "pcap");
+    let files = TempFiles(vec![path.clone()]);
+    fs::write(&path, &bytes).unwrap();
+    fs::set_permissions(&path, fs::Permissions::from_mode(0o644)).unwrap();
+    let file = files.0[0].to_str().unwrap();
+    let as_nobody = |args: &[&str]| {
+        let output = Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg(env!("CARGO_BIN_EXE_observer"))
+            .args(["replay", "--output", "json"])
+            .args(args)
+            .env("OBSERVER_LOG", "error")
+            .output()
+            .expect("running observer replay as nobody");
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        ObserverRun {
+            lines: stdout
+                .lines()
+                .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad JSON {l:?}: {e}")))
+                .collect(),
+            status: output.status,
+            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        }
+    };
+    let run = as_nobody(&["--allow-cidr", "198.18.0.0/24", file]);
+    assert!(run.status.success(), "{}: {}", run.status, run.stderr);
+    assert_eq!(summary(&run, file)["engine"], "native");
+    assert_eq!(
+        run.counts(file, "rx", "vxlan", Some(B_IP), 42),
+        (FRAMES as u64, (FRAMES * (record - 16)) as u64)
+    );
+    let vxlan_set = run
+        .lines
+        .iter()
+        .find(|l| l["type"] == "allow_set" && l["proto"] == "vxlan")
+        .expect("an allow_set line");
+    assert_eq!(vxlan_set["active"], true, "--allow-cidr applies");
+    assert!(
+        vxlan_set["problems"][0]
+            .as_str()
+            .unwrap()
+            .contains("were not read: ipset and nft need CAP_NET_ADMIN"),
+        "{vxlan_set}"
+    );
+    for refused in [
+        &["--allow-set", "cali40all-vxlan-net", file][..],
+        &["--kernel", file],
+    ] {
+        let run = as_nobody(refused);
+        assert_eq!(
+            run.status.code(),
+            Some(EXIT_USAGE),
+            "{refused:?}: {}",
+            run.stderr
+        );
+        assert!(run.lines.is_empty(), "{refused:?}: nothing printed");
+    }
 }

@@ -52,8 +52,31 @@ pub trait Frame {
     /// or the bytes lie beyond [`HEADER_WINDOW`]. Offsets need not be
     /// aligned for `T`. Implementations pass `off` through
     /// [`window_offset`] before using it as a pointer offset.
-    fn read<T: Copy>(&self, off: usize) -> Option<T>;
+    fn read<T: Plain>(&self, off: usize) -> Option<T>;
 }
+
+/// Types a frame's bytes may be read as: every bit pattern is a valid
+/// value (integers, arrays of them, and the `repr(C)` headers made of
+/// them), so reading one from arbitrary bytes is sound.
+///
+/// # Safety
+///
+/// Implement only for types without padding, references, `bool`, `char`
+/// or enums.
+pub unsafe trait Plain: Copy {}
+
+// SAFETY: integers and arrays of integers: any bytes are a valid value.
+unsafe impl Plain for u16 {}
+// SAFETY: as above.
+unsafe impl<const N: usize> Plain for [u8; N] {}
+// SAFETY: as above.
+unsafe impl<const N: usize> Plain for [u16; N] {}
+// SAFETY: repr(C) structs of integers and integer arrays, no padding.
+unsafe impl Plain for Ipv4Hdr {}
+// SAFETY: as above.
+unsafe impl Plain for Ipv6Hdr {}
+// SAFETY: as above.
+unsafe impl Plain for EncapHdr {}
 
 /// The UDP port table: port -> protocol byte (a [`Proto`], plus
 /// [`PORT_MATCH_SOURCE`]); 0 for ports that name no encapsulation. The
@@ -69,11 +92,11 @@ pub struct SliceFrame<'a>(pub &'a [u8]);
 
 impl Frame for SliceFrame<'_> {
     #[inline(always)]
-    fn read<T: Copy>(&self, off: usize) -> Option<T> {
+    fn read<T: Plain>(&self, off: usize) -> Option<T> {
         let off = window_offset(off, core::mem::size_of::<T>())?;
         let bytes = self.0.get(off..off + core::mem::size_of::<T>())?;
-        // SAFETY: `bytes` holds size_of::<T>() bytes; every T read here is
-        // plain data (integers and arrays of them), valid for any bytes.
+        // SAFETY: `bytes` holds size_of::<T>() bytes, and any bytes are a
+        // valid T (`Plain`).
         Some(unsafe { core::ptr::read_unaligned(bytes.as_ptr() as *const T) })
     }
 }
@@ -89,7 +112,7 @@ pub struct PacketFrame {
 
 impl Frame for PacketFrame {
     #[inline(always)]
-    fn read<T: Copy>(&self, off: usize) -> Option<T> {
+    fn read<T: Plain>(&self, off: usize) -> Option<T> {
         let at = self.start + window_offset(off, core::mem::size_of::<T>())?;
         if at + core::mem::size_of::<T>() > self.end {
             return None;
@@ -114,7 +137,7 @@ pub struct CopiedFrame {
 
 impl Frame for CopiedFrame {
     #[inline(always)]
-    fn read<T: Copy>(&self, off: usize) -> Option<T> {
+    fn read<T: Plain>(&self, off: usize) -> Option<T> {
         let off = window_offset(off, core::mem::size_of::<T>())?;
         if off + core::mem::size_of::<T>() > self.len {
             return None;
@@ -278,6 +301,15 @@ pub struct Classified {
 }
 
 impl Classified {
+    /// An unclassified frame that keeps where its IP packet ends: XDP needs
+    /// it to count a frame whose data continues in fragments.
+    #[inline(always)]
+    const fn unclassified_ending_at(reason: Unclassified, ip_end: usize) -> Self {
+        let mut c = Classified::unclassified(reason);
+        c.ip_end = ip_end;
+        c
+    }
+
     #[inline(always)]
     const fn unclassified(reason: Unclassified) -> Self {
         Classified {
@@ -388,7 +420,7 @@ pub fn classify<F: Frame, P: PortTable>(f: &F, direction: Direction, ports: &P) 
             c.ip_end = ip_end(off + 40, u16::from_be(h.payload_len) as usize);
             match ipv6_payload(f, off + 40, h.next_header) {
                 Ok(l4) => l4,
-                Err(reason) => return Classified::unclassified(reason),
+                Err(reason) => return Classified::unclassified_ending_at(reason, c.ip_end),
             }
         }
         _ => return Classified::unclassified(Unclassified::Unsupported),
@@ -400,7 +432,7 @@ pub fn classify<F: Frame, P: PortTable>(f: &F, direction: Direction, ports: &P) 
             IPPROTO_IPIP => Proto::Ipip,
             IPPROTO_IPV6 => Proto::Ip6ip,
             IPPROTO_GRE => Proto::Gre,
-            _ => return Classified::unclassified(Unclassified::None),
+            _ => return Classified::unclassified_ending_at(Unclassified::None, c.ip_end),
         };
         return c;
     }
@@ -426,13 +458,12 @@ pub fn classify<F: Frame, P: PortTable>(f: &F, direction: Direction, ports: &P) 
     };
     let encap = match encap {
         Ok(e) => e,
-        Err(reason) => return Classified::unclassified(reason),
+        Err(reason) => return Classified::unclassified_ending_at(reason, c.ip_end),
     };
     if encap.proto == Proto::Other {
-        let mut plain = Classified::unclassified(Unclassified::None);
+        let mut plain = Classified::unclassified_ending_at(Unclassified::None, c.ip_end);
         plain.l4_off = l4_off;
         plain.l4_proto = l4_proto;
-        plain.ip_end = c.ip_end;
         return plain;
     }
     c.proto = encap.proto;

@@ -22,7 +22,7 @@ use observer::{
         engine::{self, Replayer},
         native::NativeEngine,
     },
-    model::facts::{AllowSets, SetSource},
+    model::facts::{AllowSets, Family, SetSource},
     model::ports::PortConfig,
 };
 
@@ -352,41 +352,31 @@ fn run_batch(engine: &mut dyn Engine, frames: &[Frame], index: u32) -> Rows {
     out
 }
 
-fn allow_sets() -> AllowSets {
+/// Allow-set configurations the batches cycle through: both families
+/// checked, IPv4 only, sets that exist but are empty (nobody allowed), a
+/// /0, none at all. A change between batches makes the programs decide
+/// their cached verdicts again (a new generation).
+fn allow_sets(variant: usize) -> AllowSets {
     let mut sets = AllowSets::default();
-    for (set, prefixes) in [
-        (
-            &mut sets.vxlan,
-            ["10.0.0.1/32", "10.0.0.2/32", "fd00::/127"],
+    let (vxlan, ipip, family): (&[&str], &[&str], _) = match variant % 5 {
+        0 => (
+            &["10.0.0.1/32", "10.0.0.2/32", "fd00::/127"],
+            &["10.0.0.0/30", "10.0.0.2/32", "fd00::2/128"],
+            None,
         ),
-        (
-            &mut sets.ipip,
-            ["10.0.0.0/30", "10.0.0.2/32", "fd00::2/128"],
-        ),
-    ] {
+        1 => (&["10.0.0.1/32"], &["10.0.0.3/32"], Some(Family::V4)),
+        2 => (&[], &[], Some(Family::V6)),
+        3 => (&["0.0.0.0/0"], &["fd00::/16"], None),
+        _ => return sets,
+    };
+    for (set, prefixes) in [(&mut sets.vxlan, vxlan), (&mut sets.ipip, ipip)] {
         set.add(
             SetSource::AllowCidr,
-            None,
+            family,
             prefixes.iter().map(|p| p.parse().unwrap()),
         );
     }
     sets
-}
-
-/// Pins this thread to the CPU it runs on: the programs' counters are
-/// per CPU, and their inner sample is the last one on one CPU.
-fn pin_to_one_cpu() {
-    // SAFETY: plain system calls on this thread's own affinity mask.
-    unsafe {
-        let cpu = libc::sched_getcpu().max(0) as usize;
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
-        assert_eq!(
-            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set),
-            0,
-            "sched_setaffinity"
-        );
-    }
 }
 
 /// The rows on which `kernel` and `native` differ, one per line.
@@ -463,8 +453,6 @@ pub struct Agreement {
 /// CPU. `Err` describes the first difference: the frame (hex-dumped and
 /// saved as a pcap) and the rows that differ.
 pub fn fuzz(seed: u64, budget: Budget) -> Result<Agreement, String> {
-    pin_to_one_cpu();
-
     let ports = PortConfig::default();
     let local: Vec<IpAddr> = vec![
         IpAddr::V4(LOCAL4.parse::<Ipv4Addr>().unwrap()),
@@ -479,13 +467,6 @@ pub fn fuzz(seed: u64, budget: Budget) -> Result<Agreement, String> {
     let mut kernel =
         Replayer::new(observer, &ports, local.clone()).map_err(|e| format!("{e:#}"))?;
     let mut native = NativeEngine::new(&ports, local).map_err(|e| format!("{e:#}"))?;
-    let sets = allow_sets();
-    kernel
-        .apply_allow_sets(&sets)
-        .map_err(|e| format!("{e:#}"))?;
-    native
-        .apply_allow_sets(&sets)
-        .map_err(|e| format!("{e:#}"))?;
 
     let seeds = reference_frames();
     let mut rng = Rng(seed | 1);
@@ -505,6 +486,13 @@ pub fn fuzz(seed: u64, budget: Budget) -> Result<Agreement, String> {
             .collect();
         tried += BATCH as u64;
         index += 1;
+        let sets = allow_sets(rng.below(5));
+        kernel
+            .apply_allow_sets(&sets)
+            .map_err(|e| format!("{e:#}"))?;
+        native
+            .apply_allow_sets(&sets)
+            .map_err(|e| format!("{e:#}"))?;
         let from_kernel = run_batch(&mut kernel, &batch, index);
         let from_native = run_batch(&mut native, &batch, index);
         rows_compared += from_kernel.len();

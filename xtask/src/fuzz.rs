@@ -18,10 +18,20 @@ pub struct FuzzArgs {
     #[arg(long, default_value_t = 300)]
     pub seconds: u64,
 
-    /// Seed of the differential test (default: from the clock; printed,
-    /// so that a failure can be replayed with it).
-    #[arg(long)]
+    /// Seed of the differential test, decimal or 0x hex as printed
+    /// (default: from the clock; printed, so that a failure can be
+    /// replayed with it).
+    #[arg(long, value_parser = parse_seed)]
     pub seed: Option<u64>,
+}
+
+/// A seed as the test prints it (`0x...`) or in decimal.
+fn parse_seed(text: &str) -> Result<u64, String> {
+    match text.strip_prefix("0x") {
+        Some(hex) => u64::from_str_radix(hex, 16),
+        None => text.parse(),
+    }
+    .map_err(|e| format!("{text:?}: {e}"))
 }
 
 /// The fuzz target.

@@ -91,10 +91,13 @@ pub enum Command {
     ///
     /// Every frame of each pcap or pcapng file (from `tcpdump -w`; link types
     /// Ethernet, Linux cooked v1/v2, raw IP, BSD/macOS loopback and NFLOG)
-    /// goes through the observer's
-    /// own eBPF classifier in the kernel with BPF_PROG_TEST_RUN: no interface
-    /// is touched, but loading the programs needs root or CAP_BPF,
-    /// CAP_NET_ADMIN and CAP_PERFMON. The rows are attach's (same table and
+    /// goes through the observer's own classifier: the eBPF programs' parser
+    /// and checks, compiled into this binary (no privileges needed; this
+    /// node's allow-sets are read when ipset and nft may be run). With
+    /// --kernel the programs themselves are loaded into this kernel,
+    /// attached to nothing, and run on each frame with BPF_PROG_TEST_RUN
+    /// (root, or CAP_BPF, CAP_NET_ADMIN and CAP_PERFMON). Both count the
+    /// same. The rows are attach's (same table and
     /// JSON lines), one set per capture with the file as `iface`; rates are
     /// per second of capture time. Frames are received (rx, peer = outer
     /// source) unless their outer source is a --local address: those were
@@ -105,7 +108,7 @@ pub enum Command {
     /// Exit status: 0 every capture read to its end; 1 a capture is damaged
     /// (the error names the file and frame; what was read before it is
     /// printed); 2 usage or environment error (file missing, not a capture,
-    /// unsupported link type, no privileges).
+    /// unsupported link type, no privileges for --kernel).
     ///
     /// Example: observer replay node-a.pcap
     ///          observer replay --local 10.0.0.5 eth0.pcap --output json
@@ -317,9 +320,12 @@ pub struct ReplayArgs {
     #[arg(long = "allow-cidr", value_name = "[PROTO=]CIDR")]
     pub allow_cidrs: Vec<Tagged<ipnet::IpNet>>,
 
-    /// Classify with the loaded eBPF programs (BPF_PROG_TEST_RUN per frame;
-    /// needs CAP_BPF) instead of the same parser compiled into observer.
-    /// Both count the same; this checks this kernel's verdict on a capture.
+    /// Load the observer's eBPF programs into this kernel (attached to
+    /// nothing) and run each frame through them with BPF_PROG_TEST_RUN,
+    /// instead of their parser compiled into observer. Needs root, or
+    /// CAP_BPF, CAP_NET_ADMIN and CAP_PERFMON. Counts the same, about ten
+    /// times slower: use it to see what this kernel's build of the
+    /// programs makes of a capture.
     #[arg(long)]
     pub kernel: bool,
 }

@@ -744,6 +744,7 @@ fn allow_set_config(settings: &Settings) -> AllowSetConfig {
     AllowSetConfig {
         sets: settings.allow_sets.clone(),
         cidrs: settings.allow_cidrs.clone(),
+        skip_node_sets: None,
     }
 }
 

@@ -263,7 +263,8 @@ impl NodeChecks {
             }
             let set = snapshot.get(kind);
             let looked_for = allowsets::looked_for(&self.config, kind);
-            if !set.active() {
+            // When the node's sets were not read, the problem says so.
+            if !set.active() && self.config.skip_node_sets.is_none() {
                 tracing::warn!(
                     proto = kind.name(),
                     looked_for = %looked_for.join(", "),

@@ -54,6 +54,9 @@ pub struct AllowSetConfig {
     pub sets: Vec<Tagged<String>>,
     /// Fixed prefixes per kind.
     pub cidrs: Vec<Tagged<IpNet>>,
+    /// Why this node's sets (ipset, nftables) are not read, if they are
+    /// not: the reason is reported as a problem and only `cidrs` count.
+    pub skip_node_sets: Option<String>,
 }
 
 /// Reads every configured set from ipset and nftables in the current
@@ -61,6 +64,11 @@ pub struct AllowSetConfig {
 /// `problems` and the rest still counts.
 pub fn read(config: &AllowSetConfig) -> AllowSets {
     let mut snapshot = AllowSets::default();
+    if let Some(why) = &config.skip_node_sets {
+        snapshot.problems.push(why.clone());
+        add_cidrs(config, &mut snapshot);
+        return snapshot;
+    }
     let wanted: Vec<(SetKind, Vec<&str>)> = SetKind::ALL
         .into_iter()
         .map(|kind| {
@@ -123,13 +131,18 @@ pub fn read(config: &AllowSetConfig) -> AllowSets {
                 );
             }
         }
-        for cidr in config.cidrs.iter().filter(|c| c.kind == kind) {
-            snapshot
-                .get_mut(kind)
-                .add(SetSource::AllowCidr, None, [cidr.value.trunc()]);
-        }
     }
+    add_cidrs(config, &mut snapshot);
     snapshot
+}
+
+/// Adds the `--allow-cidr` prefixes to their kinds' sets.
+fn add_cidrs(config: &AllowSetConfig, snapshot: &mut AllowSets) {
+    for cidr in &config.cidrs {
+        snapshot
+            .get_mut(cidr.kind)
+            .add(SetSource::AllowCidr, None, [cidr.value.trunc()]);
+    }
 }
 
 fn mark_incomplete(snapshot: &mut AllowSets, kind: SetKind) {

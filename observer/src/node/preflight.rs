@@ -27,6 +27,13 @@ pub fn missing_privileges() -> Vec<&'static str> {
     missing_capabilities(parse_cap_eff(&status).unwrap_or(0))
 }
 
+/// Whether the process may read and change the network configuration
+/// (CAP_NET_ADMIN: what ipset and nft need to list sets).
+pub fn has_net_admin() -> bool {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    parse_cap_eff(&status).is_some_and(|caps| caps & (1u64 << CAP_NET_ADMIN) != 0)
+}
+
 /// Fails with the missing capabilities named, when the process lacks them.
 pub fn check_privileges() -> Result<()> {
     let missing = missing_privileges();

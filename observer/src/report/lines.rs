@@ -328,9 +328,9 @@ pub struct ReplayLine<'a> {
     /// The capture's number (from 1); rows carry it as `ifindex`.
     pub ifindex: u32,
     pub format: &'static str,
-    /// `native` (the programs' parser compiled into observer) or `kernel`
-    /// (`--kernel`: the loaded programs, by BPF_PROG_TEST_RUN).
-    pub classifier: &'static str,
+    /// `native` (the programs' parser compiled into observer) or
+    /// `bpf_test_run` (`--kernel`: the programs loaded into this kernel).
+    pub engine: &'static str,
     pub frames: u64,
     pub tx_frames: u64,
     pub truncated: u64,

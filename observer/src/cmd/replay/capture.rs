@@ -560,7 +560,7 @@ fn nflog_payload(record: &[u8]) -> Option<&[u8]> {
 /// The outer source address of an Ethernet frame (up to two VLAN tags, like
 /// the classifier), or `None` when it carries no complete outer IP source.
 /// Only decides which program a replayed frame goes through (sent by a
-/// `--local` address or not); classifying is the programs' job.
+/// `--local` address or not); classifying is the parser's job.
 pub fn outer_source(frame: &[u8]) -> Option<IpAddr> {
     let mut offset = 12;
     let mut ethertype = u16::from_be_bytes(frame.get(offset..offset + 2)?.try_into().ok()?);

@@ -21,9 +21,9 @@ pub struct FrameOutcome {
     /// Counted as sent (its outer source is `--local`).
     pub tx: bool,
     /// Longer than a test run takes: classified on its first bytes; its
-    /// row still gets every captured byte (see the module's docs).
+    /// row still gets every captured byte (see `engine`'s module docs).
     pub cut: bool,
-    /// The kernel refused to test-run it (see [`Replayer`]): classified by
+    /// The kernel refused to test-run it (see `engine::Replayer`): classified by
     /// the native build of the same parser.
     pub refused: bool,
 }
@@ -58,7 +58,7 @@ pub struct FileRows {
 
 /// Classifies frames and keeps per-capture rows.
 pub trait Engine: AllowSetSink {
-    /// `native` or `kernel`, for the replay lines.
+    /// `native` or `bpf_test_run`, for the replay lines.
     fn name(&self) -> &'static str;
 
     /// Classifies and counts one frame. Frames shorter than an Ethernet

@@ -25,7 +25,7 @@ use std::{
     time::{Duration, SystemTime},
 };
 
-use anyhow::{Context, Result, anyhow};
+use anyhow::{Context, Result, anyhow, bail};
 
 use crate::{
     bpf::{LoadConfig, Observer},
@@ -86,7 +86,7 @@ fn replay(args: &ReplayArgs) -> Result<u8> {
     let ports = args.ports.resolve(Default::default());
     let mut engine: Box<dyn Engine> = if args.kernel {
         preflight::check_privileges().context(
-            "replay --kernel runs every frame through the eBPF classifier with BPF_PROG_TEST_RUN, which needs CAP_BPF (without --kernel the same parser runs in this process)",
+            "replay --kernel loads the eBPF programs and runs every frame through them with BPF_PROG_TEST_RUN (without --kernel the same parser runs in this process, unprivileged)",
         )?;
         let observer = Observer::load(&LoadConfig {
             max_flows: engine::REPLAY_MAX_FLOWS,
@@ -98,9 +98,21 @@ fn replay(args: &ReplayArgs) -> Result<u8> {
     } else {
         Box::new(NativeEngine::new(&ports, args.local.clone())?)
     };
+    // ipset and nft cannot list sets without CAP_NET_ADMIN: an unprivileged
+    // replay says so once and counts with --allow-cidr only, instead of
+    // printing each tool's refusal.
+    let skip_node_sets = (!preflight::has_net_admin()).then(|| {
+        "this node's allow-sets (Calico's ipset and nftables sets) were not read: ipset and nft need CAP_NET_ADMIN; only --allow-cidr applies (run as root to include them)".to_string()
+    });
+    if skip_node_sets.is_some() && !args.allow_sets.is_empty() {
+        bail!(
+            "--allow-set reads sets with ipset and nft, which need CAP_NET_ADMIN: run as root, or give the prefixes with --allow-cidr"
+        );
+    }
     let allow = AllowSetConfig {
         sets: args.allow_sets.clone(),
         cidrs: args.allow_cidrs.clone(),
+        skip_node_sets,
     };
     let mut checks = NodeChecks::new(allow, Duration::MAX);
     // No local VNIs are written: the capture's belong to the node that
@@ -220,7 +232,7 @@ fn timestamp(since_epoch: Duration) -> String {
 fn print(
     format: Format,
     reports: &[crate::report::lines::AllowSetLine],
-    classifier: &'static str,
+    engine: &'static str,
     replayed: &[Replayed],
     snapshot: &Snapshot<'_>,
 ) -> io::Result<()> {
@@ -235,7 +247,7 @@ fn print(
                     iface: &r.name,
                     ifindex: i as u32 + 1,
                     format: r.format,
-                    classifier,
+                    engine,
                     frames: r.counts.frames,
                     tx_frames: r.counts.tx_frames,
                     truncated: r.counts.truncated,
@@ -253,18 +265,24 @@ fn print(
         Format::Table => {
             for r in replayed {
                 let c = &r.counts;
+                // Only the test runs cut or refuse frames.
+                let test_runs = if engine == "native" {
+                    String::new()
+                } else {
+                    format!(
+                        ", {} cut to the test-run limit, {} refused by the test run",
+                        c.cut, c.refused
+                    )
+                };
                 writeln!(
                     out,
-                    "replay {} ({}, {} classifier): {} frames, {} sent by --local, {} truncated by the snap length ({} bytes not captured), {} cut to the test-run limit, {} refused by the test run{}",
+                    "replay {} ({}, {engine} engine): {} frames, {} sent by --local, {} truncated by the snap length ({} bytes not captured){test_runs}{}",
                     r.name,
                     r.format,
-                    classifier,
                     c.frames,
                     c.tx_frames,
                     c.truncated,
                     c.truncated_bytes,
-                    c.cut,
-                    c.refused,
                     r.error
                         .as_ref()
                         .map_or(String::new(), |(e, _)| format!("; STOPPED: {e}"))

@@ -7,9 +7,10 @@
 //! classified as XDP does (rx, then the classifier checks and `path_mtu`),
 //! a frame from a `--local` address as tc egress does (tx, no checks).
 //! What a test run gives the programs is mirrored too: no interface MTU
-//! and no local VNIs (they belong to the node that captured), the
-//! allow-sets of the command line. `tests/differential.rs` runs random and
-//! mutated frames through both and fails on any difference.
+//! and no local VNIs (they belong to the node that captured), and the
+//! allow-sets replay reads (`--allow-cidr`, `--allow-set` and this node's
+//! Calico sets). `tests/differential.rs` runs random and mutated frames
+//! through both and fails on any difference.
 
 use std::{collections::HashMap, hash::Hash, net::IpAddr};
 

@@ -184,7 +184,9 @@ impl Known {
     fn allowed(&self, proto: Proto, addr: IpAddr) -> Option<bool> {
         let kind = SetKind::guarding(proto)?;
         let set = self.allow.as_ref()?.get(kind);
-        if !set.active() {
+        // A family without a set is not checked (as in the programs).
+        let checked = if addr.is_ipv4() { set.ipv4 } else { set.ipv6 };
+        if !set.active() || !checked {
             return None;
         }
         // One set lookup per prefix length rather than a scan of every
@@ -255,4 +257,30 @@ pub struct FindingRecord {
     pub duration_s: Option<f64>,
     /// What the kind means.
     pub meaning: &'static str,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::facts::{AllowSets, Family, SetSource};
+
+    #[test]
+    fn a_family_without_a_set_is_not_judged() {
+        let mut allow = AllowSets::default();
+        allow.vxlan.add(
+            SetSource::Ipset("cali40all-vxlan-net".into()),
+            Some(Family::V4),
+            ["10.0.0.1/32".parse().unwrap()],
+        );
+        let known = Known {
+            allow: Some(allow),
+            ..Known::default()
+        };
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        assert_eq!(known.allowed(Proto::Vxlan, ip("10.0.0.1")), Some(true));
+        assert_eq!(known.allowed(Proto::Vxlan, ip("10.0.0.2")), Some(false));
+        // No IPv6 set: the programs do not check IPv6 sources, nor do we.
+        assert_eq!(known.allowed(Proto::Vxlan, ip("fd00::1")), None);
+        assert_eq!(known.allowed(Proto::Ipip, ip("10.0.0.2")), None);
+    }
 }
