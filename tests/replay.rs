@@ -58,8 +58,15 @@ const EXIT_USAGE: i32 = 2;
 
 /// Runs `observer replay --output json ARGS...` inside `ns`.
 fn replay(ns: &Netns, args: &[&str]) -> ObserverRun {
-    let output = Command::new("ip")
-        .args(["netns", "exec", ns.name()])
+    let mut cmd = Command::new("ip");
+    cmd.args(["netns", "exec", ns.name()]);
+    replay_with(cmd, args)
+}
+
+/// Runs `observer replay --output json ARGS...` as an argument of `cmd`
+/// (a namespace, another user).
+fn replay_with(mut cmd: Command, args: &[&str]) -> ObserverRun {
+    let output = cmd
         .arg(env!("CARGO_BIN_EXE_observer"))
         .args(["replay", "--output", "json"])
         .args(args)
@@ -849,23 +856,9 @@ fn replay_without_privileges_counts_with_the_native_engine() {
     fs::set_permissions(&path, fs::Permissions::from_mode(0o644)).unwrap();
     let file = files.0[0].to_str().unwrap();
     let as_nobody = |args: &[&str]| {
-        let output = Command::new("setpriv")
-            .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
-            .arg(env!("CARGO_BIN_EXE_observer"))
-            .args(["replay", "--output", "json"])
-            .args(args)
-            .env("OBSERVER_LOG", "error")
-            .output()
-            .expect("running observer replay as nobody");
-        let stdout = String::from_utf8_lossy(&output.stdout);
-        ObserverRun {
-            lines: stdout
-                .lines()
-                .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad JSON {l:?}: {e}")))
-                .collect(),
-            status: output.status,
-            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
-        }
+        let mut setpriv = Command::new("setpriv");
+        setpriv.args(["--reuid=65534", "--regid=65534", "--clear-groups"]);
+        replay_with(setpriv, args)
     };
     let run = as_nobody(&["--allow-cidr", "198.18.0.0/24", file]);
     assert!(run.status.success(), "{}: {}", run.status, run.stderr);

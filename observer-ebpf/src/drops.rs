@@ -9,10 +9,9 @@ use observer_common::{
 };
 
 use crate::{
-    maps::MapPorts,
     maps::{
-        CONFIG, DROPS, IFACE_MTU, IPIP_ALLOW4, IPIP_ALLOW6, LOCAL_VNIS, VXLAN_ALLOW4, VXLAN_ALLOW6,
-        config_on,
+        CONFIG, DROPS, IFACE_MTU, IPIP_ALLOW4, IPIP_ALLOW6, LOCAL_VNIS, MapPorts, VXLAN_ALLOW4,
+        VXLAN_ALLOW6, config_on,
     },
     parse::Classified,
 };

@@ -464,8 +464,7 @@ pub fn fuzz(seed: u64, budget: Budget) -> Result<Agreement, String> {
         defer_tc_ingress: true,
     })
     .map_err(|e| format!("loading the programs: {e:#}"))?;
-    let mut kernel =
-        Replayer::new(observer, &ports, local.clone()).map_err(|e| format!("{e:#}"))?;
+    let mut kernel = Replayer::new(observer, local.clone()).map_err(|e| format!("{e:#}"))?;
     let mut native = NativeEngine::new(&ports, local).map_err(|e| format!("{e:#}"))?;
 
     let seeds = reference_frames();

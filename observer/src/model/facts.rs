@@ -77,6 +77,14 @@ impl AllowSet {
         self.sources.iter().map(SetSource::short_name).collect()
     }
 
+    /// Whether the set lets `addr` send: `None` when it does not check
+    /// `addr`'s family (see [`AllowSet::lookup`] for many tests).
+    pub fn allows(&self, addr: IpAddr) -> Option<bool> {
+        let max_len = if addr.is_ipv4() { 32 } else { 128 };
+        checks_family(self.ipv4, self.ipv6, addr)
+            .then(|| held(addr, 0..=max_len, |net| self.prefixes.contains(net)))
+    }
+
     /// The set indexed for membership tests, as the programs' LPM tries
     /// answer them.
     pub fn lookup(&self) -> AllowLookup {
@@ -134,15 +142,34 @@ impl AllowLookup {
     /// Whether the set checks `addr`'s family and holds no prefix
     /// containing it (the `calico_allow_set` drop reason).
     pub fn refuses(&self, addr: IpAddr) -> bool {
-        let (checked, lengths) = match addr {
-            IpAddr::V4(_) => (self.ipv4, &self.v4_lengths),
-            IpAddr::V6(_) => (self.ipv6, &self.v6_lengths),
+        let lengths = match addr {
+            IpAddr::V4(_) => &self.v4_lengths,
+            IpAddr::V6(_) => &self.v6_lengths,
         };
-        checked
-            && !lengths.iter().any(|&len| {
-                IpNet::new(addr, len).is_ok_and(|net| self.prefixes.contains(&net.trunc()))
+        checks_family(self.ipv4, self.ipv6, addr)
+            && !held(addr, lengths.iter().copied(), |net| {
+                self.prefixes.contains(net)
             })
     }
+}
+
+/// Whether a set with those families found checks sources like `addr`:
+/// a family without a set is not checked (as in the programs).
+fn checks_family(ipv4: bool, ipv6: bool, addr: IpAddr) -> bool {
+    if addr.is_ipv4() { ipv4 } else { ipv6 }
+}
+
+/// Whether a prefix of one of `lengths` that `contains` knows holds
+/// `addr`: one set lookup per prefix length rather than a scan of every
+/// prefix (sets hold one entry per node, possibly thousands).
+fn held(
+    addr: IpAddr,
+    lengths: impl IntoIterator<Item = u8>,
+    contains: impl Fn(&IpNet) -> bool,
+) -> bool {
+    lengths
+        .into_iter()
+        .any(|len| IpNet::new(addr, len).is_ok_and(|net| contains(&net.trunc())))
 }
 
 /// Where allow-set members were found.

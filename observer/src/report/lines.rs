@@ -336,8 +336,8 @@ pub struct ReplayLine<'a> {
     pub truncated: u64,
     pub truncated_bytes: u64,
     pub cut: u64,
-    /// Frames the kernel refused to test-run (`--kernel` only; classified
-    /// by the native build of the parser).
+    /// Frames the kernel refused to test-run (`--kernel` only; counted as
+    /// unclassified `truncated_l3`, as the parser counts every such frame).
     pub refused: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub first_ts: Option<String>,

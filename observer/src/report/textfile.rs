@@ -496,7 +496,10 @@ impl<K: SeriesKey, const N: usize> SplitFamily<K, N> {
                     series.add(own_labels.clone(), value);
                 }
             }
-            add(other.entry(key.without_peer()).or_insert([0; N]), &to_other);
+            // A zero adds nothing ("other" series of zero are left out).
+            if to_other.iter().any(|v| *v != 0) {
+                add(other.entry(key.without_peer()).or_insert([0; N]), &to_other);
+            }
         }
         // Keys gone from the rows: what they gave "other" stays there.
         let exports = self.exports;

@@ -2,13 +2,16 @@
 //! out) and what both engines share: the per-frame outcome, the
 //! per-capture counts and rows, and how runts and rates are counted.
 
+use std::{collections::HashMap, hash::Hash, net::IpAddr};
+
 use anyhow::Result;
 use observer_common::{Direction, Proto, Unclassified};
 
 use crate::{
     cmd::checks::AllowSetSink,
-    cmd::replay::capture::Frame,
-    model::rows::{DropId, FlowId, KernelReasons, KernelStats, Row},
+    cmd::replay::capture::{self, Frame},
+    model::aggregate::{Aggregator, DropAggregator},
+    model::rows::{DropCounters, DropId, FlowCounters, FlowId, KernelReasons, KernelStats, Row},
 };
 
 /// The kernel refuses test runs of frames shorter than an Ethernet header;
@@ -23,8 +26,8 @@ pub struct FrameOutcome {
     /// Longer than a test run takes: classified on its first bytes; its
     /// row still gets every captured byte (see `engine`'s module docs).
     pub cut: bool,
-    /// The kernel refused to test-run it (see `engine::Replayer`): classified by
-    /// the native build of the same parser.
+    /// The kernel refused to test-run it (see `engine::Replayer`): counted
+    /// as the parser counts every such frame.
     pub refused: bool,
 }
 
@@ -77,40 +80,213 @@ pub trait Engine: AllowSetSink {
     fn kernel_reasons(&self) -> &KernelReasons;
 }
 
-/// Adds `runts` frames of capture `index`, too short to classify, to its
-/// `truncated_l2` row (made when the classifier made none: frames of 14
-/// bytes or more can be `truncated_l2` too, when a VLAN tag is cut).
-pub fn add_runts(rows: &mut Vec<Row>, index: u32, seconds: f64, runts: u64) {
-    if runts == 0 {
-        return;
-    }
-    let id = FlowId {
-        ifindex: index,
-        direction: Direction::Rx,
-        proto: Proto::Other,
-        reason: Unclassified::TruncatedL2,
-        peer: None,
-        vni: 0,
-    };
-    match rows.iter_mut().find(|row| row.id == id) {
-        Some(row) => {
-            row.packets += runts;
-            row.pps = rate(row.packets, seconds);
+/// Per-capture rows from readings of counters kept since the start of a
+/// replay (the programs' maps, or the native engine's): the aggregators
+/// keep the totals, and each capture's rows are what grew since the
+/// previous capture, relabelled with the capture's number.
+pub struct CaptureRows {
+    flows: Aggregator,
+    drops: DropAggregator,
+    /// Totals at the end of the previous capture.
+    flow_seen: HashMap<FlowId, (u64, u64)>,
+    drop_seen: HashMap<DropId, (u64, u64)>,
+    /// Captured bytes the classifier did not count, per row (frames cut to
+    /// a test run's limit; totals since the start).
+    flow_top_up: HashMap<FlowId, u64>,
+    drop_top_up: HashMap<DropId, u64>,
+    /// Frames counted without a classifier run in the current capture
+    /// (see [`CaptureRows::add_unclassified`]).
+    unclassified: Vec<Row>,
+}
+
+/// Packets and bytes per row, to see which rows one frame moved.
+pub type Readings<K> = HashMap<K, (u64, u64)>;
+
+impl Default for CaptureRows {
+    fn default() -> Self {
+        CaptureRows {
+            // Replay keeps every row: forgetting one would lose counts.
+            flows: Aggregator::new(usize::MAX),
+            drops: DropAggregator::new(usize::MAX),
+            flow_seen: HashMap::new(),
+            drop_seen: HashMap::new(),
+            flow_top_up: HashMap::new(),
+            drop_top_up: HashMap::new(),
+            unclassified: Vec::new(),
         }
-        None => rows.push(Row {
-            id,
-            packets: runts,
-            bytes: 0,
-            pps: rate(runts, seconds),
-            bps: 0.0,
-            inner: None,
-            changed: true,
-        }),
     }
 }
 
+impl CaptureRows {
+    /// Folds in one reading of the counters since the start.
+    pub fn update(&mut self, flows: &[(FlowId, FlowCounters)], drops: &[(DropId, DropCounters)]) {
+        self.flows.update(flows);
+        self.drops.update(drops);
+    }
+
+    /// Credits the rows one frame of `frame_len` captured bytes moved
+    /// between `before` and `after` (one flow row, and a drop row when it
+    /// was flagged) with the bytes the classifier did not count.
+    pub fn top_up(
+        &mut self,
+        before: &(Readings<FlowId>, Readings<DropId>),
+        after: &(Readings<FlowId>, Readings<DropId>),
+        frame_len: u64,
+    ) {
+        credit(&before.0, &after.0, frame_len, &mut self.flow_top_up);
+        credit(&before.1, &after.1, frame_len, &mut self.drop_top_up);
+    }
+
+    /// Counts `packets` frames of `bytes` that were not run through a
+    /// classifier in the row `id` of the current capture (its ifindex is
+    /// set when the capture ends); the row says how the parser classifies
+    /// every such frame.
+    pub fn add_unclassified(&mut self, id: FlowId, packets: u64, bytes: u64) {
+        match self.unclassified.iter_mut().find(|row| row.id == id) {
+            Some(row) => {
+                row.packets += packets;
+                row.bytes += bytes;
+            }
+            None => self.unclassified.push(Row {
+                id,
+                packets,
+                bytes,
+                pps: 0.0,
+                bps: 0.0,
+                inner: None,
+                changed: true,
+            }),
+        }
+    }
+
+    /// Ends capture number `index`: the rows that grew since the previous
+    /// capture, with rates over `seconds` (the capture's time span; 0 when
+    /// it is unknown), plus `runts` frames as unclassified `truncated_l2`.
+    pub fn finish(&mut self, index: u32, seconds: f64, runts: u64) -> FileRows {
+        if runts > 0 {
+            self.add_unclassified(
+                unclassified_id(Direction::Rx, Unclassified::TruncatedL2),
+                runts,
+                0,
+            );
+        }
+        let mut rows = grown(
+            topped_up(self.flows.finish_interval(1.0), &self.flow_top_up),
+            &mut self.flow_seen,
+            seconds,
+            |id| FlowId {
+                ifindex: index,
+                ..id
+            },
+        );
+        for extra in self.unclassified.drain(..) {
+            let id = FlowId {
+                ifindex: index,
+                ..extra.id
+            };
+            match rows.iter_mut().find(|row| row.id == id) {
+                Some(row) => {
+                    row.packets += extra.packets;
+                    row.bytes += extra.bytes;
+                    row.pps = rate(row.packets, seconds);
+                    row.bps = rate(row.bytes * 8, seconds);
+                }
+                None => rows.push(Row {
+                    id,
+                    pps: rate(extra.packets, seconds),
+                    bps: rate(extra.bytes * 8, seconds),
+                    ..extra
+                }),
+            }
+        }
+        let drops = grown(
+            topped_up(self.drops.finish_interval(1.0), &self.drop_top_up),
+            &mut self.drop_seen,
+            seconds,
+            |id| DropId {
+                ifindex: index,
+                ..id
+            },
+        );
+        FileRows { rows, drops }
+    }
+}
+
+/// The identity of frames not classified in `direction` for `reason`
+/// (interface index 0, set per capture).
+pub fn unclassified_id(direction: Direction, reason: Unclassified) -> FlowId {
+    FlowId {
+        ifindex: 0,
+        direction,
+        proto: Proto::Other,
+        reason,
+        peer: None,
+        vni: 0,
+    }
+}
+
+/// Adds to `top_up` the bytes a frame of `frame_len` was short in each
+/// row whose packets grew between `before` and `after`.
+fn credit<K: Copy + Eq + Hash>(
+    before: &Readings<K>,
+    after: &Readings<K>,
+    frame_len: u64,
+    top_up: &mut HashMap<K, u64>,
+) {
+    for (id, (packets, bytes)) in after {
+        let (packets_before, bytes_before) = before.get(id).copied().unwrap_or((0, 0));
+        if *packets > packets_before {
+            let counted = bytes.saturating_sub(bytes_before);
+            *top_up.entry(*id).or_default() += frame_len.saturating_sub(counted);
+        }
+    }
+}
+
+/// `rows` with the bytes of `top_up` added.
+fn topped_up<K: Eq + Hash>(mut rows: Vec<Row<K>>, top_up: &HashMap<K, u64>) -> Vec<Row<K>> {
+    for row in &mut rows {
+        row.bytes += top_up.get(&row.id).copied().unwrap_or(0);
+    }
+    rows
+}
+
+/// The rows whose totals grew since `seen`, as rows of the growth only
+/// (relabelled by `label`); updates `seen`.
+fn grown<K: Copy + Eq + Hash>(
+    totals: Vec<Row<K>>,
+    seen: &mut HashMap<K, (u64, u64)>,
+    seconds: f64,
+    label: impl Fn(K) -> K,
+) -> Vec<Row<K>> {
+    totals
+        .into_iter()
+        .filter_map(|row| {
+            let before = seen
+                .insert(row.id, (row.packets, row.bytes))
+                .unwrap_or((0, 0));
+            let (packets, bytes) = (row.packets - before.0, row.bytes - before.1);
+            (packets > 0 || bytes > 0).then(|| Row {
+                id: label(row.id),
+                packets,
+                bytes,
+                pps: rate(packets, seconds),
+                bps: rate(bytes * 8, seconds),
+                inner: row.inner,
+                changed: true,
+            })
+        })
+        .collect()
+}
+
+/// Whether `frame` (at least an Ethernet header long) was sent by the
+/// capturing node: its outer source is one of `local`. Without `--local`
+/// no frame is parsed for it.
+pub fn sent_by(frame: &[u8], local: &[IpAddr]) -> bool {
+    !local.is_empty() && capture::outer_source(frame).is_some_and(|src| local.contains(&src))
+}
+
 /// `count` per second over `seconds` (0 when the span is unknown).
-pub fn rate(count: u64, seconds: f64) -> f64 {
+fn rate(count: u64, seconds: f64) -> f64 {
     if seconds > 0.0 {
         count as f64 / seconds
     } else {

@@ -20,26 +20,22 @@
 //! the row the frame went to is topped up to its captured length, so the
 //! rows count every captured byte.
 
-use std::{collections::HashMap, hash::Hash, net::IpAddr};
+use std::net::IpAddr;
 
 use anyhow::{Context, Result};
+use observer_common::{Direction, Unclassified};
 
 use crate::{
     bpf::features::XdpProgram,
     bpf::testrun,
     bpf::{Hook, Observer},
     cmd::checks::AllowSetSink,
-    cmd::replay::capture::{self, Frame},
-    cmd::replay::classify::{ETH_HLEN, Engine, FileRows, FrameOutcome, add_runts, rate},
-    cmd::replay::native::NativeEngine,
-    model::aggregate::{Aggregator, DropAggregator},
+    cmd::replay::capture::Frame,
+    cmd::replay::classify::{
+        CaptureRows, ETH_HLEN, Engine, FileRows, FrameOutcome, Readings, sent_by, unclassified_id,
+    },
     model::facts::AllowSets,
-    model::ports::PortConfig,
-    model::rows::DropId,
-    model::rows::FlowId,
-    model::rows::KernelReasons,
-    model::rows::KernelStats,
-    model::rows::{self, Row},
+    model::rows::{self, DropId, FlowId, KernelReasons, KernelStats},
 };
 
 /// Frames between two reads of the maps: far fewer than the flow map
@@ -62,49 +58,32 @@ pub const MAX_TC_FRAME: usize = 4096 - 64 - 2 - 320;
 /// A loaded observer fed with frames.
 ///
 /// Kernels since about 6.13 refuse an skb test run (tc) of an IPv4 or
-/// IPv6 frame shorter than its IP header (EINVAL), which the programs
-/// would count as `truncated_l3`; such a frame goes to the native build of
-/// the same parser instead, so that one runt does not end the replay.
+/// IPv6 frame shorter than its IP header (EINVAL). The parser classifies
+/// every such frame alike (its IP header read fails: `truncated_l3`, no
+/// peer), so a refused frame is counted in that row, and one runt does not
+/// end the replay; the differential test checks the row against the
+/// native parser.
 pub struct Replayer {
     observer: Observer,
-    refused: NativeEngine,
     local: Vec<IpAddr>,
-    aggregator: Aggregator,
-    drop_aggregator: DropAggregator,
-    /// Totals at the end of the previous capture.
-    flow_seen: HashMap<FlowId, (u64, u64)>,
-    drop_seen: HashMap<DropId, (u64, u64)>,
+    rows: CaptureRows,
     unfolded: usize,
     flow_entries: u64,
-    /// Captured bytes of long frames the programs did not count, per row
-    /// (totals since the start, like the aggregators').
-    flow_top_up: HashMap<FlowId, u64>,
-    drop_top_up: HashMap<DropId, u64>,
 }
 
-/// The maps' packets and bytes per row, to see which rows one frame moved.
-type Readings<K> = HashMap<K, (u64, u64)>;
-
 impl Replayer {
-    /// Feeds `observer`, loaded with the UDP ports of `ports`; frames
-    /// whose outer source is in `local` count as sent. Pins the calling
-    /// thread to its CPU (see `testrun::pin_to_this_cpu`): the replay's
-    /// inner samples are then the latest frame's, as the native engine's.
-    pub fn new(observer: Observer, ports: &PortConfig, local: Vec<IpAddr>) -> Result<Replayer> {
+    /// Feeds `observer`; frames whose outer source is in `local` count as
+    /// sent. Pins the calling thread to its CPU (see
+    /// `testrun::pin_to_this_cpu`): the replay's inner samples are then the
+    /// latest frame's, as the native engine's.
+    pub fn new(observer: Observer, local: Vec<IpAddr>) -> Result<Replayer> {
         testrun::pin_to_this_cpu().context("pinning the replay to one CPU")?;
         Ok(Replayer {
             observer,
-            refused: NativeEngine::new(ports, local.clone())?,
             local,
-            // Replay keeps every row: forgetting one would lose counts.
-            aggregator: Aggregator::new(usize::MAX),
-            drop_aggregator: DropAggregator::new(usize::MAX),
-            flow_seen: HashMap::new(),
-            drop_seen: HashMap::new(),
+            rows: CaptureRows::default(),
             unfolded: 0,
             flow_entries: 0,
-            flow_top_up: HashMap::new(),
-            drop_top_up: HashMap::new(),
         })
     }
 
@@ -123,26 +102,11 @@ impl Replayer {
         ))
     }
 
-    /// Credits the rows one frame of `frame_len` captured bytes moved (one
-    /// flow row, and a drop row when it was flagged) with the bytes the
-    /// program did not count.
-    fn top_up(
-        &mut self,
-        before: &(Readings<FlowId>, Readings<DropId>),
-        frame_len: u64,
-    ) -> Result<()> {
-        let after = self.readings()?;
-        credit(&before.0, &after.0, frame_len, &mut self.flow_top_up);
-        credit(&before.1, &after.1, frame_len, &mut self.drop_top_up);
-        Ok(())
-    }
-
-    /// Reads the maps into the aggregators.
+    /// Reads the maps into the capture rows.
     fn fold(&mut self) -> Result<()> {
         let flows = self.observer.read_flows()?;
         self.flow_entries = rows::map_entries(&flows);
-        self.aggregator.update(&flows);
-        self.drop_aggregator.update(&self.observer.read_drops()?);
+        self.rows.update(&flows, &self.observer.read_drops()?);
         self.unfolded = 0;
         Ok(())
     }
@@ -150,7 +114,6 @@ impl Replayer {
 
 impl AllowSetSink for Replayer {
     fn apply_allow_sets(&mut self, snapshot: &AllowSets) -> Result<()> {
-        self.refused.apply_allow_sets(snapshot)?;
         self.observer.apply_allow_sets(snapshot)
     }
 }
@@ -164,7 +127,7 @@ impl Engine for Replayer {
         if frame.data.len() < ETH_HLEN {
             return Ok(None);
         }
-        let tx = capture::outer_source(&frame.data).is_some_and(|src| self.local.contains(&src));
+        let tx = sent_by(&frame.data, &self.local);
         let (hook, max) = if tx {
             (Hook::TcEgress, MAX_TC_FRAME)
         } else if self.observer.plan().xdp == XdpProgram::MultiBuffer {
@@ -183,8 +146,13 @@ impl Engine for Replayer {
                 .as_ref()
                 .is_err_and(|e| e.raw_os_error() == Some(libc::EINVAL))
         {
-            let outcome = self.refused.run(frame)?;
-            return Ok(outcome.map(|o| FrameOutcome { refused: true, ..o }));
+            let id = unclassified_id(Direction::Tx, Unclassified::TruncatedL3);
+            self.rows.add_unclassified(id, 1, frame.data.len() as u64);
+            return Ok(Some(FrameOutcome {
+                tx,
+                cut: false,
+                refused: true,
+            }));
         }
         ran.with_context(|| {
             format!(
@@ -195,7 +163,8 @@ impl Engine for Replayer {
             )
         })?;
         if let Some(before) = before {
-            self.top_up(&before, frame.data.len() as u64)?;
+            let after = self.readings()?;
+            self.rows.top_up(&before, &after, frame.data.len() as u64);
         }
         self.unfolded += 1;
         if self.unfolded >= FOLD_EVERY {
@@ -213,31 +182,7 @@ impl Engine for Replayer {
     /// `runts` frames as unclassified `truncated_l2`.
     fn finish_file(&mut self, index: u32, seconds: f64, runts: u64) -> Result<FileRows> {
         self.fold()?;
-        let rows = grown(
-            topped_up(self.aggregator.finish_interval(1.0), &self.flow_top_up),
-            &mut self.flow_seen,
-            seconds,
-            |id| FlowId {
-                ifindex: index,
-                ..id
-            },
-        );
-        let refused = self.refused.finish_file(index, seconds, 0)?;
-        let mut rows = merged(rows, refused.rows);
-        add_runts(&mut rows, index, seconds, runts);
-        let drops = grown(
-            topped_up(self.drop_aggregator.finish_interval(1.0), &self.drop_top_up),
-            &mut self.drop_seen,
-            seconds,
-            |id| DropId {
-                ifindex: index,
-                ..id
-            },
-        );
-        Ok(FileRows {
-            rows,
-            drops: merged(drops, refused.drops),
-        })
+        Ok(self.rows.finish(index, seconds, runts))
     }
 
     /// The kernel's self counters after the last read.
@@ -260,80 +205,4 @@ fn shorter_than_its_ip_header(frame: &[u8]) -> bool {
         Some([0x86, 0xdd]) => frame.len() < ETH_HLEN + IPV6_HLEN,
         _ => false,
     }
-}
-
-/// Adds to `top_up` the bytes a frame of `frame_len` was short in each
-/// row whose packets grew between `before` and `after`.
-fn credit<K: Copy + Eq + Hash>(
-    before: &Readings<K>,
-    after: &Readings<K>,
-    frame_len: u64,
-    top_up: &mut HashMap<K, u64>,
-) {
-    for (id, (packets, bytes)) in after {
-        let (packets_before, bytes_before) = before.get(id).copied().unwrap_or((0, 0));
-        if *packets > packets_before {
-            let counted = bytes.saturating_sub(bytes_before);
-            *top_up.entry(*id).or_default() += frame_len.saturating_sub(counted);
-        }
-    }
-}
-
-/// `rows` with the bytes of `top_up` added.
-fn topped_up<K: Eq + Hash>(mut rows: Vec<Row<K>>, top_up: &HashMap<K, u64>) -> Vec<Row<K>> {
-    for row in &mut rows {
-        row.bytes += top_up.get(&row.id).copied().unwrap_or(0);
-    }
-    rows
-}
-
-/// `rows` and `more` as one list: rows of the same identity add up.
-fn merged<K: Copy + Eq + Hash>(rows: Vec<Row<K>>, more: Vec<Row<K>>) -> Vec<Row<K>> {
-    if more.is_empty() {
-        return rows;
-    }
-    let mut by_id: HashMap<K, Row<K>> = HashMap::new();
-    for row in rows.into_iter().chain(more) {
-        match by_id.get_mut(&row.id) {
-            Some(sum) => {
-                sum.packets += row.packets;
-                sum.bytes += row.bytes;
-                sum.pps += row.pps;
-                sum.bps += row.bps;
-                sum.inner = row.inner.or(sum.inner);
-            }
-            None => {
-                by_id.insert(row.id, row);
-            }
-        }
-    }
-    by_id.into_values().collect()
-}
-
-/// The rows whose totals grew since `seen`, as rows of the growth only
-/// (relabelled by `label`); updates `seen`.
-fn grown<K: Copy + Eq + Hash>(
-    totals: Vec<Row<K>>,
-    seen: &mut HashMap<K, (u64, u64)>,
-    seconds: f64,
-    label: impl Fn(K) -> K,
-) -> Vec<Row<K>> {
-    totals
-        .into_iter()
-        .filter_map(|row| {
-            let before = seen
-                .insert(row.id, (row.packets, row.bytes))
-                .unwrap_or((0, 0));
-            let (packets, bytes) = (row.packets - before.0, row.bytes - before.1);
-            (packets > 0 || bytes > 0).then(|| Row {
-                id: label(row.id),
-                packets,
-                bytes,
-                pps: rate(packets, seconds),
-                bps: rate(bytes * 8, seconds),
-                inner: row.inner,
-                changed: true,
-            })
-        })
-        .collect()
 }

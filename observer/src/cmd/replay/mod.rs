@@ -94,7 +94,7 @@ fn replay(args: &ReplayArgs) -> Result<u8> {
             // Replay runs received frames through XDP, never tc ingress.
             defer_tc_ingress: true,
         })?;
-        Box::new(Replayer::new(observer, &ports, args.local.clone())?)
+        Box::new(Replayer::new(observer, args.local.clone())?)
     } else {
         Box::new(NativeEngine::new(&ports, args.local.clone())?)
     };

@@ -12,7 +12,7 @@
 //! Calico sets). `tests/differential.rs` runs random and mutated frames
 //! through both and fails on any difference.
 
-use std::{collections::HashMap, hash::Hash, net::IpAddr};
+use std::{collections::HashMap, net::IpAddr};
 
 use anyhow::{Result, anyhow};
 use observer_common::{
@@ -25,13 +25,13 @@ use observer_common::{
 use crate::{
     cmd::checks::AllowSetSink,
     cmd::replay::{
-        capture::{self, Frame},
-        classify::{self, ETH_HLEN, Engine, FileRows, FrameOutcome},
+        capture::Frame,
+        classify::{self, CaptureRows, ETH_HLEN, Engine, FileRows, FrameOutcome},
     },
     model::{
         facts::{AllowLookup, AllowSets, SetKind},
         ports::PortConfig,
-        rows::{self, DropId, FlowCounters, FlowId, KernelReasons, KernelStats, Row},
+        rows::{self, DropCounters, DropId, FlowCounters, FlowId, KernelReasons, KernelStats},
     },
 };
 
@@ -76,15 +76,12 @@ pub struct NativeEngine {
     ports: Ports,
     facts: ReplayFacts,
     local: Vec<IpAddr>,
-    /// Flow counters since the start (interface index 0; rows are
-    /// relabelled per capture). Kept across captures like the programs'
-    /// map, so a row's inner sample is the latest of the whole replay in
-    /// both engines.
+    /// Flow and drop counters since the start (interface index 0), like
+    /// the programs' maps: per-capture rows come from them as from the
+    /// maps (`CaptureRows`), so both engines make rows alike.
     flows: HashMap<FlowKey, FlowValue>,
-    /// Packets and bytes of each key at the end of the previous capture.
-    reported: HashMap<FlowKey, (u64, u64)>,
-    /// The current capture's drop counters.
-    drops: HashMap<DropKey, (u64, u64)>,
+    drops: HashMap<DropKey, DropCounters>,
+    rows: CaptureRows,
     /// Replayed frames earn classifier reasons only: no names needed.
     no_kernel_reasons: KernelReasons,
 }
@@ -102,8 +99,8 @@ impl NativeEngine {
             facts: ReplayFacts::default(),
             local,
             flows: HashMap::new(),
-            reported: HashMap::new(),
             drops: HashMap::new(),
+            rows: CaptureRows::default(),
             no_kernel_reasons: KernelReasons::default(),
         })
     }
@@ -111,7 +108,7 @@ impl NativeEngine {
 
 /// Adds one packet of `bytes` to the drop row of `c` and `reason`.
 fn flag(
-    drops: &mut HashMap<DropKey, (u64, u64)>,
+    drops: &mut HashMap<DropKey, DropCounters>,
     c: &Classified,
     reason: ClassifierDrop,
     bytes: u64,
@@ -119,8 +116,8 @@ fn flag(
     let counts = drops
         .entry(DropKey::of(0, c, drop_origin::CLASSIFIER, reason as u32))
         .or_default();
-    counts.0 += 1;
-    counts.1 += bytes;
+    counts.packets += 1;
+    counts.bytes += bytes;
 }
 
 impl AllowSetSink for NativeEngine {
@@ -142,18 +139,15 @@ impl Engine for NativeEngine {
         if frame.data.len() < ETH_HLEN {
             return Ok(None);
         }
-        let tx = capture::outer_source(&frame.data).is_some_and(|src| self.local.contains(&src));
+        let tx = classify::sent_by(&frame.data, &self.local);
         let direction = if tx { Direction::Tx } else { Direction::Rx };
         let bytes = frame.data.len() as u64;
         let f = SliceFrame(&frame.data);
         let c = parse::classify(&f, direction, &self.ports);
-        let key = FlowKey::of(0, direction, &c);
-        match self.flows.get_mut(&key) {
-            Some(value) => value.add(&c, 1, bytes),
-            None => {
-                self.flows.insert(key, FlowValue::first(&c, 1, bytes));
-            }
-        }
+        self.flows
+            .entry(FlowKey::of(0, direction, &c))
+            .and_modify(|value| value.add(&c, 1, bytes))
+            .or_insert_with(|| FlowValue::first(&c, 1, bytes));
         if !tx && parse::needs_checks(&c) {
             let drops = &mut self.drops;
             checks::classifier_drops(&c, bytes, &mut self.facts, |reason| {
@@ -171,38 +165,18 @@ impl Engine for NativeEngine {
     }
 
     fn finish_file(&mut self, index: u32, seconds: f64, runts: u64) -> Result<FileRows> {
-        let reported = &mut self.reported;
-        let flows = self.flows.iter().filter_map(|(key, value)| {
-            let (packets, bytes) = reported
-                .insert(*key, (value.packets, value.bytes))
-                .unwrap_or((0, 0));
-            (value.packets > packets).then(|| {
-                let inner = FlowCounters::sum([value]).inner;
-                (*key, value.packets - packets, value.bytes - bytes, inner)
-            })
-        });
-        let mut rows = rows_of(
-            flows,
-            |key| FlowId {
-                ifindex: index,
-                ..FlowId::from_key(key)
-            },
-            seconds,
-        );
-        classify::add_runts(&mut rows, index, seconds, runts);
-        let drops = self
+        let flows: Vec<(FlowId, FlowCounters)> = self
+            .flows
+            .iter()
+            .map(|(key, value)| (FlowId::from_key(key), FlowCounters::sum([value])))
+            .collect();
+        let drops: Vec<(DropId, DropCounters)> = self
             .drops
-            .drain()
-            .map(|(key, (packets, bytes))| (key, packets, bytes, None));
-        let drops = rows_of(
-            drops,
-            |key| DropId {
-                ifindex: index,
-                ..DropId::from_key(key)
-            },
-            seconds,
-        );
-        Ok(FileRows { rows, drops })
+            .iter()
+            .map(|(key, counters)| (DropId::from_key(key), *counters))
+            .collect();
+        self.rows.update(&flows, &drops);
+        Ok(self.rows.finish(index, seconds, runts))
     }
 
     fn stats(&self) -> Result<KernelStats> {
@@ -216,36 +190,4 @@ impl Engine for NativeEngine {
     fn kernel_reasons(&self) -> &KernelReasons {
         &self.no_kernel_reasons
     }
-}
-
-/// Rows of one capture from its keys' counters (packets, bytes, inner
-/// sample), merged by row identity (`decode`) as the aggregator does.
-fn rows_of<K, Id: Copy + Hash + Eq>(
-    counters: impl Iterator<Item = (K, u64, u64, Option<(IpAddr, IpAddr)>)>,
-    decode: impl Fn(&K) -> Id,
-    seconds: f64,
-) -> Vec<Row<Id>> {
-    let mut rows: HashMap<Id, Row<Id>> = HashMap::new();
-    for (key, packets, bytes, inner) in counters {
-        let id = decode(&key);
-        let row = rows.entry(id).or_insert_with(|| Row {
-            id,
-            packets: 0,
-            bytes: 0,
-            pps: 0.0,
-            bps: 0.0,
-            inner: None,
-            changed: true,
-        });
-        row.packets += packets;
-        row.bytes += bytes;
-        row.inner = inner.or(row.inner);
-    }
-    rows.into_values()
-        .map(|mut row| {
-            row.pps = classify::rate(row.packets, seconds);
-            row.bps = classify::rate(row.bytes * 8, seconds);
-            row
-        })
-        .collect()
 }

@@ -184,19 +184,10 @@ impl Known {
     fn allowed(&self, proto: Proto, addr: IpAddr) -> Option<bool> {
         let kind = SetKind::guarding(proto)?;
         let set = self.allow.as_ref()?.get(kind);
-        // A family without a set is not checked (as in the programs).
-        let checked = if addr.is_ipv4() { set.ipv4 } else { set.ipv6 };
-        if !set.active() || !checked {
+        if !set.active() {
             return None;
         }
-        // One set lookup per prefix length rather than a scan of every
-        // prefix: sets hold one entry per node, possibly thousands.
-        let max_len = if addr.is_ipv4() { 32 } else { 128 };
-        Some(
-            (0..=max_len).any(|len| {
-                IpNet::new(addr, len).is_ok_and(|net| set.prefixes.contains(&net.trunc()))
-            }),
-        )
+        set.allows(addr)
     }
 
     fn is_node(&self, addr: IpAddr) -> bool {
