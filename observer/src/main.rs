@@ -9,6 +9,7 @@ use observer::{
 };
 
 fn main() -> ExitCode {
+    cmd::heap::return_large_frees();
     tracing_subscriber::fmt()
         // A closed stderr drops the log instead of panicking (see cmd::pipe).
         .with_writer(pipe::stderr)

@@ -3,7 +3,8 @@
 //! (`anomalies::Engine`), build and encode
 //! the textfile (`Exporter`, `textfile::encode`), with 1,000, 10,000 and
 //! 100,000 peers put there by XDP test runs of frames from distinct
-//! sources. Also the bench process's RSS afterwards.
+//! sources. Also the bench process's RSS afterwards, with the observer's
+//! heap policy (`cmd::heap`).
 
 use std::{
     collections::HashMap,
@@ -23,10 +24,12 @@ use super::{median, report, rss_kib};
 
 /// Offset of the outer IPv4 source in an untagged frame.
 const IPV4_SOURCE: std::ops::Range<usize> = 26..30;
-const ROUNDS: usize = 3;
+const ROUNDS: usize = 7;
 
 /// Runs the snapshot benches on copies of `vxlan` (an untagged IPv4 frame).
 pub fn run(vxlan: &[u8]) -> anyhow::Result<()> {
+    // As the observer's own main does.
+    observer::cmd::heap::return_large_frees();
     for peers in [1_000u32, 10_000, 100_000] {
         // Twice the peers: the per-CPU LRU must evict nothing.
         let observer = Observer::load(&LoadConfig {

@@ -14,7 +14,7 @@ use aya::programs::{
 
 use super::{
     AttachedWith, Attachment, DropHook, Hook, InterfaceEvent, Links, Observer, RxLink, XdpMode,
-    load::load_tc_ingress,
+    load::{load_tc_ingress, release_loader_memory},
 };
 
 impl Observer {
@@ -261,7 +261,9 @@ impl Observer {
             return Ok(());
         }
         self.tc_ingress_loaded = true;
-        match load_tc_ingress(&mut self.ebpf, &self.features.release) {
+        let loaded = load_tc_ingress(&mut self.ebpf, &self.features.release);
+        release_loader_memory();
+        match loaded {
             Ok(checks) => {
                 self.tc_checks = checks;
                 Ok(())

@@ -22,16 +22,16 @@ use aya_obj::generated::{bpf_attr, bpf_cmd};
 /// values on a large node, a handful of calls for a full flow map.
 const CHUNK: u32 = 1024;
 
-/// Entries of a per-CPU map: each key with its value on every possible CPU.
-pub type PerCpuEntries<K, V> = Vec<(K, Vec<V>)>;
-
 /// Every entry of the per-CPU hash or array `map` (keys `K`, values `V`
-/// per possible CPU), each key once; `Ok(None)` when this kernel has no
-/// batch lookup for the map (the caller walks it).
-pub fn lookup_all_percpu<K: Pod, V: Pod>(
+/// per possible CPU), each key once, as `decode` turns its key and
+/// per-CPU values into a `T`; `Ok(None)` when this kernel has no batch
+/// lookup for the map (the caller walks it). The values are decoded in
+/// place: a large map costs no allocation per entry.
+pub fn lookup_all_percpu<K: Pod, V: Pod, T>(
     map: &MapData,
     possible_cpus: usize,
-) -> io::Result<Option<PerCpuEntries<K, V>>> {
+    mut decode: impl FnMut(&K, &[V]) -> T,
+) -> io::Result<Option<Vec<T>>> {
     // The kernel lays each CPU's value out at a multiple of 8 bytes.
     let value_stride = size_of::<V>().div_ceil(8) * 8;
     let element_values = value_stride * possible_cpus;
@@ -49,6 +49,7 @@ pub fn lookup_all_percpu<K: Pod, V: Pod>(
         )
     };
     let (mut keys, mut values) = buffers(chunk);
+    let mut per_cpu: Vec<V> = Vec::with_capacity(possible_cpus);
     loop {
         let mut next: u64 = 0;
         // SAFETY: all-zero is a valid bpf_attr.
@@ -102,14 +103,13 @@ pub fn lookup_all_percpu<K: Pod, V: Pod>(
             let key: K = unsafe {
                 std::ptr::read_unaligned(key_bytes[i * size_of::<K>()..].as_ptr().cast())
             };
-            let per_cpu = (0..possible_cpus)
-                .map(|cpu| {
-                    let at = i * element_values + cpu * value_stride;
-                    // SAFETY: as above.
-                    unsafe { std::ptr::read_unaligned(value_bytes[at..].as_ptr().cast::<V>()) }
-                })
-                .collect();
-            entries.push((key, per_cpu));
+            per_cpu.clear();
+            per_cpu.extend((0..possible_cpus).map(|cpu| {
+                let at = i * element_values + cpu * value_stride;
+                // SAFETY: as above.
+                unsafe { std::ptr::read_unaligned(value_bytes[at..].as_ptr().cast::<V>()) }
+            }));
+            entries.push(decode(&key, &per_cpu));
         }
         if done {
             return Ok(Some(entries));

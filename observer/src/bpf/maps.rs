@@ -4,7 +4,7 @@
 //! table and the CHECKS program array are written once, by `load`.
 
 use std::{
-    collections::{BTreeSet, HashMap, HashSet},
+    collections::{BTreeSet, HashSet},
     hash::Hash,
     net::IpAddr,
 };
@@ -17,6 +17,7 @@ use aya::{
         lpm_trie::{Key, LpmTrie},
     },
 };
+use foldhash::HashMap as FastMap;
 use ipnet::IpNet;
 use observer_common::{
     CONFIG_MAP, DROPS_MAP, DropKey, DropValue, FLOW_CACHE_MAP, FLOW_CACHE_SLOTS, FLOWS_MAP,
@@ -129,33 +130,14 @@ impl Observer {
 
     /// The keys held in the per-CPU flow cache, with their counters summed
     /// over the CPUs that hold them.
-    fn read_flow_cache(&self, how: MapRead) -> Result<HashMap<FlowKey, FlowCounters>> {
+    fn read_flow_cache(&self, how: MapRead) -> Result<FastMap<FlowKey, FlowCounters>> {
         let map = self
             .ebpf
             .map(FLOW_CACHE_MAP)
             .context("FLOW_CACHE map missing")?;
         let cache: PerCpuArray<&MapData, FlowCacheSlot> = PerCpuArray::try_from(map)?;
-        let batched = match how {
-            // Per-CPU arrays have no batch lookup before 5.13.
-            MapRead::Batch => {
-                batch::lookup_all_percpu::<u32, FlowCacheSlot>(cache.map(), possible_cpus()?)
-                    .context("batch lookup of the FLOW_CACHE map")?
-            }
-            MapRead::Walk => None,
-        };
-        let all_slots: Vec<Vec<FlowCacheSlot>> = match batched {
-            Some(entries) => entries.into_iter().map(|(_, slots)| slots).collect(),
-            None => (0..FLOW_CACHE_SLOTS)
-                .map(|index| {
-                    cache
-                        .get(&index, 0)
-                        .map(|slots| slots.to_vec())
-                        .with_context(|| format!("reading slot {index} of the FLOW_CACHE map"))
-                })
-                .collect::<Result<_>>()?,
-        };
-        let mut keys: HashMap<FlowKey, FlowCounters> = HashMap::new();
-        for slots in &all_slots {
+        let mut keys: FastMap<FlowKey, FlowCounters> = FastMap::default();
+        let mut add = |slots: &[FlowCacheSlot]| {
             for slot in slots.iter().filter(|slot| slot.key.ifindex != 0) {
                 let counters = keys.entry(slot.key).or_default();
                 let one = FlowCounters::sum([&slot.value]);
@@ -163,6 +145,24 @@ impl Observer {
                 counters.bytes += one.bytes;
                 counters.inner = counters.inner.or(one.inner);
                 counters.cached = (counters.packets, counters.bytes);
+            }
+        };
+        let batched = match how {
+            // Per-CPU arrays have no batch lookup before 5.13.
+            MapRead::Batch => batch::lookup_all_percpu(
+                cache.map(),
+                possible_cpus()?,
+                |_: &u32, slots: &[FlowCacheSlot]| add(slots),
+            )
+            .context("batch lookup of the FLOW_CACHE map")?,
+            MapRead::Walk => None,
+        };
+        if batched.is_none() {
+            for index in 0..FLOW_CACHE_SLOTS {
+                let slots = cache
+                    .get(&index, 0)
+                    .with_context(|| format!("reading slot {index} of the FLOW_CACHE map"))?;
+                add(&slots);
             }
         }
         Ok(keys)
@@ -214,11 +214,13 @@ impl Observer {
 /// whose slot another key holds), then the keys only the cache has.
 fn merge_cached(
     lru: Vec<(FlowKey, FlowCounters)>,
-    mut cached: HashMap<FlowKey, FlowCounters>,
+    mut cached: FastMap<FlowKey, FlowCounters>,
 ) -> Vec<(FlowId, FlowCounters)> {
     let mut rows = Vec::with_capacity(lru.len() + cached.len());
     for (key, mut counters) in lru {
-        if let Some(from_cache) = cached.remove(&key) {
+        if !cached.is_empty()
+            && let Some(from_cache) = cached.remove(&key)
+        {
             counters.packets += from_cache.packets;
             counters.bytes += from_cache.bytes;
             counters.inner = counters.inner.or(from_cache.inner);
@@ -261,17 +263,14 @@ where
     V: Pod,
 {
     let batched = match how {
-        MapRead::Batch => batch::lookup_all_percpu::<K, V>(map.map(), possible_cpus()?)
+        // A batch lookup passes each bucket once, under its lock: no key
+        // comes twice, unlike in a walk that the LRU restarts.
+        MapRead::Batch => batch::lookup_all_percpu(map.map(), possible_cpus()?, &decode)
             .with_context(|| format!("batch lookup of the {name} map"))?,
         MapRead::Walk => None,
     };
     match batched {
-        // A batch lookup passes each bucket once, under its lock: no key
-        // comes twice, unlike in a walk that the LRU restarts.
-        Some(entries) => Ok(entries
-            .iter()
-            .map(|(key, values)| decode(key, values))
-            .collect()),
+        Some(rows) => Ok(rows),
         None => dedup_listing(map.iter(), |key, values| decode(key, values))
             .with_context(|| format!("reading the {name} map")),
     }
@@ -521,7 +520,7 @@ mod tests {
             ..FlowCounters::default()
         };
         let lru = vec![(key(1), counters(5, false)), (key(2), counters(7, false))];
-        let cached = HashMap::from([(key(3), counters(4, true)), (key(1), counters(3, true))]);
+        let cached = FastMap::from_iter([(key(3), counters(4, true)), (key(1), counters(3, true))]);
         let rows: Vec<(FlowId, u64, u64, (u64, u64))> = merge_cached(lru, cached)
             .into_iter()
             .map(|(id, c)| (id, c.packets, c.bytes, c.cached))

@@ -5,6 +5,7 @@ pub mod attach;
 pub mod check;
 pub mod checks;
 pub mod diagnose;
+pub mod heap;
 pub mod lab;
 pub mod pipe;
 pub mod replay;

@@ -150,11 +150,12 @@ impl<K: Copy + Eq + Hash + Ord> Aggregator<K> {
     }
 
     /// Ends the current interval of length `seconds` and returns every row
-    /// with its rate over that interval.
+    /// with its rate over that interval, in no particular order: what is
+    /// shown is sorted where it is shown ([`crate::model::rows::by_rate`]),
+    /// which at 100,000 rows is far fewer than all of them.
     pub fn finish_interval(&mut self, seconds: f64) -> Vec<Row<K>> {
         let seconds = if seconds > 0.0 { seconds } else { 1.0 };
-        let mut rows: Vec<Row<K>> = self
-            .rows
+        self.rows
             .iter_mut()
             .map(|(id, state)| {
                 let dp = state.total.0 - state.interval_start.0;
@@ -167,23 +168,17 @@ impl<K: Copy + Eq + Hash + Ord> Aggregator<K> {
                     pps: dp as f64 / seconds,
                     bps: db as f64 * 8.0 / seconds,
                     inner: state.inner,
-                    changed: dp != 0 || db != 0,
+                    interval_packets: dp,
                 }
             })
-            .collect();
-        rows.sort_by(|a, b| {
-            b.pps
-                .total_cmp(&a.pps)
-                .then(b.bytes.cmp(&a.bytes))
-                .then(a.id.cmp(&b.id))
-        });
-        rows
+            .collect()
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::rows::by_rate;
     use observer_common::{Direction, Proto, Unclassified};
 
     fn id(peer: &str) -> FlowId {
@@ -237,10 +232,10 @@ mod tests {
         agg.update(&[(id("10.0.0.1"), c(14, 1400))]);
         let rows = agg.finish_interval(1.0);
         assert_eq!((rows[0].packets, rows[0].pps), (14, 4.0));
-        assert!(rows[0].changed);
+        assert!(rows[0].changed());
         agg.update(&[(id("10.0.0.1"), c(14, 1400))]);
         let rows = agg.finish_interval(1.0);
-        assert!(!rows[0].changed);
+        assert!(!rows[0].changed());
         assert_eq!(rows[0].pps, 0.0);
     }
 
@@ -288,10 +283,20 @@ mod tests {
     }
 
     #[test]
-    fn rows_sort_by_rate_then_bytes() {
+    fn rows_sort_by_rate_then_bytes_then_identity() {
         let mut agg = Aggregator::new(10);
-        agg.update(&[(id("10.0.0.1"), c(1, 100)), (id("10.0.0.2"), c(5, 50))]);
-        let rows = agg.finish_interval(1.0);
-        assert_eq!(rows[0].id.peer.unwrap().to_string(), "10.0.0.2");
+        agg.update(&[
+            (id("10.0.0.1"), c(1, 100)),
+            (id("10.0.0.2"), c(5, 50)),
+            (id("10.0.0.3"), c(1, 200)),
+            (id("10.0.0.0"), c(1, 100)),
+        ]);
+        let mut rows = agg.finish_interval(1.0);
+        rows.sort_by(by_rate);
+        let peers: Vec<String> = rows
+            .iter()
+            .map(|r| r.id.peer.unwrap().to_string())
+            .collect();
+        assert_eq!(peers, ["10.0.0.2", "10.0.0.3", "10.0.0.0", "10.0.0.1"]);
     }
 }

@@ -5,6 +5,7 @@
 //! fills these from the maps.
 
 use std::{
+    cmp::Ordering,
     collections::HashMap,
     fmt,
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
@@ -30,8 +31,24 @@ pub struct Row<K = FlowId> {
     pub bps: f64,
     /// Latest inner (source, destination) sample.
     pub inner: Option<(IpAddr, IpAddr)>,
+    /// Packets counted during the last interval (part of `packets`).
+    pub interval_packets: u64,
+}
+
+impl<K> Row<K> {
     /// Whether the counters moved during the last interval.
-    pub changed: bool,
+    pub fn changed(&self) -> bool {
+        self.interval_packets != 0
+    }
+}
+
+/// The order rows are shown in: highest packet rate first, then most
+/// bytes, then by identity (a total order, so output is stable).
+pub fn by_rate<K: Ord>(a: &Row<K>, b: &Row<K>) -> Ordering {
+    b.pps
+        .total_cmp(&a.pps)
+        .then(b.bytes.cmp(&a.bytes))
+        .then_with(|| a.id.cmp(&b.id))
 }
 
 /// Identity of one counter row.
@@ -377,7 +394,7 @@ pub mod testing {
             pps: 0.0,
             bps: 0.0,
             inner: None,
-            changed: true,
+            interval_packets: packets,
         }
     }
 

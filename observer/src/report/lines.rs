@@ -19,7 +19,7 @@ use crate::{
     model::dataplane::{ExpectedPeer, TunnelDevice, TunnelRoute, UnderlayInterface},
     model::hooks::Attachment,
     model::rows::Row,
-    model::rows::{DropRow, KernelStats, direction_name},
+    model::rows::{DropRow, KernelStats, by_rate, direction_name},
 };
 
 /// RFC 3339 with milliseconds, as every line's `ts`.
@@ -258,7 +258,7 @@ pub(super) fn drop_summary(
             .or_default();
         entry.0 += d.row.packets;
         entry.1 += 1;
-        entry.2 |= d.row.changed;
+        entry.2 |= d.row.changed();
     }
     summary
 }
@@ -402,7 +402,13 @@ pub enum Line<'a> {
 pub fn write_json(out: &mut impl Write, snap: &Snapshot<'_>) -> io::Result<()> {
     let drop_index = index_drops(snap.drops);
     let ts = timestamp(snap.at);
-    for row in snap.rows.iter().filter(|r| r.changed || snap.is_final) {
+    let mut rows: Vec<&Row> = snap
+        .rows
+        .iter()
+        .filter(|r| r.changed() || snap.is_final)
+        .collect();
+    rows.sort_by(|a, b| by_rate(a, b));
+    for row in rows {
         let iface = iface_name(snap.ifaces, row.id.ifindex);
         let direction = direction_name(row.id.direction);
         if row.id.reason == Unclassified::None {
@@ -440,7 +446,13 @@ pub fn write_json(out: &mut impl Write, snap: &Snapshot<'_>) -> io::Result<()> {
             )?;
         }
     }
-    for d in snap.drops.iter().filter(|d| d.row.changed || snap.is_final) {
+    let mut drops: Vec<&DropRow> = snap
+        .drops
+        .iter()
+        .filter(|d| d.row.changed() || snap.is_final)
+        .collect();
+    drops.sort_by(|a, b| by_rate(&a.row, &b.row));
+    for d in drops {
         let line = DropLine {
             ts: &ts,
             iface: &iface_name(snap.ifaces, d.row.id.ifindex),
@@ -523,7 +535,7 @@ mod tests {
                 "10.42.182.1".parse().unwrap(),
                 "10.42.168.210".parse().unwrap(),
             )),
-            changed,
+            interval_packets: if changed { 3 } else { 0 },
             ..testing::row(id, 123)
         }
     }

@@ -11,7 +11,7 @@ use super::lines::{Snapshot, drop_summary, drops_of, iface_name, index_drops, ti
 use crate::model::{
     anomalies::Anomaly,
     rows::Row,
-    rows::{DropRow, direction_name},
+    rows::{DropRow, by_rate, direction_name},
 };
 
 /// Rows shown in the table before "(N more)".
@@ -41,7 +41,14 @@ pub fn write_table(out: &mut impl Write, snap: &Snapshot<'_>, clear: bool) -> io
         .iter()
         .filter(|r| r.id.reason == Unclassified::None)
         .collect();
-    for row in peers.iter().take(TABLE_ROWS) {
+    // The top rows only: a selection, then a sort of what is shown.
+    let mut top = peers.clone();
+    if top.len() > TABLE_ROWS {
+        top.select_nth_unstable_by(TABLE_ROWS, |a, b| by_rate(a, b));
+        top.truncate(TABLE_ROWS);
+    }
+    top.sort_by(|a, b| by_rate(a, b));
+    for row in top {
         let peer = row
             .id
             .peer

@@ -14,7 +14,6 @@ use std::{
     net::IpAddr,
     os::unix::fs::PermissionsExt,
     path::{Path, PathBuf},
-    sync::Arc,
     time::SystemTime,
 };
 
@@ -23,6 +22,8 @@ use prometheus::{
     Encoder, TextEncoder,
     proto::{Counter, Gauge, LabelPair, Metric, MetricFamily, MetricType},
 };
+
+use observer_common::{Direction, Proto, Unclassified};
 
 use crate::{
     model::anomalies::{Anomaly, Kind},
@@ -37,10 +38,40 @@ pub const TEXTFILE_NAME: &str = "observer.prom";
 pub const OTHER_PEERS: &str = "other";
 
 /// Label key of an encapsulation series: (iface, direction, proto, peer).
-/// The interface name is shared (`Arc`): a key is made per row per export.
-type EncapSeries = (Arc<str>, &'static str, &'static str, Option<IpAddr>);
+/// Integers only (the interface by its [`IfaceNames`] id): a key is made,
+/// hashed and compared per row per export.
+type EncapSeries = (IfaceId, Direction, Proto, Option<IpAddr>);
 /// Label key of a drop series: (iface, proto, peer, reason).
-type DropSeries = (Arc<str>, &'static str, Option<IpAddr>, String);
+type DropSeries = (IfaceId, Proto, Option<IpAddr>, String);
+
+/// An interface name's id in [`IfaceNames`].
+type IfaceId = u32;
+
+/// The interface names the series have used, each with a small id kept for
+/// the exporter's life. Bounded by the names of the interfaces the
+/// observer is attached to (rows come from no others).
+#[derive(Default)]
+struct IfaceNames {
+    names: Vec<String>,
+    ids: HashMap<String, IfaceId>,
+}
+
+impl IfaceNames {
+    /// The id of `name`, made on first use.
+    fn id(&mut self, name: &str) -> IfaceId {
+        if let Some(id) = self.ids.get(name) {
+            return *id;
+        }
+        let id = self.names.len() as IfaceId;
+        self.names.push(name.to_string());
+        self.ids.insert(name.to_string(), id);
+        id
+    }
+
+    fn name(&self, id: IfaceId) -> String {
+        self.names[id as usize].clone()
+    }
+}
 
 /// A series key with a peer in it: what [`SplitFamily::export`] needs to
 /// split it between its own series and "other".
@@ -48,7 +79,7 @@ trait SeriesKey: Clone + Eq + std::hash::Hash {
     /// The key's peer.
     fn peer(&self) -> Option<IpAddr>;
     /// Its labels, with `peer` as the peer value (`None`: its own peer).
-    fn labels(&self, peer: Option<String>) -> Labels;
+    fn labels(&self, peer: Option<String>, names: &IfaceNames) -> Labels;
     /// The key without its peer: keys that differ only in their peer share
     /// one "other" series.
     fn without_peer(&self) -> Self;
@@ -59,18 +90,18 @@ impl SeriesKey for EncapSeries {
         self.3
     }
 
-    fn labels(&self, peer: Option<String>) -> Labels {
+    fn labels(&self, peer: Option<String>, names: &IfaceNames) -> Labels {
         let (iface, direction, proto, own) = self;
         vec![
-            ("iface", iface.to_string()),
-            ("direction", direction.to_string()),
-            ("proto", proto.to_string()),
+            ("iface", names.name(*iface)),
+            ("direction", direction_name(*direction).to_string()),
+            ("proto", proto.name().to_string()),
             ("peer", peer.unwrap_or_else(|| peer_label(*own))),
         ]
     }
 
     fn without_peer(&self) -> Self {
-        (self.0.clone(), self.1, self.2, None)
+        (self.0, self.1, self.2, None)
     }
 }
 
@@ -79,18 +110,18 @@ impl SeriesKey for DropSeries {
         self.2
     }
 
-    fn labels(&self, peer: Option<String>) -> Labels {
+    fn labels(&self, peer: Option<String>, names: &IfaceNames) -> Labels {
         let (iface, proto, own, reason) = self;
         vec![
-            ("iface", iface.to_string()),
-            ("proto", proto.to_string()),
+            ("iface", names.name(*iface)),
+            ("proto", proto.name().to_string()),
             ("peer", peer.unwrap_or_else(|| peer_label(*own))),
             ("reason", reason.clone()),
         ]
     }
 
     fn without_peer(&self) -> Self {
-        (self.0.clone(), self.1, None, self.3.clone())
+        (self.0, self.1, None, self.3.clone())
     }
 }
 
@@ -107,28 +138,39 @@ enum Bucket {
 #[derive(Debug, Clone)]
 struct Split<const N: usize> {
     bucket: Bucket,
+    /// Number of the export that last saw the key.
+    seen: u64,
+    /// The row's counts at the previous export: a move between buckets
+    /// takes effect from there, so the interval in which a peer rose to
+    /// the top already counts as its own.
+    last: [u64; N],
+    /// The key's counts in the export under way (its rows summed).
+    now: [u64; N],
+    /// Its earlier periods, once it has moved between buckets (most keys
+    /// never do: they keep no history).
+    history: Option<Box<History<N>>>,
+}
+
+/// The periods a key spent in each bucket before its current one.
+#[derive(Debug, Clone)]
+struct History<const N: usize> {
     /// The row's counts when it entered its current bucket.
     base: [u64; N],
     /// Counts finished in each bucket in earlier periods.
     own: [u64; N],
     other: [u64; N],
-    /// The row's counts at the previous export: a move between buckets
-    /// takes effect from there, so the interval in which a peer rose to
-    /// the top already counts as its own.
-    last: [u64; N],
-    /// Number of the export that last saw the key.
-    seen: u64,
 }
 
 impl<const N: usize> Split<N> {
-    fn new(bucket: Bucket) -> Self {
+    /// A key's split before its first export: nothing counted anywhere, so
+    /// its first export puts it in whichever bucket it belongs to.
+    fn new() -> Self {
         Split {
-            bucket,
-            base: [0; N],
-            own: [0; N],
-            other: [0; N],
-            last: [0; N],
+            bucket: Bucket::Own,
             seen: 0,
+            last: [0; N],
+            now: [0; N],
+            history: None,
         }
     }
 
@@ -136,14 +178,21 @@ impl<const N: usize> Split<N> {
     /// export's counts), then records `now` as the latest counts.
     fn assign(&mut self, bucket: Bucket, now: [u64; N]) {
         if bucket != self.bucket {
+            let history = self.history.get_or_insert_with(|| {
+                Box::new(History {
+                    base: [0; N],
+                    own: [0; N],
+                    other: [0; N],
+                })
+            });
             let done = match self.bucket {
-                Bucket::Own => &mut self.own,
-                Bucket::Other => &mut self.other,
+                Bucket::Own => &mut history.own,
+                Bucket::Other => &mut history.other,
             };
-            for ((done, last), base) in done.iter_mut().zip(&self.last).zip(&self.base) {
+            for ((done, last), base) in done.iter_mut().zip(&self.last).zip(&history.base) {
                 *done += last.saturating_sub(*base);
             }
-            self.base = self.last;
+            history.base = self.last;
             self.bucket = bucket;
         }
         self.last = now;
@@ -151,13 +200,15 @@ impl<const N: usize> Split<N> {
 
     /// (own series value, contribution to the other series) at `now`.
     fn values(&self, now: &[u64; N]) -> ([u64; N], [u64; N]) {
-        let mut own = self.own;
-        let mut other = self.other;
+        let (mut own, mut other, base) = match &self.history {
+            Some(h) => (h.own, h.other, h.base),
+            None => ([0; N], [0; N], [0; N]),
+        };
         let current = match self.bucket {
             Bucket::Own => &mut own,
             Bucket::Other => &mut other,
         };
-        for ((value, n), b) in current.iter_mut().zip(now).zip(&self.base) {
+        for ((value, n), b) in current.iter_mut().zip(now).zip(&base) {
             *value += n.saturating_sub(*b);
         }
         (own, other)
@@ -189,6 +240,7 @@ pub struct ExportInput<'a> {
 /// Metric state across exports: peer label caps and error counts.
 pub struct Exporter {
     max_peers: usize,
+    iface_names: IfaceNames,
     encap: SplitFamily<EncapSeries, 2>,
     drop_splits: SplitFamily<DropSeries, 1>,
     /// Export failures so far (reported in the next successful file).
@@ -202,6 +254,7 @@ impl Exporter {
     pub fn new(max_peers: usize) -> Exporter {
         Exporter {
             max_peers,
+            iface_names: IfaceNames::default(),
             encap: SplitFamily::new(),
             drop_splits: SplitFamily::new(),
             errors: 0,
@@ -217,7 +270,10 @@ impl Exporter {
     /// The peers that keep their own label: the top `max_peers` by packets
     /// plus dropped packets.
     fn labeled_peers(&self, input: &ExportInput<'_>) -> FastSet<IpAddr> {
-        let mut score: FastMap<IpAddr, u64> = FastMap::default();
+        // Sized for the rows at once: growing it step by step cost more
+        // than filling it.
+        let mut score: FastMap<IpAddr, u64> =
+            FastMap::with_capacity_and_hasher(input.rows.len(), Default::default());
         for row in input.rows {
             if let Some(peer) = row.id.peer {
                 *score.entry(peer).or_default() += row.packets;
@@ -241,16 +297,15 @@ impl Exporter {
     /// Builds the metric families for `input`.
     pub fn families(&mut self, input: &ExportInput<'_>) -> Vec<MetricFamily> {
         let labeled = self.labeled_peers(input);
-        let mut names: HashMap<u32, Arc<str>> = input
+        let names = &mut self.iface_names;
+        let mut ids: FastMap<u32, IfaceId> = input
             .ifaces
             .iter()
-            .map(|(index, name)| (*index, Arc::from(name.as_str())))
+            .map(|(index, name)| (*index, names.id(name)))
             .collect();
         let mut iface = |ifindex: u32| {
-            names
-                .entry(ifindex)
-                .or_insert_with(|| Arc::from(format!("if{ifindex}")))
-                .clone()
+            *ids.entry(ifindex)
+                .or_insert_with(|| names.id(&format!("if{ifindex}")))
         };
         let bucket_of = |peer: Option<IpAddr>| match peer {
             Some(p) if !labeled.contains(&p) => Bucket::Other,
@@ -259,48 +314,36 @@ impl Exporter {
 
         // Rows of different ifindexes with one name (an interface deleted
         // and re-created) add up: the name is the series.
-        let mut encap_now: FastMap<EncapSeries, [u64; 2]> =
-            FastMap::with_capacity_and_hasher(input.rows.len(), Default::default());
+        self.encap.begin();
         for row in input
             .rows
             .iter()
-            .filter(|r| r.id.reason == observer_common::Unclassified::None)
+            .filter(|r| r.id.reason == Unclassified::None)
         {
             let key = (
                 iface(row.id.ifindex),
-                direction_name(row.id.direction),
-                row.id.proto.name(),
+                row.id.direction,
+                row.id.proto,
                 row.id.peer,
             );
-            let e = encap_now.entry(key).or_default();
-            e[0] += row.packets;
-            e[1] += row.bytes;
+            self.encap.add(key, [row.packets, row.bytes]);
         }
-        let mut drops_now: FastMap<DropSeries, [u64; 1]> = FastMap::default();
+        self.drop_splits.begin();
         for d in input.drops {
             let key = (
                 iface(d.row.id.ifindex),
-                d.row.id.proto.name(),
+                d.row.id.proto,
                 d.row.id.peer,
                 d.reason.clone(),
             );
-            drops_now.entry(key).or_default()[0] += d.row.packets;
+            self.drop_splits.add(key, [d.row.packets]);
         }
-
-        // Split each series between its own label and "other".
-        let mut encap_series = [Series::default(), Series::default()];
-        self.encap.export(&encap_now, &bucket_of, &mut encap_series);
-        let [packets, bytes] = encap_series;
-        let mut drop_series = [Series::default()];
-        self.drop_splits
-            .export(&drops_now, &bucket_of, &mut drop_series);
-        let [drops] = drop_series;
 
         // The smallest next-hop MTU routers reported ("fragmentation
         // needed", "packet too big") per interface and tunnel peer: what the
         // tunnel device's MTU must fit. Peers beyond the label cap share
         // "other", so the family stays bounded like the counters.
-        let mut path_mtu: BTreeMap<(Arc<str>, String), u32> = BTreeMap::new();
+        let mut path_mtu: BTreeMap<(IfaceId, String), u32> = BTreeMap::new();
         for d in input.drops {
             let Some(mtu) = d.row.id.mtu else { continue };
             let peer = match bucket_of(d.row.id.peer) {
@@ -312,6 +355,20 @@ impl Exporter {
                 .or_insert(mtu);
             *lowest = (*lowest).min(mtu);
         }
+
+        // Split each series between its own label and "other".
+        let mut encap_series = [Series::default(), Series::default()];
+        let names = &self.iface_names;
+        self.encap.export(&bucket_of, names, &mut encap_series);
+        let [packets, bytes] = encap_series;
+        let mut drop_series = [Series::default()];
+        self.drop_splits.export(&bucket_of, names, &mut drop_series);
+        let [drops] = drop_series;
+
+        let path_mtu: BTreeMap<(String, String), u32> = path_mtu
+            .into_iter()
+            .map(|((iface, peer), mtu)| ((names.name(iface), peer), mtu))
+            .collect();
 
         // The kernel's figure is an estimate (inserts minus the entries a
         // walk found, which races with traffic) and may dip; the counter
@@ -348,7 +405,7 @@ impl Exporter {
                 MetricType::GAUGE,
                 path_mtu
                     .into_iter()
-                    .map(|((iface, peer), mtu)| (vec![("iface", iface.to_string()), ("peer", peer)], f64::from(mtu)))
+                    .map(|((iface, peer), mtu)| (vec![("iface", iface), ("peer", peer)], f64::from(mtu)))
                     .collect(),
             ),
             family(
@@ -462,36 +519,55 @@ impl<K: SeriesKey, const N: usize> SplitFamily<K, N> {
         }
     }
 
-    /// Adds the values of `now` (one column per entry of `out`) to the
-    /// series: each key's own series while its peer is labeled, and the
-    /// "other" series. Labels are built only for labeled peers and once
-    /// per "other" series (labels built per key were most of an export at
-    /// 100,000 peers).
+    /// Starts an export: [`SplitFamily::add`] the rows, then
+    /// [`SplitFamily::export`].
+    fn begin(&mut self) {
+        self.exports += 1;
+    }
+
+    /// Adds one row's `values` to its series `key` (rows of one series add
+    /// up). The sums live in the splits themselves: no table of the
+    /// export's series is built beside them.
+    fn add(&mut self, key: K, values: [u64; N]) {
+        let split = match self.splits.get_mut(&key) {
+            Some(split) => split,
+            None => self.splits.entry(key).or_insert_with(Split::new),
+        };
+        if split.seen != self.exports {
+            split.seen = self.exports;
+            split.now = [0; N];
+        }
+        add(&mut split.now, &values);
+    }
+
+    /// Adds the series' values (one column per entry of `out`): each key's
+    /// own series while its peer is labeled, and the "other" series.
+    /// Labels are built only for labeled peers and once per "other" series
+    /// (labels built per key were most of an export at 100,000 peers).
     fn export(
         &mut self,
-        now: &FastMap<K, [u64; N]>,
         bucket_of: &impl Fn(Option<IpAddr>) -> Bucket,
+        names: &IfaceNames,
         out: &mut [Series; N],
     ) {
-        self.exports += 1;
         let mut other: FastMap<K, [u64; N]> = FastMap::default();
-        let add = |sums: &mut [u64; N], values: &[u64; N]| {
-            sums.iter_mut().zip(values).for_each(|(s, v)| *s += v);
-        };
-        for (key, values) in now {
-            let bucket = bucket_of(key.peer());
-            let split = match self.splits.get_mut(key) {
-                Some(split) => split,
-                None => self
-                    .splits
-                    .entry(key.clone())
-                    .or_insert_with(|| Split::new(bucket)),
-            };
-            split.seen = self.exports;
-            split.assign(bucket, *values);
-            let (own, to_other) = split.values(values);
+        let exports = self.exports;
+        let retired = &mut self.retired;
+        self.splits.retain(|key, split| {
+            // Keys gone from the rows: what they gave "other" stays there.
+            if split.seen != exports {
+                let (_, contribution) = split.values(&split.last);
+                add(
+                    retired.entry(key.without_peer()).or_insert([0; N]),
+                    &contribution,
+                );
+                return false;
+            }
+            let now = split.now;
+            split.assign(bucket_of(key.peer()), now);
+            let (own, to_other) = split.values(&now);
             if split.bucket == Bucket::Own {
-                let own_labels = key.labels(None);
+                let own_labels = key.labels(None, names);
                 for (series, value) in out.iter_mut().zip(own) {
                     series.add(own_labels.clone(), value);
                 }
@@ -500,23 +576,10 @@ impl<K: SeriesKey, const N: usize> SplitFamily<K, N> {
             if to_other.iter().any(|v| *v != 0) {
                 add(other.entry(key.without_peer()).or_insert([0; N]), &to_other);
             }
-        }
-        // Keys gone from the rows: what they gave "other" stays there.
-        let exports = self.exports;
-        let retired = &mut self.retired;
-        self.splits.retain(|key, split| {
-            if split.seen == exports {
-                return true;
-            }
-            let (_, contribution) = split.values(&split.last);
-            add(
-                retired.entry(key.without_peer()).or_insert([0; N]),
-                &contribution,
-            );
-            false
+            true
         });
         for (group, sums) in self.retired.iter().chain(&other) {
-            let labels = group.labels(Some(OTHER_PEERS.to_string()));
+            let labels = group.labels(Some(OTHER_PEERS.to_string()), names);
             for (series, value) in out.iter_mut().zip(sums) {
                 series.add(labels.clone(), *value);
             }
@@ -524,10 +587,15 @@ impl<K: SeriesKey, const N: usize> SplitFamily<K, N> {
     }
 }
 
-fn direction_name(direction: observer_common::Direction) -> &'static str {
+/// Adds `values` to `sums`, column by column.
+fn add<const N: usize>(sums: &mut [u64; N], values: &[u64; N]) {
+    sums.iter_mut().zip(values).for_each(|(s, v)| *s += v);
+}
+
+fn direction_name(direction: Direction) -> &'static str {
     match direction {
-        observer_common::Direction::Rx => "rx",
-        observer_common::Direction::Tx => "tx",
+        Direction::Rx => "rx",
+        Direction::Tx => "tx",
     }
 }
 

@@ -11,7 +11,9 @@ use crate::{
     cmd::checks::AllowSetSink,
     cmd::replay::capture::{self, Frame},
     model::aggregate::{Aggregator, DropAggregator},
-    model::rows::{DropCounters, DropId, FlowCounters, FlowId, KernelReasons, KernelStats, Row},
+    model::rows::{
+        DropCounters, DropId, FlowCounters, FlowId, KernelReasons, KernelStats, Row, by_rate,
+    },
 };
 
 /// The kernel refuses test runs of frames shorter than an Ethernet header;
@@ -154,7 +156,7 @@ impl CaptureRows {
                 pps: 0.0,
                 bps: 0.0,
                 inner: None,
-                changed: true,
+                interval_packets: packets,
             }),
         }
     }
@@ -170,8 +172,10 @@ impl CaptureRows {
                 0,
             );
         }
+        let mut flows = self.flows.finish_interval(1.0);
+        flows.sort_by(by_rate);
         let mut rows = grown(
-            topped_up(self.flows.finish_interval(1.0), &self.flow_top_up),
+            topped_up(flows, &self.flow_top_up),
             &mut self.flow_seen,
             seconds,
             |id| FlowId {
@@ -199,8 +203,10 @@ impl CaptureRows {
                 }),
             }
         }
+        let mut drops = self.drops.finish_interval(1.0);
+        drops.sort_by(by_rate);
         let drops = grown(
-            topped_up(self.drops.finish_interval(1.0), &self.drop_top_up),
+            topped_up(drops, &self.drop_top_up),
             &mut self.drop_seen,
             seconds,
             |id| DropId {
@@ -272,7 +278,7 @@ fn grown<K: Copy + Eq + Hash>(
                 pps: rate(packets, seconds),
                 bps: rate(bytes * 8, seconds),
                 inner: row.inner,
-                changed: true,
+                interval_packets: packets,
             })
         })
         .collect()

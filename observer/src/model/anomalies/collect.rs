@@ -51,6 +51,38 @@ impl Totals {
         }
     }
 
+    /// Adds `packets` of a flow row.
+    fn add_flow(&mut self, direction: Direction, packets: u64) {
+        match direction {
+            Direction::Tx => self.tx += packets,
+            Direction::Rx => self.rx += packets,
+        }
+    }
+
+    /// Adds `packets` of a drop row of `origin` (`classifier`: its
+    /// classifier reason; `netfilter`: its reason is netfilter's DROP).
+    fn add_drop(
+        &mut self,
+        origin: Origin,
+        classifier: Option<ClassifierDrop>,
+        netfilter: bool,
+        packets: u64,
+    ) {
+        match (origin, classifier) {
+            (Origin::Kernel, _) => self.kernel_drops += packets,
+            (_, Some(ClassifierDrop::OuterFragment)) => {}
+            _ => self.classifier_drops += packets,
+        }
+        match classifier {
+            Some(ClassifierDrop::CalicoAllowSet) => self.allow_set += packets,
+            Some(ClassifierDrop::OverMtu) => self.over_mtu += packets,
+            Some(ClassifierDrop::OuterFragment) => self.outer_fragment += packets,
+            Some(ClassifierDrop::PathMtu) => self.path_mtu += packets,
+            _ if netfilter => self.netfilter += packets,
+            _ => {}
+        }
+    }
+
     /// Packets dropped: the kernel and the classifier usually see the same
     /// packets (a flagged source, then netfilter's DROP), so the larger of
     /// the two rather than their sum.
@@ -59,15 +91,150 @@ impl Totals {
     }
 }
 
-/// What one read says about one (peer, encapsulation) beyond counts.
+/// What the rows say about one (peer, encapsulation) beyond counts.
 #[derive(Debug, Clone, Default)]
 pub(super) struct Extra {
     /// Latest inner source seen from the peer.
     pub(super) inner_src: Option<IpAddr>,
+    /// What its drop rows say; boxed, as most tunnels have none (one is
+    /// kept per tracked tunnel).
+    drops: Option<Box<DropFacts>>,
+}
+
+/// What a tunnel's drop rows say.
+#[derive(Debug, Clone, Default)]
+struct DropFacts {
     /// Lowest next-hop MTU routers reported.
-    pub(super) path_mtu: Option<u32>,
-    /// Drops by reason name, since attach.
-    pub(super) reasons: BTreeMap<String, u64>,
+    path_mtu: Option<u32>,
+    /// Drops by reason name, over the packets summed (since attach).
+    reasons: BTreeMap<String, u64>,
+}
+
+impl Extra {
+    /// Lowest next-hop MTU routers reported.
+    pub(super) fn path_mtu(&self) -> Option<u32> {
+        self.drops.as_ref()?.path_mtu
+    }
+
+    /// Drops by reason name.
+    pub(super) fn reasons(&self) -> impl Iterator<Item = (&str, u64)> {
+        self.drops
+            .iter()
+            .flat_map(|d| d.reasons.iter().map(|(r, n)| (r.as_str(), *n)))
+    }
+}
+
+/// One row's part in its tunnel's counts, before choosing which of its
+/// packets to count (since attach, or in the last interval).
+pub(super) struct Part<'a> {
+    /// The tunnel.
+    pub(super) key: Key,
+    what: What<'a>,
+    /// Packets since attach.
+    pub(super) packets: u64,
+    /// Packets counted in the last interval.
+    pub(super) interval_packets: u64,
+}
+
+/// Which counters a row adds to.
+enum What<'a> {
+    Flow {
+        direction: Direction,
+        inner_src: Option<IpAddr>,
+    },
+    Drop {
+        origin: Origin,
+        classifier: Option<ClassifierDrop>,
+        reason: &'a str,
+        mtu: Option<u32>,
+    },
+}
+
+impl Part<'_> {
+    /// Adds `packets` of this row to `t`, and what it says to `extra`.
+    pub(super) fn add(&self, packets: u64, t: &mut Totals, extra: &mut Extra) {
+        match self.what {
+            What::Flow {
+                direction,
+                inner_src,
+            } => {
+                t.add_flow(direction, packets);
+                if inner_src.is_some() {
+                    extra.inner_src = inner_src;
+                }
+            }
+            What::Drop {
+                origin,
+                classifier,
+                reason,
+                mtu,
+            } => {
+                t.add_drop(origin, classifier, reason == NETFILTER_DROP, packets);
+                let facts = extra.drops.get_or_insert_with(Box::default);
+                match facts.reasons.get_mut(reason) {
+                    Some(n) => *n += packets,
+                    None => {
+                        facts.reasons.insert(reason.to_string(), packets);
+                    }
+                }
+                // Routers on the path may report different MTUs: only the
+                // lowest fits them all.
+                if let (Some(ClassifierDrop::PathMtu), Some(mtu)) = (classifier, mtu) {
+                    facts.path_mtu = Some(facts.path_mtu.map_or(mtu, |m| m.min(mtu)));
+                }
+            }
+        }
+    }
+}
+
+/// Every row and drop row that counts for a tunnel, as [`Part`]s: rows
+/// without a peer, this node's own addresses and plain IP flows left out
+/// (drops of plain IP stay: they can spike).
+pub(super) fn tunnel_parts<'a>(
+    rows: &'a [Row],
+    drops: &'a [DropRow],
+    local: &'a BTreeSet<IpAddr>,
+) -> impl Iterator<Item = Part<'a>> {
+    let flows = rows.iter().filter_map(move |row| {
+        let peer = row.id.peer?;
+        if row.id.proto == Proto::Other || local.contains(&peer) {
+            return None;
+        }
+        Some(Part {
+            key: (peer, row.id.proto),
+            what: What::Flow {
+                direction: row.id.direction,
+                inner_src: match row.id.direction {
+                    Direction::Rx => row.inner.map(|(src, _)| src),
+                    Direction::Tx => None,
+                },
+            },
+            packets: row.packets,
+            interval_packets: row.interval_packets,
+        })
+    });
+    let drops = drops.iter().filter_map(move |drop| {
+        let id = &drop.row.id;
+        let peer = id.peer?;
+        if local.contains(&peer) {
+            return None;
+        }
+        Some(Part {
+            key: (peer, id.proto),
+            what: What::Drop {
+                origin: id.origin,
+                classifier: match id.origin {
+                    Origin::Classifier => ClassifierDrop::from_u16(id.reason as u16),
+                    Origin::Kernel => None,
+                },
+                reason: &drop.reason,
+                mtu: id.mtu,
+            },
+            packets: drop.row.packets,
+            interval_packets: drop.row.interval_packets,
+        })
+    });
+    flows.chain(drops)
 }
 
 /// Packets sent, received and dropped per tunnel (peer, encapsulation)
@@ -80,79 +247,25 @@ pub fn peer_totals(
     local: &BTreeSet<IpAddr>,
 ) -> BTreeMap<(IpAddr, Proto), (u64, u64, u64)> {
     collect(rows, drops, local)
-        .0
         .into_iter()
         .filter(|((_, proto), _)| *proto != Proto::Other)
-        .map(|(key, t)| (key, (t.tx, t.rx, t.drops())))
+        .map(|(key, (t, _))| (key, (t.tx, t.rx, t.drops())))
         .filter(|(_, counts)| *counts != (0, 0, 0))
         .collect()
 }
 
-/// Sums rows and drop rows per (peer, encapsulation), skipping rows
-/// without a peer and this node's own addresses.
+/// Rows and drop rows summed per tunnel since attach.
 pub(super) fn collect(
     rows: &[Row],
     drops: &[DropRow],
     local: &BTreeSet<IpAddr>,
-) -> (HashMap<Key, Totals>, HashMap<Key, Extra>) {
-    let mut totals: HashMap<Key, Totals> = HashMap::default();
-    let mut extras: HashMap<Key, Extra> = HashMap::default();
-    for row in rows {
-        let Some(peer) = row.id.peer else { continue };
-        if row.id.proto == Proto::Other || local.contains(&peer) {
-            continue;
-        }
-        let key = (peer, row.id.proto);
-        let t = totals.entry(key).or_default();
-        match row.id.direction {
-            Direction::Tx => t.tx += row.packets,
-            Direction::Rx => {
-                t.rx += row.packets;
-                if let Some((src, _)) = row.inner {
-                    extras.entry(key).or_default().inner_src = Some(src);
-                }
-            }
-        }
+) -> HashMap<Key, (Totals, Extra)> {
+    let mut tunnels: HashMap<Key, (Totals, Extra)> = HashMap::default();
+    for part in tunnel_parts(rows, drops, local) {
+        let (t, extra) = tunnels.entry(part.key).or_default();
+        part.add(part.packets, t, extra);
     }
-    for drop in drops {
-        let Some(peer) = drop.row.id.peer else {
-            continue;
-        };
-        if local.contains(&peer) {
-            continue;
-        }
-        let id = &drop.row.id;
-        let key = (peer, id.proto);
-        let packets = drop.row.packets;
-        let t = totals.entry(key).or_default();
-        let classifier = match id.origin {
-            Origin::Classifier => ClassifierDrop::from_u16(id.reason as u16),
-            Origin::Kernel => None,
-        };
-        match (id.origin, classifier) {
-            (Origin::Kernel, _) => t.kernel_drops += packets,
-            (_, Some(ClassifierDrop::OuterFragment)) => {}
-            _ => t.classifier_drops += packets,
-        }
-        match classifier {
-            Some(ClassifierDrop::CalicoAllowSet) => t.allow_set += packets,
-            Some(ClassifierDrop::OverMtu) => t.over_mtu += packets,
-            Some(ClassifierDrop::OuterFragment) => t.outer_fragment += packets,
-            Some(ClassifierDrop::PathMtu) => t.path_mtu += packets,
-            _ if drop.reason == NETFILTER_DROP => t.netfilter += packets,
-            _ => {}
-        }
-        let extra = extras.entry(key).or_default();
-        *extra.reasons.entry(drop.reason.clone()).or_default() += packets;
-        if classifier == Some(ClassifierDrop::PathMtu) {
-            // Routers on the path may report different MTUs: only the
-            // lowest fits them all.
-            if let Some(mtu) = id.mtu {
-                extra.path_mtu = Some(extra.path_mtu.map_or(mtu, |m| m.min(mtu)));
-            }
-        }
-    }
-    (totals, extras)
+    tunnels
 }
 
 #[cfg(test)]
@@ -203,7 +316,7 @@ mod tests {
 
     #[test]
     fn drops_are_split_by_what_they_say() {
-        let (totals, extras) = collect(
+        let tunnels = collect(
             &[],
             &[
                 drop(
@@ -231,11 +344,11 @@ mod tests {
             &BTreeSet::new(),
         );
         let key = (ip("10.10.60.209"), Proto::Ipip);
-        let t = totals[&key];
+        let (t, extra) = &tunnels[&key];
         assert_eq!((t.path_mtu, t.outer_fragment), (3, 4));
         // A fragment is no drop by itself.
         assert_eq!(t.drops(), 3);
         // The lowest MTU a router reported.
-        assert_eq!(extras[&key].path_mtu, Some(1300));
+        assert_eq!(extra.path_mtu(), Some(1300));
     }
 }

@@ -14,7 +14,7 @@ use foldhash::HashMap;
 
 use super::{
     ActiveKey, Anomaly, Event, Key, Kind, Known, MAX_ACTIVE, MAX_TRACKED_PEERS, Thresholds,
-    collect::{Extra, Totals, collect},
+    collect::{Extra, Totals, tunnel_parts},
     rules::{self, Finding, PeerFacts},
 };
 use crate::model::rows::{DropRow, Row};
@@ -23,11 +23,14 @@ use crate::model::rows::{DropRow, Row};
 const EPSILON: f64 = 1e-6;
 
 /// History of one (peer, encapsulation).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Track {
-    /// (time, totals), oldest first, spanning a little more than the window.
+    /// (time, totals since the pair was first tracked), oldest first,
+    /// spanning a little more than the window; a sample per read in which
+    /// the pair moved.
     samples: VecDeque<(f64, Totals)>,
     extra: Extra,
+    /// Time of the latest sample.
     last_seen: f64,
 }
 
@@ -116,9 +119,20 @@ impl Engine {
         let window = self.thresholds.window.as_secs_f64();
         let mut conditions: BTreeMap<ActiveKey, Finding> = BTreeMap::new();
         for (&(peer, proto), track) in &self.tracks {
+            // No sample inside the window: nothing moved in it (checked
+            // before reading the samples, for the many idle pairs).
+            if track.last_seen <= now - window + EPSILON {
+                continue;
+            }
             let Some(w) = self.window_delta(track, now) else {
                 continue;
             };
+            // Nothing in the window, nothing to judge: an idle tunnel
+            // raises nothing (also with --anomaly-min-packets 0), and most
+            // of a large node's tunnels are idle at any time.
+            if w.delta == Totals::default() {
+                continue;
+            }
             let facts = PeerFacts {
                 thresholds: &self.thresholds,
                 peer,
@@ -137,38 +151,43 @@ impl Engine {
         self.transition(now, wall, conditions)
     }
 
-    /// Adds one read to the tracks' histories.
+    /// Adds one read to the tracks' histories: the packets each tunnel
+    /// counted since the previous read. Only rows that moved are looked
+    /// at (an idle row, most of a large node's, costs one compare), so a
+    /// pair's samples are its totals since it was first tracked.
     fn record(&mut self, now: f64, rows: &[Row], drops: &[DropRow], known: &Known) {
-        let (totals, extras) = collect(rows, drops, &known.local);
-        let zero_at = self.previous;
+        let zero_at = self.previous.min(now);
         let keep_from = now - self.thresholds.window.as_secs_f64() * 2.0;
-        // A pair the rows no longer have was forgotten by the aggregator
-        // too: if it comes back, its totals start from zero again.
-        self.tracks.retain(|key, _| totals.contains_key(key));
-        for (key, t) in totals {
-            let track = self.tracks.entry(key).or_default();
-            if track.samples.is_empty() && zero_at < now {
-                track.samples.push_back((zero_at, Totals::default()));
-            }
-            // Only changes are kept: an unchanged pair's latest sample
-            // still tells its totals, and idle pairs stay one sample.
-            if track.samples.back().map(|s| s.1) != Some(t) {
+        let moved = tunnel_parts(rows, drops, &known.local).filter(|p| p.interval_packets != 0);
+        for part in moved {
+            let track = self.tracks.entry(part.key).or_insert_with(|| {
+                // Most pairs stay idle: room for a base and one change.
+                let mut samples = VecDeque::with_capacity(2);
+                // Nothing before the previous read: a pair seen for the
+                // first time (or again, after it was forgotten) had zero
+                // packets then.
+                samples.push_back((zero_at, Totals::default()));
+                Track {
+                    samples,
+                    extra: Extra::default(),
+                    last_seen: zero_at,
+                }
+            });
+            if track.last_seen < now {
+                // The pair's first row that moved in this read.
+                let latest = track.samples.back().map_or(Totals::default(), |s| s.1);
+                track.samples.push_back((now, latest));
                 track.last_seen = now;
-                track.samples.push_back((now, t));
-            }
-            // Keep one sample at or before the window's start as the base.
-            while track.samples.len() > 2 && track.samples[1].0 <= keep_from {
-                track.samples.pop_front();
-            }
-            if let Some(extra) = extras.get(&key) {
-                if extra.inner_src.is_some() {
-                    track.extra.inner_src = extra.inner_src;
+                // Keep one sample at or before the window's start as the
+                // base.
+                while track.samples.len() > 2 && track.samples[1].0 <= keep_from {
+                    track.samples.pop_front();
                 }
-                if extra.path_mtu.is_some() {
-                    track.extra.path_mtu = extra.path_mtu;
-                }
-                track.extra.reasons.clone_from(&extra.reasons);
             }
+            let Some((_, totals)) = track.samples.back_mut() else {
+                continue;
+            };
+            part.add(part.interval_packets, totals, &mut track.extra);
         }
         self.forget_excess();
         self.previous = now;
@@ -303,7 +322,11 @@ mod tests {
         let events = e.observe(
             5.0,
             SystemTime::UNIX_EPOCH + Duration::from_secs(5),
-            &[flow("10.10.60.127", Proto::Vxlan, Direction::Tx, 50)],
+            // 10 of the 50 since the read at 4 s.
+            &[Row {
+                interval_packets: 10,
+                ..flow("10.10.60.127", Proto::Vxlan, Direction::Tx, 50)
+            }],
             &[],
             &known(),
         );
@@ -322,7 +345,10 @@ mod tests {
             7.0,
             SystemTime::UNIX_EPOCH + Duration::from_secs(7),
             &[
-                flow("10.10.60.127", Proto::Vxlan, Direction::Tx, 70),
+                Row {
+                    interval_packets: 20,
+                    ..flow("10.10.60.127", Proto::Vxlan, Direction::Tx, 70)
+                },
                 flow("10.10.60.127", Proto::Vxlan, Direction::Rx, 3),
             ],
             &[],
@@ -400,6 +426,27 @@ mod tests {
     }
 
     #[test]
+    fn an_idle_tunnel_raises_nothing_even_with_no_packet_minimum() {
+        let mut e = Engine::new(
+            Thresholds {
+                min_packets: 0,
+                ..th()
+            },
+            0.0,
+        );
+        // 10 packets sent in the first second, then nothing: one way while
+        // they are in the window, then idle.
+        let events = drive(&mut e, &known(), 30, |_| {
+            (
+                vec![flow("10.10.60.127", Proto::Vxlan, Direction::Tx, 10)],
+                vec![],
+            )
+        });
+        assert_eq!(raised(&events), vec![(Kind::OneWay, "10.10.60.127".into())]);
+        assert!(matches!(events.last(), Some(Event::Cleared { .. })));
+    }
+
+    #[test]
     fn active_anomalies_are_bounded() {
         let mut e = Engine::new(th(), 0.0);
         let rows: Vec<Row> = (0..(MAX_ACTIVE as u32 + 10))
@@ -430,5 +477,30 @@ mod tests {
         e.observe(1.0, SystemTime::UNIX_EPOCH, &rows, &[], &Known::default());
         assert_eq!(e.tracks.len(), MAX_TRACKED_PEERS);
         assert_eq!(e.forgotten_peers(), 100);
+
+        // Idle since: the forgotten pairs are not made again (and others
+        // forgotten in their place) at every read.
+        let mut rows = rows;
+        for r in &mut rows {
+            r.interval_packets = 0;
+        }
+        e.observe(2.0, SystemTime::UNIX_EPOCH, &rows, &[], &Known::default());
+        assert_eq!(e.tracks.len(), MAX_TRACKED_PEERS);
+        assert_eq!(e.forgotten_peers(), 100);
+
+        // A forgotten pair that moves again is tracked from its totals at
+        // the previous read, not from zero: 2 packets in the window, not 3.
+        let forgotten = rows
+            .iter_mut()
+            .find(|r| !e.tracks.contains_key(&(r.id.peer.unwrap(), r.id.proto)))
+            .expect("a forgotten pair");
+        forgotten.packets = 3;
+        forgotten.interval_packets = 2;
+        let key = (forgotten.id.peer.unwrap(), forgotten.id.proto);
+        e.observe(3.0, SystemTime::UNIX_EPOCH, &rows, &[], &Known::default());
+        let track = &e.tracks[&key];
+        let window = e.window_delta(track, 3.0).expect("samples");
+        assert_eq!((window.delta.tx, window.since), (2, 2.0));
+        assert_eq!(e.forgotten_peers(), 101);
     }
 }

@@ -3,7 +3,7 @@
 //! driver that feeds the engine one read a second.
 
 use std::{
-    collections::{BTreeMap, BTreeSet},
+    collections::{BTreeMap, BTreeSet, HashMap},
     net::IpAddr,
     time::{Duration, SystemTime},
 };
@@ -109,8 +109,22 @@ pub(super) fn drive(
     read: impl Fn(u32) -> (Vec<Row>, Vec<DropRow>),
 ) -> Vec<Event> {
     let mut events = Vec::new();
+    // Each row's packets at the previous read: what moved since is its
+    // interval's, as the aggregator says.
+    let mut flows_before: HashMap<FlowId, u64> = HashMap::new();
+    let mut drops_before: HashMap<DropId, u64> = HashMap::new();
     for t in 1..=seconds {
-        let (rows, drops) = read(t);
+        let (mut rows, mut drops) = read(t);
+        for row in &mut rows {
+            let before = flows_before.insert(row.id, row.packets).unwrap_or(0);
+            row.interval_packets = row.packets.saturating_sub(before);
+        }
+        for drop in &mut drops {
+            let before = drops_before
+                .insert(drop.row.id, drop.row.packets)
+                .unwrap_or(0);
+            drop.row.interval_packets = drop.row.packets.saturating_sub(before);
+        }
         let wall = SystemTime::UNIX_EPOCH + Duration::from_secs(t as u64);
         events.extend(engine.observe(t as f64, wall, &rows, &drops, known));
     }

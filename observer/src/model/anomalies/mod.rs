@@ -10,7 +10,8 @@
 //! duration) when it ends. The work is split by concern:
 //! - `engine`: the window over successive reads, raising and clearing, and
 //!   the bounds that keep memory finite;
-//! - `collect`: rows summed per (peer, encapsulation);
+//! - `collect`: what each row adds to its (peer, encapsulation), and rows
+//!   summed per pair;
 //! - `rules`: one rule per kind, with its texts.
 //!
 //! Pure logic over values passed in: no kernel, no clock (times come from
@@ -44,7 +45,8 @@ use crate::model::{
 
 /// (peer, encapsulation) pairs whose history is kept; beyond it the
 /// longest-idle ones are forgotten (and counted), so attacker-chosen
-/// sources cannot grow memory. An idle pair keeps a single sample.
+/// sources cannot grow memory. An idle pair keeps its last sample or two
+/// and costs no work per read.
 pub const MAX_TRACKED_PEERS: usize = 65536;
 
 /// Anomalies active at once; beyond it new ones are only counted, so a

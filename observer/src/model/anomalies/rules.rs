@@ -230,7 +230,7 @@ fn mtu(f: &PeerFacts<'_>) -> Option<Finding> {
         ("overhead_bytes", json!(overhead)),
     ]);
     // A path MTU remembered from an earlier window says nothing of now.
-    let reported = f.extra.path_mtu.filter(|_| d.path_mtu > 0);
+    let reported = f.extra.path_mtu().filter(|_| d.path_mtu > 0);
     if let Some(mtu) = reported {
         evidence.insert("path_mtu", json!(mtu));
     }
@@ -295,12 +295,7 @@ fn drop_spike(f: &PeerFacts<'_>) -> Option<Finding> {
     if rate <= th.drop_spike_pps {
         return None;
     }
-    let reasons: BTreeMap<&str, u64> = f
-        .extra
-        .reasons
-        .iter()
-        .map(|(r, n)| (r.as_str(), *n))
-        .collect();
+    let reasons: BTreeMap<&str, u64> = f.extra.reasons().collect();
     Some(Finding {
         evidence: BTreeMap::from([
             ("drops", json!(drops)),
@@ -598,10 +593,8 @@ mod tests {
             over_mtu: 1,
             ..Totals::default()
         };
-        let extra = Extra {
-            inner_src: Some(ip("10.42.168.210")),
-            ..Extra::default()
-        };
+        let mut extra = Extra::default();
+        extra.inner_src = Some(ip("10.42.168.210"));
         let kinds = |peer: &str, d: &Totals| -> Vec<Kind> {
             let facts = PeerFacts {
                 thresholds: &th(),
