@@ -1,5 +1,6 @@
 //! Userspace cost of one interval with many peers in the kernel map: read
-//! the flow map (`read_flows`), fold it (`Aggregator`), judge it
+//! the flow map into the aggregator (`for_each_flow`, `Aggregator::add`;
+//! the stage `read` includes the folding, `aggregate` the rates), judge it
 //! (`anomalies::Engine`), build and encode
 //! the textfile (`Exporter`, `textfile::encode`), with 1,000, 10,000 and
 //! 100,000 peers put there by XDP test runs of frames from distinct
@@ -14,7 +15,7 @@ use std::{
 use anyhow::ensure;
 use observer::{
     bpf::testrun,
-    bpf::{Hook, LoadConfig, Observer},
+    bpf::{Hook, LoadConfig, Observer, maps::MapRead},
     model::aggregate::Aggregator,
     model::anomalies::{Engine, Known, Thresholds},
     report::textfile::{self, ExportInput, Exporter},
@@ -56,14 +57,20 @@ pub fn run(vxlan: &[u8]) -> anyhow::Result<()> {
         // One round more than measured: the first creates every row.
         for round in 0..=ROUNDS {
             let start = Instant::now();
-            let flows = observer.read_flows()?;
+            // As the monitor reads: rows go into the aggregator as the
+            // map is read.
+            aggregator.begin_read();
+            let mut read_rows = 0;
+            let map_entries = observer.for_each_flow(MapRead::Batch, |id, counters| {
+                read_rows += 1;
+                aggregator.add(id, counters);
+            })?;
+            aggregator.end_read();
             let read_at = Instant::now();
             ensure!(
-                flows.len() == peers as usize,
-                "{} rows in the flow map, {peers} expected",
-                flows.len()
+                read_rows == peers as usize,
+                "{read_rows} rows in the flow map, {peers} expected"
             );
-            aggregator.update(&flows);
             let rows = aggregator.finish_interval(1.0);
             let aggregated_at = Instant::now();
             engine.observe(round as f64 + 1.0, SystemTime::now(), &rows, &[], &known);
@@ -72,7 +79,7 @@ pub fn run(vxlan: &[u8]) -> anyhow::Result<()> {
                 rows: &rows,
                 drops: &[],
                 ifaces: &ifaces,
-                stats: observer.stats_for(flows.len() as u64)?,
+                stats: observer.stats_for(map_entries)?,
                 programs_attached: 3,
                 late_intervals: 0,
                 at: SystemTime::now(),

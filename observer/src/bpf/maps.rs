@@ -121,11 +121,36 @@ impl Observer {
     /// [`Observer::read_flows`] by one way of reading maps: tests compare
     /// the two.
     pub fn read_flows_with(&self, how: MapRead) -> Result<Vec<(FlowId, FlowCounters)>> {
-        let cached = self.read_flow_cache(how)?;
-        let lru = read_percpu_hash(&self.flow_map()?, FLOWS_MAP, how, |key, values| {
-            (*key, FlowCounters::sum(values.iter()))
+        let mut rows = Vec::new();
+        self.for_each_flow(how, |id, counters| rows.push((id, *counters)))?;
+        Ok(rows)
+    }
+
+    /// Hands each row of [`Observer::read_flows`] to `row` as it is read,
+    /// without a table of the whole map (at 100,000 flows the monitor
+    /// built two of 10 MiB each per interval). Returns how many of the
+    /// rows have a part in the LRU map (its entries).
+    pub fn for_each_flow(
+        &self,
+        how: MapRead,
+        mut row: impl FnMut(FlowId, &FlowCounters),
+    ) -> Result<u64> {
+        let mut merge = CacheMerge(self.read_flow_cache(how)?);
+        let mut map_entries = 0;
+        let mut emit = |key: &FlowKey, counters: &FlowCounters| {
+            map_entries += u64::from(counters.in_map());
+            row(FlowId::from_key(key), counters);
+        };
+        for_each_percpu_hash(&self.flow_map()?, FLOWS_MAP, how, |key, values| {
+            emit(
+                key,
+                &merge.with_cached(key, FlowCounters::sum(values.iter())),
+            );
         })?;
-        Ok(merge_cached(lru, cached))
+        for (key, counters) in merge.only_cached() {
+            emit(&key, &counters);
+        }
+        Ok(map_entries)
     }
 
     /// The keys held in the per-CPU flow cache, with their counters summed
@@ -191,8 +216,9 @@ impl Observer {
     }
 
     /// The kernel self counters, given the number of flow-map entries
-    /// (`rows::map_entries` of a [`Observer::read_flows`] just made), so
-    /// the map is walked once per interval, not twice.
+    /// (what [`Observer::for_each_flow`] returns, or `rows::map_entries`
+    /// of a [`Observer::read_flows`] just made), so the map is walked once
+    /// per interval, not twice.
     pub fn stats_for(&self, flow_entries: u64) -> Result<KernelStats> {
         let stats: PerCpuArray<&MapData, u64> =
             PerCpuArray::try_from(self.ebpf.map(STATS_MAP).context("STATS map missing")?)?;
@@ -209,34 +235,33 @@ impl Observer {
     }
 }
 
-/// The LRU map's rows with the flow cache's counters added to the same
-/// key (a key may be in both: cached on one CPU, in the map on another
-/// whose slot another key holds), then the keys only the cache has.
-fn merge_cached(
-    lru: Vec<(FlowKey, FlowCounters)>,
-    mut cached: FastMap<FlowKey, FlowCounters>,
-) -> Vec<(FlowId, FlowCounters)> {
-    let mut rows = Vec::with_capacity(lru.len() + cached.len());
-    for (key, mut counters) in lru {
-        if !cached.is_empty()
-            && let Some(from_cache) = cached.remove(&key)
+/// The flow cache's counters, merged into the LRU map's rows of the same
+/// key as they are read (a key may be in both: cached on one CPU, in the
+/// map on another whose slot another key holds); what is left are the
+/// keys only the cache has.
+struct CacheMerge(FastMap<FlowKey, FlowCounters>);
+
+impl CacheMerge {
+    /// The LRU map's `counters` of `key` with the cache's part added.
+    fn with_cached(&mut self, key: &FlowKey, mut counters: FlowCounters) -> FlowCounters {
+        if !self.0.is_empty()
+            && let Some(from_cache) = self.0.remove(key)
         {
             counters.packets += from_cache.packets;
             counters.bytes += from_cache.bytes;
             counters.inner = counters.inner.or(from_cache.inner);
             counters.cached = from_cache.cached;
         }
-        rows.push((FlowId::from_key(&key), counters));
+        counters
     }
-    let mut only_cached: Vec<(FlowKey, FlowCounters)> = cached.into_iter().collect();
-    // Sorted, so that rows come out in the same order on every read.
-    only_cached.sort_unstable_by_key(|(key, _)| *key);
-    rows.extend(
+
+    /// The keys only the cache has, sorted, so that rows come out in the
+    /// same order on every read.
+    fn only_cached(self) -> Vec<(FlowKey, FlowCounters)> {
+        let mut only_cached: Vec<(FlowKey, FlowCounters)> = self.0.into_iter().collect();
+        only_cached.sort_unstable_by_key(|(key, _)| *key);
         only_cached
-            .into_iter()
-            .map(|(key, counters)| (FlowId::from_key(&key), counters)),
-    );
-    rows
+    }
 }
 
 /// How the programs' hash and array maps are read.
@@ -262,18 +287,38 @@ where
     K: Pod + Eq + Hash,
     V: Pod,
 {
+    let mut rows = Vec::new();
+    for_each_percpu_hash(map, name, how, |key, values| rows.push(decode(key, values)))?;
+    Ok(rows)
+}
+
+/// Hands each key of `map` once to `entry`, with its per-CPU values.
+fn for_each_percpu_hash<K, V>(
+    map: &PerCpuHashMap<&MapData, K, V>,
+    name: &str,
+    how: MapRead,
+    mut entry: impl FnMut(&K, &[V]),
+) -> Result<()>
+where
+    K: Pod + Eq + Hash,
+    V: Pod,
+{
     let batched = match how {
         // A batch lookup passes each bucket once, under its lock: no key
         // comes twice, unlike in a walk that the LRU restarts.
-        MapRead::Batch => batch::lookup_all_percpu(map.map(), possible_cpus()?, &decode)
-            .with_context(|| format!("batch lookup of the {name} map"))?,
-        MapRead::Walk => None,
+        MapRead::Batch => batch::lookup_all_percpu(map.map(), possible_cpus()?, &mut entry)
+            .with_context(|| format!("batch lookup of the {name} map"))?
+            .is_some(),
+        MapRead::Walk => false,
     };
-    match batched {
-        Some(rows) => Ok(rows),
-        None => dedup_listing(map.iter(), |key, values| decode(key, values))
-            .with_context(|| format!("reading the {name} map")),
+    if !batched {
+        let listed = dedup_listing(map.iter(), |key, values| (*key, values.to_vec()))
+            .with_context(|| format!("reading the {name} map"))?;
+        for (key, values) in &listed {
+            entry(key, values);
+        }
     }
+    Ok(())
 }
 
 /// The number of possible CPUs: per-CPU values come one per possible CPU.
@@ -521,9 +566,15 @@ mod tests {
         };
         let lru = vec![(key(1), counters(5, false)), (key(2), counters(7, false))];
         let cached = FastMap::from_iter([(key(3), counters(4, true)), (key(1), counters(3, true))]);
-        let rows: Vec<(FlowId, u64, u64, (u64, u64))> = merge_cached(lru, cached)
+        let mut merge = CacheMerge(cached);
+        let mut merged: Vec<(FlowKey, FlowCounters)> = lru
             .into_iter()
-            .map(|(id, c)| (id, c.packets, c.bytes, c.cached))
+            .map(|(key, c)| (key, merge.with_cached(&key, c)))
+            .collect();
+        merged.extend(merge.only_cached());
+        let rows: Vec<(FlowId, u64, u64, (u64, u64))> = merged
+            .iter()
+            .map(|(key, c)| (FlowId::from_key(key), c.packets, c.bytes, c.cached))
             .collect();
         assert_eq!(
             rows,

@@ -20,7 +20,7 @@ use tokio::{
 };
 
 use crate::{
-    bpf::{self, InterfaceEvent, LoadConfig, Observer},
+    bpf::{self, InterfaceEvent, LoadConfig, Observer, maps::MapRead},
     cli::AttachArgs,
     cli::settings::Settings,
     cmd::checks::NodeChecks,
@@ -29,7 +29,7 @@ use crate::{
     model::crosscheck::NetfilterCheck,
     model::dataplane::{DataPlane, DeclaredTunnel},
     model::hooks::{AttachedWith, Attachment},
-    model::rows::{self, Row},
+    model::rows::Row,
     model::rows::{DropRow, KernelStats},
     node::allowsets::AllowSetConfig,
     node::dataplane::{self, ChangeWatcher},
@@ -515,8 +515,14 @@ impl<'a> Monitor<'a> {
             .context("writing output")?;
         let reports = self.refresh_allow_sets()?;
         self.refresh_dataplane()?;
-        let flows = self.observer.read_flows()?;
-        self.aggregator.update(&flows);
+        // Rows go into the aggregator as the map is read: at 100,000 flows
+        // a table of the read would be 10 MiB per interval.
+        self.aggregator.begin_read();
+        let aggregator = &mut self.aggregator;
+        let map_entries = self
+            .observer
+            .for_each_flow(MapRead::Batch, |id, counters| aggregator.add(id, counters))?;
+        self.aggregator.end_read();
         self.drop_aggregator.update(&self.observer.read_drops()?);
         let rows = self.aggregator.finish_interval(seconds);
         let drop_rows = self.checks.drop_rows(
@@ -529,7 +535,7 @@ impl<'a> Monitor<'a> {
         if let Some(checks) = &fresh_netfilter {
             self.netfilter = checks.clone();
         }
-        let stats = self.observer.stats_for(rows::map_entries(&flows))?;
+        let stats = self.observer.stats_for(map_entries)?;
         let at = SystemTime::now();
         let events = self.engine.observe(
             self.started.elapsed().as_secs_f64(),

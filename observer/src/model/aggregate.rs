@@ -5,7 +5,7 @@
 
 use std::{hash::Hash, net::IpAddr};
 
-use foldhash::{HashMap, HashSet};
+use foldhash::HashMap;
 
 use crate::model::rows::{DropCounters, DropId, FlowCounters, FlowId, Row};
 
@@ -62,6 +62,8 @@ struct State {
     inner: Option<(IpAddr, IpAddr)>,
     /// Update number in which the row last moved.
     last_moved: u64,
+    /// Update number of the last read that had the row.
+    read: u64,
 }
 
 /// Monotonic per-row totals.
@@ -70,6 +72,8 @@ pub struct Aggregator<K = FlowId> {
     rows: HashMap<K, State>,
     max_rows: usize,
     generation: u64,
+    /// Rows in the read under way.
+    read_rows: usize,
     forgotten_rows: u64,
 }
 
@@ -83,6 +87,7 @@ impl<K: Copy + Eq + Hash + Ord> Aggregator<K> {
             rows: HashMap::default(),
             max_rows: max_rows.max(1),
             generation: 0,
+            read_rows: 0,
             forgotten_rows: 0,
         }
     }
@@ -96,35 +101,54 @@ impl<K: Copy + Eq + Hash + Ord> Aggregator<K> {
     /// previous read means the key was evicted and re-created: the new value
     /// is all new traffic.
     pub fn update<C: Counters>(&mut self, read: &[(K, C)]) {
-        self.generation += 1;
+        self.begin_read();
         for (id, counters) in read {
-            let state = self.rows.entry(*id).or_default();
-            let mut delta = (0, 0);
-            for (now, kernel) in counters.parts().into_iter().zip(&mut state.kernel) {
-                let moved = if now.0 >= kernel.0 && now.1 >= kernel.1 {
-                    (now.0 - kernel.0, now.1 - kernel.1)
-                } else {
-                    now
-                };
-                *kernel = now;
-                delta.0 += moved.0;
-                delta.1 += moved.1;
-            }
-            state.total.0 += delta.0;
-            state.total.1 += delta.1;
-            if delta != (0, 0) {
-                state.last_moved = self.generation;
-            }
-            if let Some(inner) = counters.inner() {
-                state.inner = Some(inner);
-            }
+            self.add(*id, counters);
         }
+        self.end_read();
+    }
+
+    /// Starts a read that [`Aggregator::add`] feeds row by row, as the map
+    /// is read, and [`Aggregator::end_read`] ends ([`Aggregator::update`]
+    /// with no table of the read).
+    pub fn begin_read(&mut self) {
+        self.generation += 1;
+        self.read_rows = 0;
+    }
+
+    /// Folds in one row of the read under way (each key once per read).
+    pub fn add<C: Counters>(&mut self, id: K, counters: &C) {
+        self.read_rows += 1;
+        let state = self.rows.entry(id).or_default();
+        state.read = self.generation;
+        let mut delta = (0, 0);
+        for (now, kernel) in counters.parts().into_iter().zip(&mut state.kernel) {
+            let moved = if now.0 >= kernel.0 && now.1 >= kernel.1 {
+                (now.0 - kernel.0, now.1 - kernel.1)
+            } else {
+                now
+            };
+            *kernel = now;
+            delta.0 += moved.0;
+            delta.1 += moved.1;
+        }
+        state.total.0 += delta.0;
+        state.total.1 += delta.1;
+        if delta != (0, 0) {
+            state.last_moved = self.generation;
+        }
+        if let Some(inner) = counters.inner() {
+            state.inner = Some(inner);
+        }
+    }
+
+    /// Ends the read under way.
+    pub fn end_read(&mut self) {
         // Keys gone from the kernel map keep their totals, but their kernel
         // baseline resets so a re-created key counts from zero.
-        if read.len() < self.rows.len() {
-            let present: HashSet<&K> = read.iter().map(|(id, _)| id).collect();
-            for (id, state) in self.rows.iter_mut() {
-                if !present.contains(id) {
+        if self.read_rows < self.rows.len() {
+            for state in self.rows.values_mut() {
+                if state.read != self.generation {
                     state.kernel = [(0, 0); 2];
                 }
             }

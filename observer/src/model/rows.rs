@@ -121,6 +121,13 @@ impl FlowCounters {
         }
         total
     }
+
+    /// Whether the key has an entry in the kernel's LRU flow map: more
+    /// than its flow-cache part (every map entry holds at least one
+    /// packet; keys only the cache holds can never be evicted).
+    pub fn in_map(&self) -> bool {
+        self.packets > self.cached.0
+    }
 }
 
 /// How many of `rows` (one flow-counter read) have entries in the kernel's
@@ -129,7 +136,7 @@ impl FlowCounters {
 /// holds are not map entries (they can never be evicted).
 pub fn map_entries(rows: &[(FlowId, FlowCounters)]) -> u64 {
     rows.iter()
-        .filter(|(_, counters)| counters.packets > counters.cached.0)
+        .filter(|(_, counters)| counters.in_map())
         .count() as u64
 }
 

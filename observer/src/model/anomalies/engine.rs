@@ -14,7 +14,7 @@ use foldhash::HashMap;
 
 use super::{
     ActiveKey, Anomaly, Event, Key, Kind, Known, MAX_ACTIVE, MAX_TRACKED_PEERS, Thresholds,
-    collect::{Extra, Totals, tunnel_parts},
+    collect::{Extra, Part, Totals, tunnel_parts},
     rules::{self, Finding, PeerFacts},
 };
 use crate::model::rows::{DropRow, Row};
@@ -158,38 +158,35 @@ impl Engine {
     fn record(&mut self, now: f64, rows: &[Row], drops: &[DropRow], known: &Known) {
         let zero_at = self.previous.min(now);
         let keep_from = now - self.thresholds.window.as_secs_f64() * 2.0;
-        let moved = tunnel_parts(rows, drops, &known.local).filter(|p| p.interval_packets != 0);
-        for part in moved {
-            let track = self.tracks.entry(part.key).or_insert_with(|| {
-                // Most pairs stay idle: room for a base and one change.
-                let mut samples = VecDeque::with_capacity(2);
-                // Nothing before the previous read: a pair seen for the
-                // first time (or again, after it was forgotten) had zero
-                // packets then.
-                samples.push_back((zero_at, Totals::default()));
-                Track {
-                    samples,
-                    extra: Extra::default(),
-                    last_seen: zero_at,
-                }
-            });
-            if track.last_seen < now {
-                // The pair's first row that moved in this read.
-                let latest = track.samples.back().map_or(Totals::default(), |s| s.1);
-                track.samples.push_back((now, latest));
-                track.last_seen = now;
-                // Keep one sample at or before the window's start as the
-                // base.
-                while track.samples.len() > 2 && track.samples[1].0 <= keep_from {
-                    track.samples.pop_front();
-                }
+        // Rows of pairs not tracked yet wait until room is made for them.
+        let mut untracked = Vec::new();
+        for part in tunnel_parts(rows, drops, &known.local).filter(|p| p.interval_packets != 0) {
+            match self.tracks.get_mut(&part.key) {
+                Some(track) => track.add(&part, now, keep_from),
+                None => untracked.push(part),
             }
-            let Some((_, totals)) = track.samples.back_mut() else {
-                continue;
-            };
-            part.add(part.interval_packets, totals, &mut track.extra);
         }
-        self.forget_excess();
+        if !untracked.is_empty() {
+            let mut new_pairs: Vec<Key> = untracked.iter().map(|p| p.key).collect();
+            new_pairs.sort_unstable();
+            new_pairs.dedup();
+            // Room first, so the table never holds more than the cap: the
+            // longest idle pairs go. More new pairs than the cap at once
+            // (a flood of sources) are only counted.
+            let admitted = new_pairs.len().min(MAX_TRACKED_PEERS);
+            self.forget_oldest((self.tracks.len() + admitted).saturating_sub(MAX_TRACKED_PEERS));
+            self.forgotten_peers += (new_pairs.len() - admitted) as u64;
+            new_pairs.truncate(admitted);
+            for part in untracked {
+                if new_pairs.binary_search(&part.key).is_err() {
+                    continue;
+                }
+                self.tracks
+                    .entry(part.key)
+                    .or_insert_with(|| Track::new(zero_at))
+                    .add(&part, now, keep_from);
+            }
+        }
         self.previous = now;
     }
 
@@ -275,20 +272,51 @@ impl Engine {
         })
     }
 
-    /// Keeps at most [`MAX_TRACKED_PEERS`] tracks, forgetting the longest
-    /// idle ones.
-    fn forget_excess(&mut self) {
-        if self.tracks.len() <= MAX_TRACKED_PEERS {
+    /// Forgets the `count` longest idle tracks.
+    fn forget_oldest(&mut self, count: usize) {
+        if count == 0 {
             return;
         }
         let mut by_age: Vec<(f64, Key)> =
             self.tracks.iter().map(|(k, t)| (t.last_seen, *k)).collect();
-        let excess = self.tracks.len() - MAX_TRACKED_PEERS;
-        // The `excess` oldest, in no order: a selection, not a sort.
-        by_age.select_nth_unstable_by(excess - 1, |a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
-        for (_, key) in by_age.into_iter().take(excess) {
+        // The `count` oldest, in no order: a selection, not a sort.
+        by_age.select_nth_unstable_by(count - 1, |a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+        for (_, key) in by_age.into_iter().take(count) {
             self.tracks.remove(&key);
             self.forgotten_peers += 1;
+        }
+    }
+}
+
+impl Track {
+    /// The track of a pair first seen moving in the read after `zero_at`.
+    fn new(zero_at: f64) -> Track {
+        // Most pairs stay idle: room for a base and one change.
+        let mut samples = VecDeque::with_capacity(2);
+        // Nothing before the previous read: a pair seen for the first time
+        // (or again, after it was forgotten) had zero packets then.
+        samples.push_back((zero_at, Totals::default()));
+        Track {
+            samples,
+            extra: Extra::default(),
+            last_seen: zero_at,
+        }
+    }
+
+    /// Adds what one row moved in the read at `now`; samples older than
+    /// `keep_from` go, but for one base at or before the window's start.
+    fn add(&mut self, part: &Part<'_>, now: f64, keep_from: f64) {
+        if self.last_seen < now {
+            // The pair's first row that moved in this read.
+            let latest = self.samples.back().map_or(Totals::default(), |s| s.1);
+            self.samples.push_back((now, latest));
+            self.last_seen = now;
+            while self.samples.len() > 2 && self.samples[1].0 <= keep_from {
+                self.samples.pop_front();
+            }
+        }
+        if let Some((_, totals)) = self.samples.back_mut() {
+            part.add(part.interval_packets, totals, &mut self.extra);
         }
     }
 }

@@ -47,7 +47,10 @@ use crate::model::{
 /// longest-idle ones are forgotten (and counted), so attacker-chosen
 /// sources cannot grow memory. An idle pair keeps its last sample or two
 /// and costs no work per read.
-pub const MAX_TRACKED_PEERS: usize = 65536;
+///
+/// 57,344 is 7/8 of 65,536: the most a hash table of 65,536 buckets holds
+/// (hashbrown's load factor), where one entry more doubles it.
+pub const MAX_TRACKED_PEERS: usize = 57_344;
 
 /// Anomalies active at once; beyond it new ones are only counted, so a
 /// flood of spoofed sources cannot flood the output (each would be an
