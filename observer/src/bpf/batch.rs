@@ -22,21 +22,20 @@ use aya_obj::generated::{bpf_attr, bpf_cmd};
 /// values on a large node, a handful of calls for a full flow map.
 const CHUNK: u32 = 1024;
 
-/// Every entry of the per-CPU hash or array `map` (keys `K`, values `V`
-/// per possible CPU), each key once, as `decode` turns its key and
-/// per-CPU values into a `T`; `Ok(None)` when this kernel has no batch
-/// lookup for the map (the caller walks it). The values are decoded in
-/// place: a large map costs no allocation per entry.
-pub fn lookup_all_percpu<K: Pod, V: Pod, T>(
+/// Hands every entry of the per-CPU hash or array `map` (keys `K`, values
+/// `V` per possible CPU) to `entry`, each key once, as the kernel answers:
+/// a large map costs no table of its entries. `Ok(false)` when this kernel
+/// has no batch lookup for the map (then nothing was handed; the caller
+/// walks it).
+pub fn lookup_all_percpu<K: Pod, V: Pod>(
     map: &MapData,
     possible_cpus: usize,
-    mut decode: impl FnMut(&K, &[V]) -> T,
-) -> io::Result<Option<Vec<T>>> {
+    mut entry: impl FnMut(&K, &[V]),
+) -> io::Result<bool> {
     // The kernel lays each CPU's value out at a multiple of 8 bytes.
     let value_stride = size_of::<V>().div_ceil(8) * 8;
     let element_values = value_stride * possible_cpus;
     let mut chunk = CHUNK;
-    let mut entries = Vec::new();
     // The position between calls: a bucket number for hash maps, which
     // the kernel writes to `out_batch` and reads from `in_batch`.
     let mut position: u64 = 0;
@@ -92,7 +91,7 @@ pub fn lookup_all_percpu<K: Pod, V: Pod, T>(
             }
             // The kernel has no batch lookup for this map (EINVAL before
             // 5.6, ENOTSUPP 524 from maps without it).
-            (_, Some(libc::EINVAL | 524)) if first => return Ok(None),
+            (_, Some(libc::EINVAL | 524)) if first => return Ok(false),
             _ => return Err(error),
         };
         let key_bytes = bytes(&keys);
@@ -109,10 +108,10 @@ pub fn lookup_all_percpu<K: Pod, V: Pod, T>(
                 // SAFETY: as above.
                 unsafe { std::ptr::read_unaligned(value_bytes[at..].as_ptr().cast::<V>()) }
             }));
-            entries.push(decode(&key, &per_cpu));
+            entry(&key, &per_cpu);
         }
         if done {
-            return Ok(Some(entries));
+            return Ok(true);
         }
         position = next;
         first = false;

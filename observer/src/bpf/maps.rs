@@ -180,9 +180,9 @@ impl Observer {
                 |_: &u32, slots: &[FlowCacheSlot]| add(slots),
             )
             .context("batch lookup of the FLOW_CACHE map")?,
-            MapRead::Walk => None,
+            MapRead::Walk => false,
         };
-        if batched.is_none() {
+        if !batched {
             for index in 0..FLOW_CACHE_SLOTS {
                 let slots = cache
                     .get(&index, 0)
@@ -307,8 +307,7 @@ where
         // A batch lookup passes each bucket once, under its lock: no key
         // comes twice, unlike in a walk that the LRU restarts.
         MapRead::Batch => batch::lookup_all_percpu(map.map(), possible_cpus()?, &mut entry)
-            .with_context(|| format!("batch lookup of the {name} map"))?
-            .is_some(),
+            .with_context(|| format!("batch lookup of the {name} map"))?,
         MapRead::Walk => false,
     };
     if !batched {

@@ -111,11 +111,12 @@ pub fn write_table(out: &mut impl Write, snap: &Snapshot<'_>, clear: bool) -> io
             si(bps)
         )?;
     }
-    let unclassified: Vec<&Row> = snap
+    let mut unclassified: Vec<&Row> = snap
         .rows
         .iter()
         .filter(|r| r.id.reason != Unclassified::None)
         .collect();
+    unclassified.sort_by(|a, b| by_rate(a, b));
     if !unclassified.is_empty() {
         writeln!(out, "\nUNCLASSIFIED FRAMES")?;
         for row in unclassified {
@@ -132,7 +133,12 @@ pub fn write_table(out: &mut impl Write, snap: &Snapshot<'_>, clear: bool) -> io
     if !snap.drops.is_empty() {
         writeln!(out, "\nDROPS (why packets die)")?;
         let mut drops: Vec<&DropRow> = snap.drops.iter().collect();
-        drops.sort_by_key(|d| std::cmp::Reverse(d.row.packets));
+        drops.sort_by(|a, b| {
+            b.row
+                .packets
+                .cmp(&a.row.packets)
+                .then_with(|| by_rate(&a.row, &b.row))
+        });
         for d in drops.iter().take(TABLE_ROWS) {
             writeln!(
                 out,

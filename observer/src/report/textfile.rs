@@ -177,7 +177,11 @@ impl<const N: usize> Split<N> {
     /// Moves to `bucket` (closing the current period at the previous
     /// export's counts), then records `now` as the latest counts.
     fn assign(&mut self, bucket: Bucket, now: [u64; N]) {
-        if bucket != self.bucket {
+        if bucket != self.bucket && self.history.is_none() && self.last == [0; N] {
+            // Nothing counted yet (a key's first export): no period to
+            // close, so no history to keep.
+            self.bucket = bucket;
+        } else if bucket != self.bucket {
             let history = self.history.get_or_insert_with(|| {
                 Box::new(History {
                     base: [0; N],
@@ -911,6 +915,19 @@ mod tests {
             ),
             Some(10.0)
         );
+    }
+
+    #[test]
+    fn only_keys_that_move_between_buckets_keep_a_history() {
+        // First export beyond the cap: straight to "other", no history.
+        let mut split = Split::<2>::new();
+        split.assign(Bucket::Other, [5, 500]);
+        assert!(split.history.is_none());
+        assert_eq!(split.values(&[5, 500]), ([0, 0], [5, 500]));
+        // Then among the top: its 5 packets stay in "other".
+        split.assign(Bucket::Own, [7, 700]);
+        assert!(split.history.is_some());
+        assert_eq!(split.values(&[7, 700]), ([2, 200], [5, 500]));
     }
 
     #[test]

@@ -11,9 +11,7 @@ use crate::{
     cmd::checks::AllowSetSink,
     cmd::replay::capture::{self, Frame},
     model::aggregate::{Aggregator, DropAggregator},
-    model::rows::{
-        DropCounters, DropId, FlowCounters, FlowId, KernelReasons, KernelStats, Row, by_rate,
-    },
+    model::rows::{DropCounters, DropId, FlowCounters, FlowId, KernelReasons, KernelStats, Row},
 };
 
 /// The kernel refuses test runs of frames shorter than an Ethernet header;
@@ -172,10 +170,8 @@ impl CaptureRows {
                 0,
             );
         }
-        let mut flows = self.flows.finish_interval(1.0);
-        flows.sort_by(by_rate);
         let mut rows = grown(
-            topped_up(flows, &self.flow_top_up),
+            topped_up(self.flows.finish_interval(1.0), &self.flow_top_up),
             &mut self.flow_seen,
             seconds,
             |id| FlowId {
@@ -203,10 +199,8 @@ impl CaptureRows {
                 }),
             }
         }
-        let mut drops = self.drops.finish_interval(1.0);
-        drops.sort_by(by_rate);
         let drops = grown(
-            topped_up(drops, &self.drop_top_up),
+            topped_up(self.drops.finish_interval(1.0), &self.drop_top_up),
             &mut self.drop_seen,
             seconds,
             |id| DropId {

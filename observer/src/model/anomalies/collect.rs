@@ -17,7 +17,9 @@ use crate::model::rows::{DropRow, Origin, Row};
 /// Kernel drop reason of netfilter's DROP verdict (Calico's rules).
 const NETFILTER_DROP: &str = "NETFILTER_DROP";
 
-/// Totals of one (peer, encapsulation) at one read; all since attach.
+/// Packets of one (peer, encapsulation), by what they say: since attach
+/// when summed from rows ([`collect`]), since the pair was first tracked
+/// in the engine's samples.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub(super) struct Totals {
     pub(super) tx: u64,
@@ -106,7 +108,7 @@ pub(super) struct Extra {
 struct DropFacts {
     /// Lowest next-hop MTU routers reported.
     path_mtu: Option<u32>,
-    /// Drops by reason name, over the packets summed (since attach).
+    /// Drops by reason name, over the packets summed.
     reasons: BTreeMap<String, u64>,
 }
 

@@ -160,9 +160,14 @@ impl Engine {
         let keep_from = now - self.thresholds.window.as_secs_f64() * 2.0;
         // Rows of pairs not tracked yet wait until room is made for them.
         let mut untracked = Vec::new();
+        // Tracked pairs that moved in this read: they keep their place.
+        let mut moved_tracked = 0;
         for part in tunnel_parts(rows, drops, &known.local).filter(|p| p.interval_packets != 0) {
             match self.tracks.get_mut(&part.key) {
-                Some(track) => track.add(&part, now, keep_from),
+                Some(track) => {
+                    moved_tracked += usize::from(track.last_seen < now);
+                    track.add(&part, now, keep_from);
+                }
                 None => untracked.push(part),
             }
         }
@@ -171,9 +176,12 @@ impl Engine {
             new_pairs.sort_unstable();
             new_pairs.dedup();
             // Room first, so the table never holds more than the cap: the
-            // longest idle pairs go. More new pairs than the cap at once
-            // (a flood of sources) are only counted.
-            let admitted = new_pairs.len().min(MAX_TRACKED_PEERS);
+            // longest idle pairs go, never one that moved in this read.
+            // New pairs beyond that room (a flood of sources) are only
+            // counted.
+            let admitted = new_pairs
+                .len()
+                .min(MAX_TRACKED_PEERS.saturating_sub(moved_tracked));
             self.forget_oldest((self.tracks.len() + admitted).saturating_sub(MAX_TRACKED_PEERS));
             self.forgotten_peers += (new_pairs.len() - admitted) as u64;
             new_pairs.truncate(admitted);
@@ -272,7 +280,8 @@ impl Engine {
         })
     }
 
-    /// Forgets the `count` longest idle tracks.
+    /// Forgets the `count` longest idle tracks (their pairs are tracked
+    /// again, from zero, when they move).
     fn forget_oldest(&mut self, count: usize) {
         if count == 0 {
             return;
@@ -492,6 +501,41 @@ mod tests {
     }
 
     #[test]
+    fn new_pairs_never_push_out_pairs_that_moved_in_the_same_read() {
+        let mut e = Engine::new(th(), 0.0);
+        let row = |i: u32, packets: u64| {
+            let mut r = flow("10.0.0.0", Proto::Vxlan, Direction::Tx, packets);
+            r.id.peer = Some(IpAddr::from(Ipv4Addr::from(0x0a00_0000 + i)));
+            r
+        };
+        let tracked: Vec<Row> = (0..MAX_TRACKED_PEERS as u32).map(|i| row(i, 1)).collect();
+        e.observe(
+            1.0,
+            SystemTime::UNIX_EPOCH,
+            &tracked,
+            &[],
+            &Known::default(),
+        );
+        // All of them move again, and 10 sources are new: no room for
+        // those, which are only counted.
+        let mut rows: Vec<Row> = tracked
+            .iter()
+            .map(|r| Row {
+                packets: 2,
+                ..r.clone()
+            })
+            .collect();
+        rows.extend((0..10).map(|i| row(MAX_TRACKED_PEERS as u32 + i, 1)));
+        e.observe(2.0, SystemTime::UNIX_EPOCH, &rows, &[], &Known::default());
+        assert_eq!(e.forgotten_peers(), 10);
+        assert!(
+            tracked
+                .iter()
+                .all(|r| e.tracks.contains_key(&(r.id.peer.unwrap(), r.id.proto)))
+        );
+    }
+
+    #[test]
     fn tracked_peers_are_bounded() {
         let mut e = Engine::new(th(), 0.0);
         let rows: Vec<Row> = (0..(MAX_TRACKED_PEERS as u32 + 100))
@@ -516,8 +560,9 @@ mod tests {
         assert_eq!(e.tracks.len(), MAX_TRACKED_PEERS);
         assert_eq!(e.forgotten_peers(), 100);
 
-        // A forgotten pair that moves again is tracked from its totals at
-        // the previous read, not from zero: 2 packets in the window, not 3.
+        // A forgotten pair that moves again is tracked anew with what it
+        // moved since the previous read: 2 packets in the window, not the
+        // 3 it has in all.
         let forgotten = rows
             .iter_mut()
             .find(|r| !e.tracks.contains_key(&(r.id.peer.unwrap(), r.id.proto)))

@@ -45,11 +45,13 @@ use crate::model::{
 
 /// (peer, encapsulation) pairs whose history is kept; beyond it the
 /// longest-idle ones are forgotten (and counted), so attacker-chosen
-/// sources cannot grow memory. An idle pair keeps its last sample or two
-/// and costs no work per read.
+/// sources cannot grow memory. An idle pair keeps the samples of its last
+/// window and costs no work per read.
 ///
 /// 57,344 is 7/8 of 65,536: the most a hash table of 65,536 buckets holds
-/// (hashbrown's load factor), where one entry more doubles it.
+/// (hashbrown's load factor), where one entry more doubles it. (Pairs
+/// forgotten and made at the cap every read may still make it double once,
+/// when removals leave no room to insert in place.)
 pub const MAX_TRACKED_PEERS: usize = 57_344;
 
 /// Anomalies active at once; beyond it new ones are only counted, so a

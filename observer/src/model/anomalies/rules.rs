@@ -301,7 +301,7 @@ fn drop_spike(f: &PeerFacts<'_>) -> Option<Finding> {
             ("drops", json!(drops)),
             ("drops_per_second", json!((rate * 10.0).round() / 10.0)),
             ("threshold_per_second", json!(th.drop_spike_pps)),
-            ("reasons_since_attach", json!(reasons)),
+            ("reasons_since_tracked", json!(reasons)),
         ]),
         summary: format!(
             "{rate:.1} {p} drops/s for {peer} ({drops} in {secs} s; threshold {})",
