@@ -16,7 +16,8 @@
 
 use crate::{Direction, PORT_MATCH_SOURCE, PORT_PROTO_MASK, Proto, Unclassified, family};
 
-const ETH_HLEN: usize = 14;
+/// Length of an Ethernet header.
+pub const ETH_HLEN: usize = 14;
 const ETH_P_IP: u16 = 0x0800;
 const ETH_P_IPV6: u16 = 0x86dd;
 const ETH_P_8021Q: u16 = 0x8100;

@@ -321,12 +321,14 @@ type Rows = BTreeMap<String, String>;
 fn run_batch(engine: &mut dyn Engine, frames: &[Frame], index: u32) -> Rows {
     let mut runts = 0;
     for f in frames {
-        let outcome = engine
+        // As `observer replay` does: runts are counted, not run.
+        if f.data.len() < ETH_HLEN {
+            runts += 1;
+            continue;
+        }
+        engine
             .run(f)
             .unwrap_or_else(|e| panic!("{e:#}\nframe {}:{}", f.number, hex(&f.data)));
-        if outcome.is_none() {
-            runts += 1;
-        }
     }
     let rows = engine.finish_file(index, 1.0, runts).expect("finish");
     let mut out = Rows::new();

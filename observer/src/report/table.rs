@@ -36,19 +36,18 @@ pub fn write_table(out: &mut impl Write, snap: &Snapshot<'_>, clear: bool) -> io
         "\n{:<10} {:<3} {:<10} {:<39} {:>8} {:>9} {:>9} {:>12} {:>12}  INNER SAMPLE",
         "IFACE", "DIR", "PROTO", "PEER", "VNI", "PKT/S", "BIT/S", "PACKETS", "BYTES"
     )?;
-    let peers: Vec<&Row> = snap
+    let mut peers: Vec<&Row> = snap
         .rows
         .iter()
         .filter(|r| r.id.reason == Unclassified::None)
         .collect();
     // The top rows only: a selection, then a sort of what is shown.
-    let mut top = peers.clone();
-    if top.len() > TABLE_ROWS {
-        top.select_nth_unstable_by(TABLE_ROWS, |a, b| by_rate(a, b));
-        top.truncate(TABLE_ROWS);
+    let shown = peers.len().min(TABLE_ROWS);
+    if peers.len() > TABLE_ROWS {
+        peers.select_nth_unstable_by(TABLE_ROWS, |a, b| by_rate(a, b));
     }
-    top.sort_by(|a, b| by_rate(a, b));
-    for row in top {
+    peers[..shown].sort_by(|a, b| by_rate(a, b));
+    for row in &peers[..shown] {
         let peer = row
             .id
             .peer

@@ -533,10 +533,7 @@ impl<K: SeriesKey, const N: usize> SplitFamily<K, N> {
     /// up). The sums live in the splits themselves: no table of the
     /// export's series is built beside them.
     fn add(&mut self, key: K, values: [u64; N]) {
-        let split = match self.splits.get_mut(&key) {
-            Some(split) => split,
-            None => self.splits.entry(key).or_insert_with(Split::new),
-        };
+        let split = self.splits.entry(key).or_insert_with(Split::new);
         if split.seen != self.exports {
             split.seen = self.exports;
             split.now = [0; N];

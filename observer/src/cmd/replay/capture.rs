@@ -12,6 +12,7 @@ use std::{
     time::Duration,
 };
 
+use observer_common::parse::ETH_HLEN;
 use pcap_file::{
     PcapError, TsResolution,
     pcap::PcapReader,
@@ -46,7 +47,6 @@ pub const LINKTYPE_NFLOG: u32 = 239;
 pub const SUPPORTED_LINK_TYPES: &str = "Ethernet (1), Linux cooked v1 (113) and v2 (276), \
      raw IP (12, 14, 101, 228, 229), BSD loopback (0, 108), NFLOG (239)";
 
-const ETH_HLEN: usize = 14;
 const SLL_HLEN: usize = 16;
 const SLL2_HLEN: usize = 20;
 const ETH_P_IP: u16 = 0x0800;

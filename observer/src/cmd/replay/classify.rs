@@ -14,10 +14,6 @@ use crate::{
     model::rows::{DropCounters, DropId, FlowCounters, FlowId, KernelReasons, KernelStats, Row},
 };
 
-/// The kernel refuses test runs of frames shorter than an Ethernet header;
-/// neither engine classifies them (see [`FileCounts::runts`]).
-pub const ETH_HLEN: usize = 14;
-
 /// What happened to one frame.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct FrameOutcome {
@@ -64,9 +60,9 @@ pub trait Engine: AllowSetSink {
     /// `native` or `bpf_test_run`, for the replay lines.
     fn name(&self) -> &'static str;
 
-    /// Classifies and counts one frame. Frames shorter than an Ethernet
-    /// header are not classified (see [`FileCounts::runts`]): `None`.
-    fn run(&mut self, frame: &Frame) -> Result<Option<FrameOutcome>>;
+    /// Classifies and counts one frame of at least an Ethernet header
+    /// (shorter ones are counted apart: [`FileCounts::runts`]).
+    fn run(&mut self, frame: &Frame) -> Result<FrameOutcome>;
 
     /// Ends capture number `index`: its rows, with rates over `seconds`
     /// (the capture's time span; rates are 0 when it is unknown), plus

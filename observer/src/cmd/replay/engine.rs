@@ -23,7 +23,7 @@
 use std::net::IpAddr;
 
 use anyhow::{Context, Result};
-use observer_common::{Direction, Unclassified};
+use observer_common::{Direction, Unclassified, parse::ETH_HLEN};
 
 use crate::{
     bpf::features::XdpProgram,
@@ -32,7 +32,7 @@ use crate::{
     cmd::checks::AllowSetSink,
     cmd::replay::capture::Frame,
     cmd::replay::classify::{
-        CaptureRows, ETH_HLEN, Engine, FileRows, FrameOutcome, Readings, sent_by, unclassified_id,
+        CaptureRows, Engine, FileRows, FrameOutcome, Readings, sent_by, unclassified_id,
     },
     model::facts::AllowSets,
     model::rows::{self, DropId, FlowId, KernelReasons, KernelStats},
@@ -123,10 +123,7 @@ impl Engine for Replayer {
         "bpf_test_run"
     }
 
-    fn run(&mut self, frame: &Frame) -> Result<Option<FrameOutcome>> {
-        if frame.data.len() < ETH_HLEN {
-            return Ok(None);
-        }
+    fn run(&mut self, frame: &Frame) -> Result<FrameOutcome> {
         let tx = sent_by(&frame.data, &self.local);
         let (hook, max) = if tx {
             (Hook::TcEgress, MAX_TC_FRAME)
@@ -148,11 +145,11 @@ impl Engine for Replayer {
         {
             let id = unclassified_id(Direction::Tx, Unclassified::TruncatedL3);
             self.rows.add_unclassified(id, 1, frame.data.len() as u64);
-            return Ok(Some(FrameOutcome {
+            return Ok(FrameOutcome {
                 tx,
                 cut: false,
                 refused: true,
-            }));
+            });
         }
         ran.with_context(|| {
             format!(
@@ -170,11 +167,11 @@ impl Engine for Replayer {
         if self.unfolded >= FOLD_EVERY {
             self.fold()?;
         }
-        Ok(Some(FrameOutcome {
+        Ok(FrameOutcome {
             tx,
             cut,
             refused: false,
-        }))
+        })
     }
 
     /// Ends capture number `index`: its rows, with rates over `seconds`

@@ -26,7 +26,7 @@ use crate::{
     cmd::checks::AllowSetSink,
     cmd::replay::{
         capture::Frame,
-        classify::{self, CaptureRows, ETH_HLEN, Engine, FileRows, FrameOutcome},
+        classify::{self, CaptureRows, Engine, FileRows, FrameOutcome},
     },
     model::{
         facts::{AllowLookup, AllowSets, SetKind},
@@ -135,10 +135,7 @@ impl Engine for NativeEngine {
         "native"
     }
 
-    fn run(&mut self, frame: &Frame) -> Result<Option<FrameOutcome>> {
-        if frame.data.len() < ETH_HLEN {
-            return Ok(None);
-        }
+    fn run(&mut self, frame: &Frame) -> Result<FrameOutcome> {
         let tx = classify::sent_by(&frame.data, &self.local);
         let direction = if tx { Direction::Tx } else { Direction::Rx };
         let bytes = frame.data.len() as u64;
@@ -157,11 +154,11 @@ impl Engine for NativeEngine {
                 flag(drops, &quoted, ClassifierDrop::PathMtu, bytes);
             }
         }
-        Ok(Some(FrameOutcome {
+        Ok(FrameOutcome {
             tx,
             cut: false,
             refused: false,
-        }))
+        })
     }
 
     fn finish_file(&mut self, index: u32, seconds: f64, runts: u64) -> Result<FileRows> {

@@ -193,11 +193,11 @@ impl Part<'_> {
 /// without a peer, this node's own addresses and plain IP flows left out
 /// (drops of plain IP stay: they can spike).
 pub(super) fn tunnel_parts<'a>(
-    rows: &'a [Row],
-    drops: &'a [DropRow],
+    rows: impl Iterator<Item = &'a Row>,
+    drops: impl Iterator<Item = &'a DropRow>,
     local: &'a BTreeSet<IpAddr>,
 ) -> impl Iterator<Item = Part<'a>> {
-    let flows = rows.iter().filter_map(move |row| {
+    let flows = rows.filter_map(move |row| {
         let peer = row.id.peer?;
         if row.id.proto == Proto::Other || local.contains(&peer) {
             return None;
@@ -215,7 +215,7 @@ pub(super) fn tunnel_parts<'a>(
             interval_packets: row.interval_packets,
         })
     });
-    let drops = drops.iter().filter_map(move |drop| {
+    let drops = drops.filter_map(move |drop| {
         let id = &drop.row.id;
         let peer = id.peer?;
         if local.contains(&peer) {
@@ -263,7 +263,7 @@ pub(super) fn collect(
     local: &BTreeSet<IpAddr>,
 ) -> HashMap<Key, (Totals, Extra)> {
     let mut tunnels: HashMap<Key, (Totals, Extra)> = HashMap::default();
-    for part in tunnel_parts(rows, drops, local) {
+    for part in tunnel_parts(rows.iter(), drops.iter(), local) {
         let (t, extra) = tunnels.entry(part.key).or_default();
         part.add(part.packets, t, extra);
     }

@@ -119,20 +119,17 @@ impl Engine {
         let window = self.thresholds.window.as_secs_f64();
         let mut conditions: BTreeMap<ActiveKey, Finding> = BTreeMap::new();
         for (&(peer, proto), track) in &self.tracks {
-            // No sample inside the window: nothing moved in it (checked
-            // before reading the samples, for the many idle pairs).
+            // No sample inside the window: nothing moved in it, so nothing
+            // to judge (every sample adds packets). An idle tunnel raises
+            // nothing (also with --anomaly-min-packets 0), and most of a
+            // large node's tunnels are idle at any time: checked before
+            // reading the samples.
             if track.last_seen <= now - window + EPSILON {
                 continue;
             }
             let Some(w) = self.window_delta(track, now) else {
                 continue;
             };
-            // Nothing in the window, nothing to judge: an idle tunnel
-            // raises nothing (also with --anomaly-min-packets 0), and most
-            // of a large node's tunnels are idle at any time.
-            if w.delta == Totals::default() {
-                continue;
-            }
             let facts = PeerFacts {
                 thresholds: &self.thresholds,
                 peer,
@@ -162,7 +159,12 @@ impl Engine {
         let mut untracked = Vec::new();
         // Tracked pairs that moved in this read: they keep their place.
         let mut moved_tracked = 0;
-        for part in tunnel_parts(rows, drops, &known.local).filter(|p| p.interval_packets != 0) {
+        let moved = tunnel_parts(
+            rows.iter().filter(|r| r.changed()),
+            drops.iter().filter(|d| d.row.changed()),
+            &known.local,
+        );
+        for part in moved {
             match self.tracks.get_mut(&part.key) {
                 Some(track) => {
                     moved_tracked += usize::from(track.last_seen < now);
