@@ -12,7 +12,6 @@ use std::{
     time::Duration,
 };
 
-use observer_common::parse::ETH_HLEN;
 use pcap_file::{
     PcapError, TsResolution,
     pcap::PcapReader,
@@ -47,6 +46,9 @@ pub const LINKTYPE_NFLOG: u32 = 239;
 pub const SUPPORTED_LINK_TYPES: &str = "Ethernet (1), Linux cooked v1 (113) and v2 (276), \
      raw IP (12, 14, 101, 228, 229), BSD loopback (0, 108), NFLOG (239)";
 
+/// `observer_common::parse::ETH_HLEN`, written out: the capture fuzz target
+/// builds this file on its own, without the workspace's crates.
+const ETH_HLEN: usize = 14;
 const SLL_HLEN: usize = 16;
 const SLL2_HLEN: usize = 20;
 const ETH_P_IP: u16 = 0x0800;
