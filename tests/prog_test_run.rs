@@ -196,11 +196,19 @@ impl Harness {
         let stats = self.obs.read_stats().expect("reading stats");
         let keys = self.obs.read_flows().expect("reading flows").len();
         assert_eq!(keys, self.rows.len(), "{test}: live keys");
-        // Keys live in a flow-cache slot or in the LRU map (or both, when
-        // the test thread moved to a CPU whose slot another key holds).
+        // Plain traffic lives in the plain counters only: it claims no
+        // cache slot and no LRU entry.
+        let plain = self
+            .rows
+            .keys()
+            .filter(|id| id.proto == Proto::Other && id.reason == Unclassified::None)
+            .count();
+        // Other keys live in a flow-cache slot or in the LRU map (or both,
+        // when the test thread moved to a CPU whose slot another key holds).
         assert!(
-            stats.flow_entries + stats.flow_cache_slots >= keys as u64,
-            "{test}: {stats:?} hold fewer than {keys} keys"
+            stats.flow_entries + stats.flow_cache_slots >= (keys - plain) as u64,
+            "{test}: {stats:?} hold fewer than {} keys",
+            keys - plain
         );
         // A key reaches the LRU map only through a cache collision.
         assert!(
@@ -1877,6 +1885,33 @@ fn wireguard_needs_its_message_header() {
     h.check(
         &case("wireguard message type and reserved bytes", frame, expect),
         1,
+    );
+    h.finish(test);
+}
+
+/// Plain traffic is counted exactly on every hook, in the per-CPU plain
+/// counters: it claims no flow-cache slot and no LRU entry, so tunnel
+/// keys keep the cache and the map to themselves.
+#[test]
+fn plain_traffic_takes_no_cache_slot_and_no_map_entry() {
+    let test = "plain_traffic_takes_no_cache_slot_and_no_map_entry";
+    if !support::have_root(test) {
+        return;
+    }
+    let mut h = Harness::new(&LoadConfig::default());
+    let o = pair("192.0.2.181", "192.0.2.182");
+    let frames = [
+        ("tcp", tcp_frame(o.0, o.1, 40000, 443, &[0xab; 100])),
+        ("udp", udp_frame(o.0, o.1, 40000, 53, &[0xab; 60])),
+    ];
+    for (name, frame) in frames {
+        h.check(&case(format!("plain {name}"), frame, Expect::plain()), 7);
+    }
+    let stats = h.obs.read_stats().expect("reading stats");
+    assert_eq!(
+        (stats.flow_cache_slots, stats.flow_entries),
+        (0, 0),
+        "{test}: plain traffic took a cache slot or a map entry: {stats:?}"
     );
     h.finish(test);
 }

@@ -214,6 +214,45 @@ pub struct FlowKey {
 }
 
 impl FlowKey {
+    /// The key of plain traffic (`Proto::Other`, classified, no peer) seen
+    /// on `ifindex` in `direction`.
+    pub fn plain(ifindex: u32, direction: Direction) -> FlowKey {
+        FlowKey {
+            peer: [0; 4],
+            ifindex,
+            vni: 0,
+            direction: direction as u8,
+            proto: Proto::Other as u8,
+            peer_family: family::NONE,
+            reason: Unclassified::None as u8,
+        }
+    }
+
+    /// This key's slot in [`PLAIN_MAP`] when it is the key of plain traffic
+    /// on an interface below [`PLAIN_IFINDEX_LIMIT`].
+    #[inline(always)]
+    pub fn plain_slot(&self) -> Option<u32> {
+        if self.proto == Proto::Other as u8
+            && self.reason == Unclassified::None as u8
+            && self.peer_family == family::NONE
+            && self.ifindex < PLAIN_IFINDEX_LIMIT
+        {
+            Some(self.ifindex * 2 + self.direction as u32)
+        } else {
+            None
+        }
+    }
+
+    /// The key counted in slot `slot` of [`PLAIN_MAP`].
+    pub fn of_plain_slot(slot: u32) -> FlowKey {
+        let direction = if slot & 1 == 0 {
+            Direction::Rx
+        } else {
+            Direction::Tx
+        };
+        FlowKey::plain(slot / 2, direction)
+    }
+
     /// The key of the classification `c` seen on `ifindex` in `direction`.
     #[inline(always)]
     pub fn of(ifindex: u32, direction: Direction, c: &parse::Classified) -> FlowKey {
@@ -305,6 +344,30 @@ pub struct FlowCacheSlot {
     pub value: FlowValue,
 }
 
+/// Name of the per-CPU array of [`PlainCounters`] indexed by
+/// [`FlowKey::plain_slot`]: plain traffic (most packets on many nodes) is
+/// counted with one array lookup and two adds, without the flow cache's
+/// hash and key compare. Its rows are the flow rows of those keys, never
+/// evicted; userspace adds them to the flow cache's part.
+pub const PLAIN_MAP: &str = "PLAIN";
+/// Interfaces with a lower index count plain traffic in [`PLAIN_MAP`]
+/// (underlay devices are made early and have low indexes); plain traffic
+/// on the others goes through the flow cache and [`FLOWS_MAP`] like any
+/// key. 1,024 interfaces of two directions are 32 KiB per CPU.
+pub const PLAIN_IFINDEX_LIMIT: u32 = 1024;
+/// Slots of [`PLAIN_MAP`] per CPU: received and sent, per interface.
+pub const PLAIN_SLOTS: u32 = 2 * PLAIN_IFINDEX_LIMIT;
+
+/// Value of [`PLAIN_MAP`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct PlainCounters {
+    /// Packets as on the wire (a GSO skb counts its segments).
+    pub packets: u64,
+    /// Bytes as on the wire, including the Ethernet header.
+    pub bytes: u64,
+}
+
 /// Indexes of the per-CPU [`STATS_MAP`] counters.
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -392,6 +455,7 @@ assert_no_padding!(
     _pad
 );
 assert_no_padding!(DropValue { packets, bytes }, bytes);
+assert_no_padding!(PlainCounters { packets, bytes }, bytes);
 assert_no_padding!(WatchedIface { netns, ifindex }, ifindex);
 assert_no_padding!(
     SkbLayout {
@@ -419,6 +483,7 @@ mod pod {
     unsafe impl aya::Pod for super::FlowCacheSlot {}
     unsafe impl aya::Pod for super::DropKey {}
     unsafe impl aya::Pod for super::DropValue {}
+    unsafe impl aya::Pod for super::PlainCounters {}
     unsafe impl aya::Pod for super::WatchedIface {}
     unsafe impl aya::Pod for super::SkbLayout {}
 }

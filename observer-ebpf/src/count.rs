@@ -1,11 +1,13 @@
-//! Adds one classified frame to the flow counters: first the per-CPU flow
-//! cache (one array lookup and a key compare), else the LRU map.
+//! Adds one classified frame to the flow counters: plain traffic to its
+//! interface's slot of the per-CPU plain counters (one array lookup);
+//! other keys to the per-CPU flow cache (one array lookup and a key
+//! compare), else the LRU map.
 
 use aya_ebpf::bindings::BPF_NOEXIST;
 use observer_common::{FLOW_CACHE_SLOTS, FlowCacheSlot, FlowKey, FlowValue, Stat};
 
 use crate::{
-    maps::{FLOW_CACHE, FLOWS, STATS},
+    maps::{FLOW_CACHE, FLOWS, PLAIN, STATS},
     parse::Classified,
 };
 
@@ -18,6 +20,14 @@ pub fn record(
     packets: u64,
     bytes: u64,
 ) -> Option<&'static mut FlowCacheSlot> {
+    if let Some(plain) = key.plain_slot().and_then(|slot| PLAIN.get_ptr_mut(slot)) {
+        // SAFETY: this CPU's slot; the hooks that write PLAIN (XDP and tc)
+        // never interrupt one another on a CPU, and userspace only reads it.
+        let plain = unsafe { &mut *plain };
+        plain.packets += packets;
+        plain.bytes += bytes;
+        return None;
+    }
     let index = cache_index(key);
     if let Some(slot) = FLOW_CACHE.get_ptr_mut(index) {
         // SAFETY: this CPU's slot; the hooks that write FLOW_CACHE (XDP and

@@ -8,8 +8,8 @@ use aya_ebpf::{
 use observer_common::parse::{Classified, PortTable, Scratch};
 use observer_common::{
     ALLOW_SET_MAX_PREFIXES, DEFAULT_MAX_FLOWS, DropKey, DropValue, FLOW_CACHE_SLOTS, FlowCacheSlot,
-    FlowKey, FlowValue, LOCAL_VNIS_MAX, STAT_COUNT, SkbLayout, WATCHED_BITS as WATCHED_BITS_COUNT,
-    WATCHED_MAX, WatchedIface, config,
+    FlowKey, FlowValue, LOCAL_VNIS_MAX, PLAIN_SLOTS, PlainCounters, STAT_COUNT, SkbLayout,
+    WATCHED_BITS as WATCHED_BITS_COUNT, WATCHED_MAX, WatchedIface, config,
 };
 
 /// Per (interface, direction, protocol, peer, VNI) packet and byte counters.
@@ -25,6 +25,11 @@ pub static FLOWS: LruPerCpuHashMap<FlowKey, FlowValue> =
 #[map(name = "FLOW_CACHE")]
 pub static FLOW_CACHE: PerCpuArray<FlowCacheSlot> =
     PerCpuArray::with_max_entries(FLOW_CACHE_SLOTS, 0);
+
+/// Plain traffic per (interface, direction), per CPU (see
+/// `observer_common::PLAIN_MAP`).
+#[map(name = "PLAIN")]
+pub static PLAIN: PerCpuArray<PlainCounters> = PerCpuArray::with_max_entries(PLAIN_SLOTS, 0);
 
 /// UDP port -> protocol byte (see `observer_common::PORT_MATCH_SOURCE`).
 /// An array indexed by port makes the lookup a bounds check and a load.
@@ -94,6 +99,9 @@ pub static WATCHED_BITS: Array<u64> = Array::with_max_entries(WATCHED_BITS_WORDS
 const WATCHED_BITS_WORDS: u32 = WATCHED_BITS_COUNT / 64;
 
 /// sk_buff field offsets from the running kernel's BTF, set at load time.
+/// An immutable static lands in `.rodata`, which the loader freezes, so
+/// the verifier reads these as constants (the kfree_skb hook's direct
+/// loads need that).
 #[unsafe(no_mangle)]
 pub static SKB_LAYOUT: SkbLayout = SkbLayout {
     skb_dev: 0,

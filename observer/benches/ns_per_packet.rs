@@ -23,6 +23,7 @@
 //! tcpdump). Every figure is a `bench NAME VALUE UNIT` line on stdout, and
 //! the table is also written to `target/bench.md`.
 
+use anyhow::Context;
 use std::{io, os::fd::AsFd, process::ExitCode};
 
 use observer::{
@@ -186,6 +187,8 @@ fn run() -> anyhow::Result<()> {
     };
     system::report("vxlan_over_pass", over_pass("vxlan"), "ns/pkt");
     system::report("plain_over_pass", over_pass("plain"), "ns/pkt");
+    let plain = cases.iter().find(|c| c.name == "plain").expect("a case");
+    system::maptypes::plain_floor(&plain.frame, pass.as_fd(), REPEAT, ROUNDS)?;
     // Context for the figures above: what one lookup in each map type
     // costs, measured the same way.
     system::maptypes::run(&vxlan, pass.as_fd(), REPEAT, ROUNDS)?;
@@ -258,6 +261,13 @@ fn kfree_skb_cost() -> anyhow::Result<()> {
     system::enter_netns(&a)?;
     let mut observer = Observer::load(&Default::default())?;
     observer.attach("va", observer::bpf::XdpMode::Auto)?;
+    let (_floor, floor_id, _floor_link) = system::maptypes::attach_kfree_skb_floor()?;
+    let floor_info = || -> anyhow::Result<aya::programs::ProgramInfo> {
+        aya::programs::loaded_programs()
+            .filter_map(Result::ok)
+            .find(|info| info.id() == floor_id)
+            .context("the kfree_skb floor program is not loaded")
+    };
     let _stats = aya::sys::enable_stats(aya::sys::Stats::RunTime)?;
     let watched_drops = |observer: &Observer| -> anyhow::Result<u64> {
         Ok(observer
@@ -275,6 +285,7 @@ fn kfree_skb_cost() -> anyhow::Result<()> {
         ("kfree_skb", "198.18.0.2:0", "198.18.0.1:9", DROPS),
     ] {
         let before = observer.drop_hook_info()?;
+        let floor_before = floor_info()?;
         let namespace = b.clone();
         let sender = std::thread::spawn(move || -> anyhow::Result<()> {
             system::enter_netns(&namespace)?;
@@ -289,7 +300,17 @@ fn kfree_skb_cost() -> anyhow::Result<()> {
             .map_err(|_| anyhow::anyhow!("sender panicked"))??;
         std::thread::sleep(std::time::Duration::from_millis(300));
         let after = observer.drop_hook_info()?;
+        let floor_after = floor_info()?;
         let events = after.run_count() - before.run_count();
+        if watched == 0 {
+            let floor_events = floor_after.run_count() - floor_before.run_count();
+            let floor_ns = (floor_after.run_time() - floor_before.run_time()).as_nanos() as f64;
+            system::report(
+                "kfree_skb_floor_per_event",
+                format!("{:.1}", floor_ns / floor_events.max(1) as f64),
+                "ns/event",
+            );
+        }
         let ns = (after.run_time() - before.run_time()).as_nanos() as f64;
         let counted = watched_drops(&observer)?;
         anyhow::ensure!(

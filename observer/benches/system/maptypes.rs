@@ -86,10 +86,58 @@ pub fn load_raw_xdp(prog_name: &[u8], insns: &[Insn]) -> io::Result<OwnedFd> {
     load_raw(BPF_PROG_TYPE_XDP, 0, prog_name, insns)
 }
 
+/// An empty program (`r0 = 0; exit`) on the skb:kfree_skb tracepoint, the
+/// observer's drop hook, attached: its run time per event is the floor
+/// any kfree_skb program costs on this kernel (the trampoline into BPF,
+/// and with kernel.bpf_stats_enabled the stats' own clock reads). Returns
+/// the program, its id and the attachment (detached when dropped).
+pub fn attach_kfree_skb_floor() -> anyhow::Result<(OwnedFd, u32, OwnedFd)> {
+    const BPF_PROG_TYPE_TRACING: u32 = 26;
+    const BPF_TRACE_RAW_TP: u32 = 23;
+    const BPF_RAW_TRACEPOINT_OPEN: libc::c_long = 17;
+    let btf = aya::Btf::from_sys_fs()?;
+    let target = btf.id_by_type_name_kind("btf_trace_kfree_skb", aya_obj::btf::BtfKind::Typedef)?;
+    let prog = load_program(
+        BPF_PROG_TYPE_TRACING,
+        BPF_TRACE_RAW_TP,
+        target,
+        b"kfree_floor",
+        &[Insn::new(0xb7, 0, 0, 0), Insn::new(0x95, 0, 0, 0)],
+    )?;
+    #[repr(C)]
+    struct RawTracepointOpenAttr {
+        name: u64,
+        prog_fd: u32,
+        _pad: u32,
+    }
+    let link = bpf(
+        BPF_RAW_TRACEPOINT_OPEN,
+        &RawTracepointOpenAttr {
+            name: 0,
+            prog_fd: prog.as_raw_fd() as u32,
+            _pad: 0,
+        },
+    )?;
+    let id = prog_info(prog.as_fd())?.0;
+    Ok((prog, id, link))
+}
+
 /// Loads a program of `prog_type` from raw instructions.
 fn load_raw(
     prog_type: u32,
     expected_attach_type: u32,
+    prog_name: &[u8],
+    insns: &[Insn],
+) -> io::Result<OwnedFd> {
+    load_program(prog_type, expected_attach_type, 0, prog_name, insns)
+}
+
+/// Loads a program of `prog_type` from raw instructions, for the kernel
+/// BTF type `attach_btf_id` when it is a tracing program (else 0).
+fn load_program(
+    prog_type: u32,
+    expected_attach_type: u32,
+    attach_btf_id: u32,
     prog_name: &[u8],
     insns: &[Insn],
 ) -> io::Result<OwnedFd> {
@@ -109,6 +157,14 @@ fn load_raw(
         prog_name: [u8; 16],
         prog_ifindex: u32,
         expected_attach_type: u32,
+        prog_btf_fd: u32,
+        func_info_rec_size: u32,
+        func_info: u64,
+        func_info_cnt: u32,
+        line_info_rec_size: u32,
+        line_info: u64,
+        line_info_cnt: u32,
+        attach_btf_id: u32,
     }
     let license = c"GPL";
     let mut name = [0u8; 16];
@@ -126,6 +182,14 @@ fn load_raw(
         prog_name: name,
         prog_ifindex: 0,
         expected_attach_type,
+        prog_btf_fd: 0,
+        func_info_rec_size: 0,
+        func_info: 0,
+        func_info_cnt: 0,
+        line_info_rec_size: 0,
+        line_info: 0,
+        line_info_cnt: 0,
+        attach_btf_id,
     };
     bpf(BPF_PROG_LOAD, &attr)
 }
@@ -435,6 +499,11 @@ fn load_probe(t: &MapType, map: BorrowedFd<'_>) -> anyhow::Result<(OwnedFd, usiz
 
 /// Length of the program as the verifier rewrote it, in instructions.
 fn translated_len(prog: BorrowedFd<'_>) -> io::Result<usize> {
+    Ok(prog_info(prog)?.1 as usize / 8)
+}
+
+/// The program's id and its translated length in bytes.
+fn prog_info(prog: BorrowedFd<'_>) -> io::Result<(u32, u32)> {
     #[repr(C)]
     struct InfoAttr {
         bpf_fd: u32,
@@ -452,6 +521,140 @@ fn translated_len(prog: BorrowedFd<'_>) -> io::Result<usize> {
             info: info.as_mut_ptr() as u64,
         },
     )?;
+    let id = u32::from_ne_bytes([info[4], info[5], info[6], info[7]]);
     let xlated = u32::from_ne_bytes([info[20], info[21], info[22], info[23]]);
-    Ok(xlated as usize / 8)
+    Ok((id, xlated))
+}
+
+/// Measures `plain_floor_over_pass`: the least an early exit for plain
+/// traffic can cost on this kernel, to read `plain_over_pass` against.
+/// The probe does only what any design must on the bench's plain UDP
+/// frame: bounds check, Ethernet type IPv4, IHL 5, protocol UDP, both
+/// ports looked up in a port table (a destination or source port may name
+/// a tunnel), and one per-CPU array slot's packets and bytes added. It
+/// skips what the observer's parser also handles (VLAN tags, IPv4
+/// options, IPv6, fragments, multi-buffer frames, the interface's slot).
+pub fn plain_floor(
+    frame: &[u8],
+    pass: BorrowedFd<'_>,
+    repeat: u32,
+    rounds: usize,
+) -> anyhow::Result<()> {
+    let ports = create_array(2, 1, 65_536)?;
+    let counters = create_array(6, 16, 1)?;
+    let prog = load_xdp_raw_floor(ports.as_fd(), counters.as_fd())?;
+    let r = testrun::run(prog.as_fd(), frame, None, 1)?;
+    anyhow::ensure!(r.retval == XDP_PASS, "plain_floor: returned {}", r.retval);
+    let mut floor = Vec::with_capacity(rounds);
+    let mut probe = Vec::with_capacity(rounds);
+    for _ in 0..rounds {
+        floor.push(f64::from(
+            testrun::run(pass, frame, None, repeat)?.duration_ns,
+        ));
+        probe.push(f64::from(
+            testrun::run(prog.as_fd(), frame, None, repeat)?.duration_ns,
+        ));
+    }
+    let over = median(&mut probe) - median(&mut floor);
+    report("plain_floor_over_pass", format!("{over:.1}"), "ns/pkt");
+    Ok(())
+}
+
+/// An array map (`map_type` 2 array, 6 per-CPU array) of `entries` values
+/// of `value_size` bytes, all zero.
+fn create_array(map_type: u32, value_size: u32, entries: u32) -> io::Result<OwnedFd> {
+    #[repr(C)]
+    struct MapCreateAttr {
+        map_type: u32,
+        key_size: u32,
+        value_size: u32,
+        max_entries: u32,
+        map_flags: u32,
+    }
+    bpf(
+        BPF_MAP_CREATE,
+        &MapCreateAttr {
+            map_type,
+            key_size: 4,
+            value_size,
+            max_entries: entries,
+            map_flags: 0,
+        },
+    )
+}
+
+/// The [`plain_floor`] probe. Jumps to its exit (`r0 = XDP_PASS`) are
+/// patched once the exit's position is known.
+fn load_xdp_raw_floor(ports: BorrowedFd<'_>, counters: BorrowedFd<'_>) -> io::Result<OwnedFd> {
+    let mut code: Vec<Insn> = Vec::new();
+    let mut to_exit: Vec<usize> = Vec::new();
+    let map = |code: &mut Vec<Insn>, fd: BorrowedFd<'_>| {
+        // r1 = map (ld_imm64 with src_reg BPF_PSEUDO_MAP_FD), two slots.
+        code.push(Insn::new(0x18, 1 | (1 << 4), 0, fd.as_raw_fd()));
+        code.push(Insn::new(0, 0, 0, 0));
+    };
+    // The port at `offset` of the frame (r6 = data) looked up in the port
+    // table; a nonzero tag (a tunnel port) leaves the probe.
+    let port_lookup = |code: &mut Vec<Insn>, to_exit: &mut Vec<usize>, offset: i16| {
+        // r2 = *(u16 *)(r6 + offset); r2 = be16 r2; *(u32 *)(r10 - 4) = r2
+        code.push(Insn::new(0x69, 2 | (6 << 4), offset, 0));
+        code.push(Insn::new(0xdc, 2, 0, 16));
+        code.push(Insn::new(0x63, 10 | (2 << 4), -4, 0));
+        map(code, ports);
+        // r2 = r10 - 4; call bpf_map_lookup_elem
+        code.push(Insn::new(0xbf, 2 | (10 << 4), 0, 0));
+        code.push(Insn::new(0x07, 2, 0, -4));
+        code.push(Insn::new(0x85, 0, 0, 1));
+        // if r0 == 0 goto exit; r2 = *(u8 *)(r0 + 0); if r2 != 0 goto exit
+        to_exit.push(code.len());
+        code.push(Insn::new(0x15, 0, 0, 0));
+        code.push(Insn::new(0x71, 2, 0, 0));
+        to_exit.push(code.len());
+        code.push(Insn::new(0x55, 2, 0, 0));
+    };
+    code.extend([
+        // r6 = data; r7 = data_end
+        Insn::new(0x61, 6 | (1 << 4), 0, 0),
+        Insn::new(0x61, 7 | (1 << 4), 4, 0),
+        // r2 = r6 + 42 (Ethernet, IPv4 without options, UDP)
+        Insn::new(0xbf, 2 | (6 << 4), 0, 0),
+        Insn::new(0x07, 2, 0, 42),
+    ]);
+    // if r2 > r7 goto exit
+    to_exit.push(code.len());
+    code.push(Insn::new(0x2d, 2 | (7 << 4), 0, 0));
+    // Ethernet type 0x0800 (read little-endian), version 4 + IHL 5, UDP.
+    for (size, offset, value) in [(0x69, 12, 0x0008), (0x71, 14, 0x45), (0x71, 23, 17)] {
+        code.push(Insn::new(size, 2 | (6 << 4), offset, 0));
+        to_exit.push(code.len());
+        code.push(Insn::new(0x55, 2, 0, value));
+    }
+    // r7 = data_end - data: the frame's length.
+    code.push(Insn::new(0x1f, 7 | (6 << 4), 0, 0));
+    port_lookup(&mut code, &mut to_exit, 36);
+    port_lookup(&mut code, &mut to_exit, 34);
+    // *(u32 *)(r10 - 8) = 0; r1 = counters; r2 = r10 - 8; call lookup
+    code.push(Insn::new(0x62, 10, -8, 0));
+    map(&mut code, counters);
+    code.push(Insn::new(0xbf, 2 | (10 << 4), 0, 0));
+    code.push(Insn::new(0x07, 2, 0, -8));
+    code.push(Insn::new(0x85, 0, 0, 1));
+    to_exit.push(code.len());
+    code.push(Insn::new(0x15, 0, 0, 0));
+    code.extend([
+        // packets += 1; bytes += r7
+        Insn::new(0x79, 1, 0, 0),
+        Insn::new(0x07, 1, 0, 1),
+        Insn::new(0x7b, 1 << 4, 0, 0),
+        Insn::new(0x79, 1, 8, 0),
+        Insn::new(0x0f, 1 | (7 << 4), 0, 0),
+        Insn::new(0x7b, 1 << 4, 8, 0),
+    ]);
+    let exit = code.len();
+    code.push(Insn::new(0xb7, 0, 0, XDP_PASS as i32));
+    code.push(Insn::new(0x95, 0, 0, 0));
+    for at in to_exit {
+        code[at].off = (exit - at - 1) as i16;
+    }
+    load_raw_xdp(b"plain_floor", &code)
 }

@@ -22,8 +22,8 @@ use ipnet::IpNet;
 use observer_common::{
     CONFIG_MAP, DROPS_MAP, DropKey, DropValue, FLOW_CACHE_MAP, FLOW_CACHE_SLOTS, FLOWS_MAP,
     FlowCacheSlot, FlowKey, FlowValue, IFACE_MTU_MAP, IPIP_ALLOW_V4_MAP, IPIP_ALLOW_V6_MAP,
-    LOCAL_VNIS_MAP, STATS_MAP, Stat, VXLAN_ALLOW_V4_MAP, VXLAN_ALLOW_V6_MAP, WATCHED_BITS,
-    WATCHED_BITS_MAP, WATCHED_MAP, WatchedIface, config,
+    LOCAL_VNIS_MAP, PLAIN_MAP, PLAIN_SLOTS, PlainCounters, STATS_MAP, Stat, VXLAN_ALLOW_V4_MAP,
+    VXLAN_ALLOW_V6_MAP, WATCHED_BITS, WATCHED_BITS_MAP, WATCHED_MAP, WatchedIface, config,
 };
 
 use super::{Observer, batch};
@@ -153,43 +153,48 @@ impl Observer {
         Ok(map_entries)
     }
 
-    /// The keys held in the per-CPU flow cache, with their counters summed
-    /// over the CPUs that hold them.
+    /// The keys counted outside the LRU map, with their counters summed
+    /// over CPUs: those held in the per-CPU flow cache, and plain traffic
+    /// in the per-CPU plain counters.
     fn read_flow_cache(&self, how: MapRead) -> Result<FastMap<FlowKey, FlowCounters>> {
-        let map = self
+        let mut keys: FastMap<FlowKey, FlowCounters> = FastMap::default();
+        let mut add = |key: FlowKey, packets: u64, bytes: u64, inner| {
+            let counters = keys.entry(key).or_default();
+            counters.packets += packets;
+            counters.bytes += bytes;
+            counters.inner = counters.inner.or(inner);
+            counters.cached = (counters.packets, counters.bytes);
+        };
+        let cache = self
             .ebpf
             .map(FLOW_CACHE_MAP)
             .context("FLOW_CACHE map missing")?;
-        let cache: PerCpuArray<&MapData, FlowCacheSlot> = PerCpuArray::try_from(map)?;
-        let mut keys: FastMap<FlowKey, FlowCounters> = FastMap::default();
-        let mut add = |slots: &[FlowCacheSlot]| {
-            for slot in slots.iter().filter(|slot| slot.key.ifindex != 0) {
-                let counters = keys.entry(slot.key).or_default();
-                let one = FlowCounters::sum([&slot.value]);
-                counters.packets += one.packets;
-                counters.bytes += one.bytes;
-                counters.inner = counters.inner.or(one.inner);
-                counters.cached = (counters.packets, counters.bytes);
-            }
-        };
-        let batched = match how {
-            // Per-CPU arrays have no batch lookup before 5.13.
-            MapRead::Batch => batch::lookup_all_percpu(
-                cache.map(),
-                possible_cpus()?,
-                |_: &u32, slots: &[FlowCacheSlot]| add(slots),
-            )
-            .context("batch lookup of the FLOW_CACHE map")?,
-            MapRead::Walk => false,
-        };
-        if !batched {
-            for index in 0..FLOW_CACHE_SLOTS {
-                let slots = cache
-                    .get(&index, 0)
-                    .with_context(|| format!("reading slot {index} of the FLOW_CACHE map"))?;
-                add(&slots);
-            }
-        }
+        for_each_percpu_array(
+            &PerCpuArray::try_from(cache)?,
+            FLOW_CACHE_MAP,
+            FLOW_CACHE_SLOTS,
+            how,
+            |_, slots: &[FlowCacheSlot]| {
+                for slot in slots.iter().filter(|slot| slot.key.ifindex != 0) {
+                    let one = FlowCounters::sum([&slot.value]);
+                    add(slot.key, one.packets, one.bytes, one.inner);
+                }
+            },
+        )?;
+        let plain = self.ebpf.map(PLAIN_MAP).context("PLAIN map missing")?;
+        for_each_percpu_array(
+            &PerCpuArray::try_from(plain)?,
+            PLAIN_MAP,
+            PLAIN_SLOTS,
+            how,
+            |slot, cpus: &[PlainCounters]| {
+                let packets = cpus.iter().map(|c| c.packets).sum();
+                if packets != 0 {
+                    let bytes = cpus.iter().map(|c| c.bytes).sum();
+                    add(FlowKey::of_plain_slot(slot), packets, bytes, None);
+                }
+            },
+        )?;
         Ok(keys)
     }
 
@@ -273,6 +278,34 @@ pub enum MapRead {
     Batch,
     /// Key by key: two system calls per entry.
     Walk,
+}
+
+/// Hands each index of the per-CPU array `map` (`entries` long) to
+/// `entry`, with its per-CPU values.
+fn for_each_percpu_array<V: Pod>(
+    map: &PerCpuArray<&MapData, V>,
+    name: &str,
+    entries: u32,
+    how: MapRead,
+    mut entry: impl FnMut(u32, &[V]),
+) -> Result<()> {
+    let batched = match how {
+        // Per-CPU arrays have no batch lookup before 5.13.
+        MapRead::Batch => batch::lookup_all_percpu(map.map(), possible_cpus()?, |index, values| {
+            entry(*index, values)
+        })
+        .with_context(|| format!("batch lookup of the {name} map"))?,
+        MapRead::Walk => false,
+    };
+    if !batched {
+        for index in 0..entries {
+            let values = map
+                .get(&index, 0)
+                .with_context(|| format!("reading index {index} of the {name} map"))?;
+            entry(index, &values);
+        }
+    }
+    Ok(())
 }
 
 /// Reads a per-CPU hash map once (`how`), decoding each key with its
@@ -531,6 +564,53 @@ mod tests {
 
     use super::*;
     use crate::model::aggregate::DropAggregator;
+
+    #[test]
+    fn plain_frames_have_one_plain_slot_per_interface_and_direction() {
+        use observer_common::{
+            Direction, PLAIN_IFINDEX_LIMIT, Unclassified,
+            parse::{PortTable, SliceFrame, classify},
+        };
+        struct NoTunnelPorts;
+        impl PortTable for NoTunnelPorts {
+            fn tag(&self, _: u16) -> u8 {
+                0
+            }
+        }
+        // Ethernet, IPv4 10.0.0.1 -> 10.0.0.2, UDP 40000 -> 53.
+        let mut frame = vec![0u8; 14 + 20 + 8];
+        frame[12..14].copy_from_slice(&[0x08, 0x00]);
+        frame[14] = 0x45;
+        frame[16..18].copy_from_slice(&28u16.to_be_bytes());
+        frame[23] = 17;
+        frame[26..30].copy_from_slice(&[10, 0, 0, 1]);
+        frame[30..34].copy_from_slice(&[10, 0, 0, 2]);
+        frame[34..36].copy_from_slice(&40000u16.to_be_bytes());
+        frame[36..38].copy_from_slice(&53u16.to_be_bytes());
+        for direction in [Direction::Rx, Direction::Tx] {
+            let c = classify(&SliceFrame(&frame), direction, &NoTunnelPorts);
+            let key = FlowKey::of(7, direction, &c);
+            assert_eq!(key, FlowKey::plain(7, direction));
+            let slot = key.plain_slot().expect("a plain slot");
+            assert_eq!(FlowKey::of_plain_slot(slot), key);
+        }
+        let last = FlowKey::plain(PLAIN_IFINDEX_LIMIT - 1, Direction::Tx);
+        assert_eq!(last.plain_slot(), Some(PLAIN_SLOTS - 1));
+        assert_eq!(
+            FlowKey::plain(PLAIN_IFINDEX_LIMIT, Direction::Rx).plain_slot(),
+            None,
+            "higher interface indexes take the flow cache"
+        );
+        let tunnel = FlowKey {
+            proto: Proto::Vxlan as u8,
+            ..FlowKey::plain(7, Direction::Rx)
+        };
+        let truncated = FlowKey {
+            reason: Unclassified::TruncatedL4 as u8,
+            ..FlowKey::plain(7, Direction::Rx)
+        };
+        assert_eq!((tunnel.plain_slot(), truncated.plain_slot()), (None, None));
+    }
 
     #[test]
     fn words_are_network_order_in_memory() {
