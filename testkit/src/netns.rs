@@ -60,6 +60,13 @@ impl fmt::Debug for CmdError {
 
 impl std::error::Error for CmdError {}
 
+impl CmdError {
+    /// An error saying `message`.
+    pub fn new(message: String) -> CmdError {
+        CmdError(message)
+    }
+}
+
 /// Panics with the error's message (the `x` of every `x_checked`).
 pub(crate) fn or_panic<T>(result: Result<T, CmdError>) -> T {
     result.unwrap_or_else(|e| panic!("{e}"))

@@ -35,8 +35,8 @@ struct Cli {
 enum Task {
     /// Install what building and testing need, when missing: Debian packages
     /// (LLVM 22 dev files, iproute2, iptables, ipset, nftables, tcpdump, ping,
-    /// bpftool; prometheus for promtool and prometheus-node-exporter, with
-    /// their services kept from running), kubernetes-validate from PyPI, the
+    /// bpftool; prometheus for promtool, prometheus-node-exporter and bird2,
+    /// with their services kept from running), kubernetes-validate from PyPI, the
     /// nightly's rust-src, and bpf-linker 0.13.0; for `vm-test`, qemu,
     /// kmod, busybox-static, wireguard-tools and file (no recommends) and
     /// virtme-ng 1.42 from PyPI. Checks that the nightly's LLVM is 22, like

@@ -33,7 +33,8 @@ const DEB_PACKAGES: &[&str] = &[
 
 /// Debian packages that ship a service which must not run here, with its
 /// systemd unit: `prometheus` for promtool (the deploy/ rule checks and
-/// tests), `prometheus-node-exporter` for its textfile collector. They are
+/// tests), `prometheus-node-exporter` for its textfile collector, `bird2`
+/// for BIRD. They are
 /// installed without recommends, with service starts denied, and their
 /// units disabled, so nothing listens on :9090 or :9100 afterwards.
 const SERVICE_PACKAGES: &[(&str, &str)] = &[
@@ -42,6 +43,9 @@ const SERVICE_PACKAGES: &[(&str, &str)] = &[
         "prometheus-node-exporter",
         "prometheus-node-exporter.service",
     ),
+    // BIRD 2 for the BGP tests and the lab, which start their own BIRD per
+    // namespace: the package's own daemon would speak BGP on the host.
+    ("bird2", "bird.service"),
 ];
 
 /// kubernetes-validate from PyPI validates deploy/'s manifests against the

@@ -85,6 +85,7 @@ pub fn run(vxlan: &[u8]) -> anyhow::Result<()> {
                 at: SystemTime::now(),
                 anomalies: &engine.active(),
                 anomalies_raised: engine.raised(),
+                bgp: &[],
             };
             let families = exporter.families(&input);
             let families_at = Instant::now();

@@ -284,6 +284,15 @@ pub struct AttachArgs {
     /// Drops per second of one peer that make a drop_spike. [default: 5]
     #[arg(long, value_name = "PER_SECOND")]
     pub drop_spike_rate: Option<f64>,
+
+    /// Control socket of a BIRD whose BGP sessions to follow (what
+    /// `birdc show protocols all` and `calicoctl node status` show), read
+    /// every interval on a thread of its own. Repeatable. A socket that is
+    /// not there is reported once; the rest keeps working. A session not
+    /// Established is a bgp_down anomaly. [default:
+    /// /var/run/calico/bird.ctl, /var/run/calico/bird6.ctl]
+    #[arg(long = "bird-socket", value_name = "PATH")]
+    pub bird_sockets: Vec<PathBuf>,
 }
 
 /// Options of `observer replay`.

@@ -48,6 +48,7 @@ pub struct FileConfig {
     anomaly_min_packets: Option<u64>,
     tunnel_devices: Option<Vec<String>>,
     drop_spike_rate: Option<f64>,
+    bird_sockets: Option<Vec<PathBuf>>,
 }
 
 impl FileConfig {
@@ -86,6 +87,8 @@ pub struct Settings {
     pub thresholds: Thresholds,
     /// Devices declared to carry a tunnel.
     pub tunnel_devices: Vec<DeclaredTunnel>,
+    /// BIRD control sockets whose BGP sessions are followed.
+    pub bird_sockets: Vec<PathBuf>,
 }
 
 impl PortArgs {
@@ -186,6 +189,14 @@ impl Settings {
                 parse_all("tunnel_devices", file.tunnel_devices)?,
                 Vec::new(),
             ),
+            bird_sockets: pick(
+                &args.bird_sockets,
+                file.bird_sockets,
+                crate::node::bird::CALICO_SOCKETS
+                    .iter()
+                    .map(PathBuf::from)
+                    .collect(),
+            ),
             thresholds: {
                 let defaults = Thresholds::default();
                 Thresholds {
@@ -242,6 +253,10 @@ impl Settings {
         // The data-plane view is built with them once, at start.
         if self.tunnel_devices != new.tunnel_devices {
             changed.push("tunnel_devices");
+        }
+        // The reading thread is started with them.
+        if self.bird_sockets != new.bird_sockets {
+            changed.push("bird_sockets");
         }
         if new.interfaces.iter().any(|i| !self.interfaces.contains(i))
             || self.interfaces.iter().any(|i| !new.interfaces.contains(i))

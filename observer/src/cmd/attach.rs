@@ -23,6 +23,7 @@ use crate::{
     bpf::{self, InterfaceEvent, LoadConfig, Observer, maps::MapRead},
     cli::AttachArgs,
     cli::settings::Settings,
+    cmd::bgp::{BgpFollower, SocketStatus},
     cmd::checks::NodeChecks,
     model::aggregate::{Aggregator, DropAggregator},
     model::anomalies::{Anomaly, Engine, Event, Known},
@@ -39,7 +40,8 @@ use crate::{
     report::{
         self, Format, Line,
         lines::{
-            self, AllowSetLine, AttachLine, DataplaneLine, InterfaceLine, ProgramNames, Snapshot,
+            self, AllowSetLine, AttachLine, BgpLine, BirdSocketLine, DataplaneLine, InterfaceLine,
+            ProgramNames, Snapshot,
         },
         table,
     },
@@ -243,6 +245,8 @@ pub struct Monitor<'a> {
     known: Known,
     /// The latest netfilter cross-check (read every refresh period).
     netfilter: Vec<NetfilterCheck>,
+    /// The BGP sessions of the node's BIRD.
+    bgp: BgpFollower,
     clock: Clock,
     // Last: the timers and signals above go before the runtime.
     runtime: Runtime,
@@ -366,6 +370,8 @@ impl<'a> Monitor<'a> {
         let settings_thresholds = settings.thresholds;
         let settings_tunnels = settings.tunnel_devices.clone();
         let settings_ports = settings.ports.clone();
+        let settings_bird_sockets = settings.bird_sockets.clone();
+        let settings_interval = settings.interval;
         let checks = NodeChecks::new(allow_set_config(&settings), settings.allow_set_refresh);
         let ifaces = observer
             .attachments()
@@ -394,6 +400,7 @@ impl<'a> Monitor<'a> {
                 ..Known::default()
             },
             netfilter: Vec::new(),
+            bgp: BgpFollower::start(settings_bird_sockets, settings_interval),
             clock,
             runtime,
         };
@@ -487,6 +494,61 @@ impl<'a> Monitor<'a> {
         Ok(())
     }
 
+    /// Takes the latest BGP readings into `known` (for `bgp_down`); prints
+    /// sockets whose status changed and sessions that changed (every
+    /// session when `is_final`), and logs each socket status once.
+    fn refresh_bgp(&mut self, is_final: bool) -> io::Result<()> {
+        let changes = self.bgp.refresh();
+        self.known.bgp = self.bgp.sessions();
+        let ts = lines::timestamp(SystemTime::now());
+        let mut out = Vec::new();
+        for (socket, status) in &changes.sockets {
+            match status {
+                SocketStatus::Ok(sessions) => {
+                    tracing::info!(socket, sessions, "reading BGP sessions from BIRD")
+                }
+                SocketStatus::Absent => {
+                    tracing::info!(
+                        socket,
+                        "no BIRD control socket there; BGP sessions are not followed from it"
+                    )
+                }
+                SocketStatus::Failed(error) => {
+                    tracing::warn!(
+                        socket,
+                        error,
+                        "cannot read BIRD; its last sessions are kept"
+                    )
+                }
+            }
+            out.push(Line::BirdSocket(BirdSocketLine {
+                ts: ts.clone(),
+                socket,
+                status: status.name(),
+                sessions: match status {
+                    SocketStatus::Ok(n) => *n,
+                    _ => 0,
+                },
+                error: match status {
+                    SocketStatus::Failed(e) => Some(e),
+                    _ => None,
+                },
+            }));
+        }
+        let sessions = if is_final {
+            &self.known.bgp
+        } else {
+            &changes.sessions
+        };
+        out.extend(sessions.iter().map(|session| {
+            Line::Bgp(BgpLine {
+                ts: ts.clone(),
+                session,
+            })
+        }));
+        self.print_lines(&out)
+    }
+
     /// Prints JSON lines (nothing in table mode or without printing).
     fn print_lines(&self, lines: &[Line<'_>]) -> io::Result<()> {
         if !self.print || self.format != Format::Json || lines.is_empty() {
@@ -515,6 +577,7 @@ impl<'a> Monitor<'a> {
             .context("writing output")?;
         let reports = self.refresh_allow_sets()?;
         self.refresh_dataplane()?;
+        self.refresh_bgp(is_final).context("writing output")?;
         // Rows go into the aggregator as the map is read: at 100,000 flows
         // a table of the read would be 10 MiB per interval.
         self.aggregator.begin_read();
@@ -567,6 +630,7 @@ impl<'a> Monitor<'a> {
                 },
                 anomaly_events: &events,
                 anomalies: &active,
+                bgp: &self.known.bgp,
             };
             self.print_allow_sets(&reports)
                 .and_then(|()| {
@@ -653,6 +717,7 @@ impl<'a> Monitor<'a> {
             at,
             anomalies: &self.engine.active(),
             anomalies_raised: self.engine.raised(),
+            bgp: &self.known.bgp,
         };
         let families = self.exporter.families(&input);
         let result = textfile::encode(&families)

@@ -2,6 +2,7 @@
 //! job.
 
 pub mod attach;
+pub mod bgp;
 pub mod check;
 pub mod checks;
 pub mod diagnose;

@@ -4,6 +4,7 @@
 
 pub mod aggregate;
 pub mod anomalies;
+pub mod bgp;
 pub mod crosscheck;
 pub mod dataplane;
 pub mod facts;

@@ -3,6 +3,7 @@
 //! network namespaces, privileges, the kernel's tunnel device kinds.
 
 pub mod allowsets;
+pub mod bird;
 pub mod dataplane;
 pub mod localnet;
 pub mod netfilter;

@@ -15,6 +15,7 @@ use serde::Serialize;
 use crate::{
     model::anomalies::FindingRecord,
     model::anomalies::{Anomaly, Event},
+    model::bgp::BgpSession,
     model::crosscheck::NetfilterCheck,
     model::dataplane::{ExpectedPeer, TunnelDevice, TunnelRoute, UnderlayInterface},
     model::hooks::Attachment,
@@ -186,6 +187,9 @@ pub struct Snapshot<'a> {
     pub anomaly_events: &'a [Event],
     /// Anomalies active now (table).
     pub anomalies: &'a [&'a Anomaly],
+    /// BGP sessions of the node's BIRD (table; JSON prints `bgp` lines
+    /// when they change).
+    pub bgp: &'a [BgpSession],
 }
 
 /// `{"type":"anomaly",...}`: an anomaly raised (`state` "raised") or
@@ -293,6 +297,29 @@ pub struct InterfaceLine<'a> {
     pub error: Option<&'a str>,
 }
 
+/// `{"type":"bgp",...}`: one BGP session of the node's BIRD, printed when
+/// it changes (state, error, routes) and at the end.
+#[derive(Serialize)]
+pub struct BgpLine<'a> {
+    pub ts: String,
+    #[serde(flatten)]
+    pub session: &'a BgpSession,
+}
+
+/// `{"type":"bird_socket",...}`: a BIRD control socket became readable,
+/// absent or unreadable (printed when that changes).
+#[derive(Serialize)]
+pub struct BirdSocketLine<'a> {
+    pub ts: String,
+    pub socket: &'a str,
+    /// `ok`, `absent` or `failed`.
+    pub status: &'static str,
+    /// BGP sessions read from it.
+    pub sessions: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<&'a str>,
+}
+
 /// `{"type":"diagnosis",...}`: the last line of `observer diagnose --output json`.
 #[derive(Serialize)]
 pub struct DiagnosisLine<'a> {
@@ -377,6 +404,10 @@ pub enum Line<'a> {
     Dataplane(DataplaneLine<'a>),
     /// An interface went away or came back.
     Interface(InterfaceLine<'a>),
+    /// A BGP session, when it changed.
+    Bgp(BgpLine<'a>),
+    /// A BIRD control socket's status, when it changed.
+    BirdSocket(BirdSocketLine<'a>),
     /// Counters of one (iface, direction, proto, peer, vni).
     Peer(PeerLine<'a>),
     /// Frames that could not be parsed, by reason.
@@ -540,6 +571,72 @@ mod tests {
         }
     }
 
+    #[test]
+    fn bgp_sessions_print_as_lines_and_in_the_table() {
+        let session = BgpSession {
+            socket: "/var/run/calico/bird.ctl".into(),
+            protocol: "Mesh_10_0_0_2".into(),
+            neighbor: Some("10.0.0.2".parse().unwrap()),
+            neighbor_as: Some(64512),
+            local_as: Some(64512),
+            state: "start".into(),
+            bgp_state: "Active".into(),
+            since: "07:40:19.573".into(),
+            last_error: Some("Socket: Connection refused".into()),
+            routes_imported: 0,
+            routes_exported: 1,
+        };
+        let line = Line::Bgp(BgpLine {
+            ts: "t".into(),
+            session: &session,
+        });
+        let mut out = Vec::new();
+        crate::report::write_line(&mut out, &line).unwrap();
+        let json: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({
+                "type": "bgp", "ts": "t", "socket": "/var/run/calico/bird.ctl",
+                "protocol": "Mesh_10_0_0_2", "neighbor": "10.0.0.2", "neighbor_as": 64512,
+                "local_as": 64512, "state": "start", "bgp_state": "Active",
+                "since": "07:40:19.573", "last_error": "Socket: Connection refused",
+                "routes_imported": 0, "routes_exported": 1
+            })
+        );
+        let ifaces = HashMap::new();
+        let bgp = [session];
+        let snap = Snapshot {
+            rows: &[],
+            stats: KernelStats::default(),
+            rows_forgotten: 0,
+            late_intervals: 0,
+            ifaces: &ifaces,
+            attachments: &[],
+            at: SystemTime::UNIX_EPOCH,
+            is_final: false,
+            drops: &[],
+            netfilter: &[],
+            anomaly_events: &[],
+            anomalies: &[],
+            bgp: &bgp,
+        };
+        let mut table = Vec::new();
+        crate::report::table::write_table(&mut table, &snap, false).unwrap();
+        let table = String::from_utf8(table).unwrap();
+        let row = table
+            .lines()
+            .find(|l| l.contains("Mesh_10_0_0_2"))
+            .expect("a BGP row");
+        for part in [
+            "10.0.0.2",
+            "Active",
+            "routes 0 in / 1 out",
+            "last error: Socket: Connection refused",
+        ] {
+            assert!(row.contains(part), "{part} missing from {row:?}");
+        }
+    }
+
     fn render(rows: &[Row], is_final: bool) -> Vec<serde_json::Value> {
         let ifaces = HashMap::from([(7, "eth0".to_string())]);
         let snap = Snapshot {
@@ -555,6 +652,7 @@ mod tests {
             netfilter: &[],
             anomaly_events: &[],
             anomalies: &[],
+            bgp: &[],
         };
         let mut out = Vec::new();
         write_json(&mut out, &snap).unwrap();
@@ -643,6 +741,7 @@ mod tests {
             netfilter: &[],
             anomaly_events: &[],
             anomalies: &[],
+            bgp: &[],
         };
         let mut out = Vec::new();
         write_table(&mut out, &snap, false).unwrap();
@@ -693,6 +792,7 @@ mod tests {
             netfilter: &[],
             anomaly_events: &[],
             anomalies: &[],
+            bgp: &[],
         };
         let mut json = Vec::new();
         write_json(&mut json, &snap).unwrap();

@@ -167,6 +167,26 @@ pub fn write_table(out: &mut impl Write, snap: &Snapshot<'_>, clear: bool) -> io
             )?;
         }
     }
+    if !snap.bgp.is_empty() {
+        writeln!(out, "\nBGP SESSIONS (BIRD)")?;
+        for s in snap.bgp {
+            let neighbor = s.neighbor.map(|n| n.to_string()).unwrap_or_default();
+            writeln!(
+                out,
+                "  {:<20} {:<15} {:<12} since {:<12} routes {} in / {} out{}",
+                s.protocol,
+                neighbor,
+                s.bgp_state,
+                s.since,
+                s.routes_imported,
+                s.routes_exported,
+                s.last_error
+                    .as_deref()
+                    .map(|e| format!("  last error: {e}"))
+                    .unwrap_or_default()
+            )?;
+        }
+    }
     write_anomalies(out, snap.anomalies)?;
     writeln!(
         out,

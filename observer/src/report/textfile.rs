@@ -27,6 +27,7 @@ use observer_common::{Direction, Proto, Unclassified};
 
 use crate::{
     model::anomalies::{Anomaly, Kind},
+    model::bgp::BgpSession,
     model::rows::DropRow,
     model::rows::KernelStats,
     model::rows::Row,
@@ -239,6 +240,8 @@ pub struct ExportInput<'a> {
     pub anomalies: &'a [&'a Anomaly],
     /// Anomalies raised since attach, by kind.
     pub anomalies_raised: &'a BTreeMap<Kind, u64>,
+    /// BGP sessions of the node's BIRD, as last read.
+    pub bgp: &'a [BgpSession],
 }
 
 /// Metric state across exports: peer label caps and error counts.
@@ -414,7 +417,7 @@ impl Exporter {
             ),
             family(
                 "observer_anomalies_active",
-                "Anomalies holding now, by kind (one_way, snat_suspected, allow_set_drop, encap_mismatch, mtu, unknown_peer, drop_spike); the peers are in the observer's output.",
+                "Anomalies holding now, by kind (one_way, snat_suspected, allow_set_drop, encap_mismatch, mtu, unknown_peer, drop_spike, bgp_down); the peers are in the observer's output.",
                 MetricType::GAUGE,
                 Kind::ALL
                     .iter()
@@ -435,6 +438,24 @@ impl Exporter {
                         (vec![("kind", k.name().to_string())], n as f64)
                     })
                     .collect(),
+            ),
+            family(
+                "observer_bgp_session_established",
+                "1 when the BGP session is Established, else 0, per BIRD control socket, BIRD protocol and neighbor (from show protocols all; a session down is a bgp_down anomaly).",
+                MetricType::GAUGE,
+                bgp_samples(input.bgp, |s| f64::from(u8::from(s.established()))),
+            ),
+            family(
+                "observer_bgp_routes_imported",
+                "Routes BIRD imported from the BGP neighbor (all channels): the pod blocks it announces.",
+                MetricType::GAUGE,
+                bgp_samples(input.bgp, |s| s.routes_imported as f64),
+            ),
+            family(
+                "observer_bgp_routes_exported",
+                "Routes BIRD exported to the BGP neighbor (all channels).",
+                MetricType::GAUGE,
+                bgp_samples(input.bgp, |s| s.routes_exported as f64),
             ),
             family(
                 "observer_programs_attached",
@@ -496,6 +517,23 @@ impl Exporter {
 
 /// Label set of one sample.
 type Labels = Vec<(&'static str, String)>;
+
+/// One sample per BGP session (bounded by `node::bird::MAX_SESSIONS` per
+/// socket), labelled by socket, protocol and neighbor.
+fn bgp_samples(sessions: &[BgpSession], value: impl Fn(&BgpSession) -> f64) -> Vec<(Labels, f64)> {
+    sessions
+        .iter()
+        .map(|s| {
+            let neighbor = s.neighbor.map(|n| n.to_string()).unwrap_or_default();
+            let labels = vec![
+                ("socket", s.socket.clone()),
+                ("protocol", s.protocol.clone()),
+                ("neighbor", neighbor),
+            ];
+            (labels, value(s))
+        })
+        .collect()
+}
 
 /// `peer` label value of a series with its own peer.
 fn peer_label(peer: Option<IpAddr>) -> String {
@@ -729,6 +767,7 @@ mod tests {
             at: SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_700_000_000),
             anomalies: &[],
             anomalies_raised: &BTreeMap::new(),
+            bgp: &[],
         };
         encode(&exporter.families(&input)).unwrap()
     }
@@ -737,6 +776,65 @@ mod tests {
         text.lines()
             .find(|l| l.starts_with(series) && l[series.len()..].starts_with(' '))
             .map(|l| l.rsplit(' ').next().unwrap().parse().unwrap())
+    }
+
+    #[test]
+    fn bgp_sessions_are_series_per_socket_protocol_and_neighbor() {
+        use crate::model::bgp::BgpSession;
+        let session = |protocol: &str, neighbor: &str, state: &str, imported| BgpSession {
+            socket: "/var/run/calico/bird.ctl".into(),
+            protocol: protocol.into(),
+            neighbor: Some(neighbor.parse().unwrap()),
+            neighbor_as: Some(64512),
+            local_as: Some(64512),
+            state: "up".into(),
+            bgp_state: state.into(),
+            since: "07:40:16.188".into(),
+            last_error: None,
+            routes_imported: imported,
+            routes_exported: 1,
+        };
+        let bgp = [
+            session("Mesh_10_0_0_2", "10.0.0.2", "Established", 3),
+            session("Mesh_10_0_0_3", "10.0.0.3", "Active", 0),
+        ];
+        let ifaces = HashMap::new();
+        let input = ExportInput {
+            rows: &[],
+            drops: &[],
+            ifaces: &ifaces,
+            stats: KernelStats::default(),
+            programs_attached: 2,
+            late_intervals: 0,
+            at: SystemTime::UNIX_EPOCH,
+            anomalies: &[],
+            anomalies_raised: &BTreeMap::new(),
+            bgp: &bgp,
+        };
+        let text = encode(&Exporter::new(10).families(&input)).unwrap();
+        let labels = |protocol: &str, neighbor: &str| {
+            format!(
+                "{{socket=\"/var/run/calico/bird.ctl\",protocol=\"{protocol}\",neighbor=\"{neighbor}\"}}"
+            )
+        };
+        let up = labels("Mesh_10_0_0_2", "10.0.0.2");
+        let down = labels("Mesh_10_0_0_3", "10.0.0.3");
+        assert_eq!(
+            value(&text, &format!("observer_bgp_session_established{up}")),
+            Some(1.0)
+        );
+        assert_eq!(
+            value(&text, &format!("observer_bgp_session_established{down}")),
+            Some(0.0)
+        );
+        assert_eq!(
+            value(&text, &format!("observer_bgp_routes_imported{up}")),
+            Some(3.0)
+        );
+        assert_eq!(
+            value(&text, &format!("observer_bgp_routes_exported{down}")),
+            Some(1.0)
+        );
     }
 
     #[test]
@@ -762,6 +860,7 @@ mod tests {
             at: SystemTime::UNIX_EPOCH,
             anomalies: &[&anomaly, &anomaly],
             anomalies_raised: &raised,
+            bgp: &[],
         };
         let text = encode(&Exporter::new(10).families(&input)).unwrap();
         assert_eq!(

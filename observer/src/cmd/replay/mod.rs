@@ -158,6 +158,7 @@ fn replay(args: &ReplayArgs) -> Result<u8> {
         // does not hold.
         anomaly_events: &[],
         anomalies: &[],
+        bgp: &[],
     };
     // A closed stdout ends here (see `cmd::pipe`).
     print(format, &reports, engine.name(), &replayed, &snapshot).context("writing output")?;

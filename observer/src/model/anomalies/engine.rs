@@ -7,10 +7,12 @@
 
 use std::{
     collections::{BTreeMap, VecDeque},
+    net::IpAddr,
     time::{Duration, SystemTime},
 };
 
 use foldhash::HashMap;
+use observer_common::Proto;
 
 use super::{
     ActiveKey, Anomaly, Event, Key, Kind, Known, MAX_ACTIVE, MAX_TRACKED_PEERS, Thresholds,
@@ -55,6 +57,9 @@ pub struct Engine {
     forgotten_peers: u64,
     raised: BTreeMap<Kind, u64>,
     suppressed: u64,
+    /// BGP neighbors whose session is not established, and since when
+    /// (as many as the BIRD sessions read, which `node::bird` bounds).
+    bgp_down_since: BTreeMap<IpAddr, f64>,
 }
 
 /// What one tunnel did over the window.
@@ -77,6 +82,7 @@ impl Engine {
             forgotten_peers: 0,
             raised: BTreeMap::new(),
             suppressed: 0,
+            bgp_down_since: BTreeMap::new(),
         }
     }
 
@@ -145,7 +151,47 @@ impl Engine {
                 conditions.insert((kind, peer, proto), finding);
             }
         }
-        self.transition(now, wall, conditions)
+        let down_since = self.bgp_conditions(now, known, &mut conditions);
+        let events = self.transition(now, wall, conditions);
+        // A bgp_down lasted from when its session was first seen down.
+        for (neighbor, since) in down_since {
+            if let Some(active) = self
+                .active
+                .get_mut(&(Kind::BgpDown, neighbor, Proto::Other))
+                && active.started == now
+            {
+                active.started = since;
+            }
+        }
+        events
+    }
+
+    /// Adds a `bgp_down` condition for each BGP session down for a whole
+    /// window (a session that is still coming up, at BIRD's start or a new
+    /// node's, is not yet a problem); returns the sessions down and since
+    /// when.
+    fn bgp_conditions(
+        &mut self,
+        now: f64,
+        known: &Known,
+        conditions: &mut BTreeMap<ActiveKey, Finding>,
+    ) -> BTreeMap<IpAddr, f64> {
+        let window = self.thresholds.window.as_secs_f64();
+        let mut down = BTreeMap::new();
+        for session in known.bgp.iter().filter(|s| !s.established()) {
+            let Some(neighbor) = session.neighbor else {
+                continue;
+            };
+            let since = self.bgp_down_since.get(&neighbor).copied().unwrap_or(now);
+            down.insert(neighbor, since);
+            if now - since >= window - EPSILON
+                && let Some(finding) = rules::bgp_down(session, now - since)
+            {
+                conditions.insert((Kind::BgpDown, neighbor, Proto::Other), finding);
+            }
+        }
+        self.bgp_down_since = down.clone();
+        down
     }
 
     /// Adds one read to the tracks' histories: the packets each tunnel
@@ -462,6 +508,91 @@ mod tests {
             vec![(Kind::DropSpike, "10.10.60.127".into())]
         );
         assert!(matches!(events.last(), Some(Event::Cleared { .. })));
+    }
+
+    #[test]
+    fn bgp_down_is_raised_once_and_cleared_with_its_duration() {
+        use crate::model::bgp::BgpSession;
+        let session = |bgp_state: &str| BgpSession {
+            socket: "/var/run/calico/bird.ctl".into(),
+            protocol: "Mesh_10_0_0_2".into(),
+            neighbor: Some("10.0.0.2".parse().unwrap()),
+            neighbor_as: Some(64512),
+            local_as: Some(64512),
+            state: if bgp_state == "Established" {
+                "up"
+            } else {
+                "start"
+            }
+            .into(),
+            bgp_state: bgp_state.into(),
+            since: "07:40:19.573".into(),
+            last_error: (bgp_state != "Established").then(|| "Socket: Connection refused".into()),
+            routes_imported: 0,
+            routes_exported: 1,
+        };
+        let mut e = Engine::new(th(), 0.0);
+        let mut known = known();
+        let mut run = |e: &mut Engine, reads: &[(f64, &str)]| {
+            let mut events = Vec::new();
+            for (t, state) in reads {
+                known.bgp = vec![session(state)];
+                events.extend(e.observe(*t, SystemTime::UNIX_EPOCH, &[], &[], &known));
+            }
+            events
+        };
+        // Down for less than the window (5 s): a session coming up.
+        let reads = [
+            (1.0, "Established"),
+            (2.0, "Active"),
+            (3.0, "Connect"),
+            (4.0, "Established"),
+        ];
+        assert_eq!(run(&mut e, &reads), vec![]);
+        // Down from t = 5 to 12.5: raised at 10, a window after it was
+        // first seen down, and cleared with the whole outage's duration.
+        let reads = [
+            (5.0, "Active"),
+            (6.0, "Active"),
+            (10.0, "Connect"),
+            (12.5, "Established"),
+        ];
+        let events = run(&mut e, &reads);
+        assert_eq!(events.len(), 2, "{events:?}");
+        let Event::Raised(raised) = &events[0] else {
+            panic!("{events:?}");
+        };
+        assert_eq!(
+            (
+                raised.kind,
+                raised.peer,
+                raised.evidence["bgp_state"].as_str()
+            ),
+            (Kind::BgpDown, "10.0.0.2".parse().unwrap(), Some("Connect"))
+        );
+        assert_eq!(raised.evidence["down_for_s"], 5.0);
+        assert!(
+            raised.summary.contains("Mesh_10_0_0_2"),
+            "{}",
+            raised.summary
+        );
+        let Event::Cleared { anomaly, duration } = &events[1] else {
+            panic!("{events:?}");
+        };
+        assert_eq!(anomaly.evidence["bgp_state"].as_str(), Some("Connect"));
+        assert_eq!(*duration, Duration::from_secs_f64(7.5));
+        // A session without a neighbor address names no peer: not judged.
+        let mut known = crate::model::anomalies::fixtures::known();
+        known.bgp = vec![BgpSession {
+            neighbor: None,
+            ..session("Active")
+        }];
+        for t in [13.0, 20.0] {
+            assert_eq!(
+                e.observe(t, SystemTime::UNIX_EPOCH, &[], &[], &known),
+                vec![]
+            );
+        }
     }
 
     #[test]

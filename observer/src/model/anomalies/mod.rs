@@ -5,7 +5,7 @@
 //! The engine turns per-peer counters (what is on the wire) and the node's
 //! own view (which nodes exist, which pod blocks they own, which
 //! encapsulation the routes prescribe, who is allowed, which UDP ports mean
-//! which encapsulation) into named problems per peer, each with evidence
+//! which encapsulation, which BGP sessions are up) into named problems per peer, each with evidence
 //! and a next step, raised when a condition starts and cleared (with its
 //! duration) when it ends. The work is split by concern:
 //! - `engine`: the window over successive reads, raising and clearing, and
@@ -39,6 +39,7 @@ pub use collect::peer_totals;
 pub use engine::Engine;
 
 use crate::model::{
+    bgp::BgpSession,
     facts::{self, ExpectedPeer, SetKind, longest_prefix},
     ports::PortConfig,
 };
@@ -84,11 +85,13 @@ pub enum Kind {
     UnknownPeer,
     /// A peer's drop rate above the threshold.
     DropSpike,
+    /// A BGP session of the node's BIRD is not established.
+    BgpDown,
 }
 
 impl Kind {
     /// Every kind, in the order findings are listed (most decisive first).
-    pub const ALL: [Kind; 7] = [
+    pub const ALL: [Kind; 8] = [
         Kind::OneWay,
         Kind::SnatSuspected,
         Kind::AllowSetDrop,
@@ -96,6 +99,7 @@ impl Kind {
         Kind::Mtu,
         Kind::UnknownPeer,
         Kind::DropSpike,
+        Kind::BgpDown,
     ];
 
     /// The name used in JSON and tables.
@@ -108,6 +112,7 @@ impl Kind {
             Kind::Mtu => "mtu",
             Kind::UnknownPeer => "unknown_peer",
             Kind::DropSpike => "drop_spike",
+            Kind::BgpDown => "bgp_down",
         }
     }
 
@@ -131,6 +136,9 @@ impl Kind {
                 "tunnel packets arrive from an address this node neither routes to nor allows"
             }
             Kind::DropSpike => "a large share of this peer's packets is dropped",
+            Kind::BgpDown => {
+                "the BGP session with this peer is down: its routes (pod blocks) are withdrawn here, and ours there"
+            }
         }
     }
 }
@@ -173,6 +181,8 @@ pub struct Known {
     /// ports a firewall or NAT rule must match on this cluster, not the
     /// defaults.
     pub ports: PortConfig,
+    /// The BGP sessions of the node's BIRD, as last read.
+    pub bgp: Vec<BgpSession>,
 }
 
 impl Known {

@@ -13,7 +13,7 @@ use super::{
     Kind, Known, Thresholds,
     collect::{Extra, Totals},
 };
-use crate::model::{facts::SetKind, ports::PortConfig};
+use crate::model::{bgp::BgpSession, facts::SetKind, ports::PortConfig};
 
 /// Everything a rule may look at for one tunnel.
 pub(super) struct PeerFacts<'a> {
@@ -64,13 +64,14 @@ pub(super) struct Finding {
 pub(super) fn findings(facts: &PeerFacts<'_>) -> Vec<(Kind, Finding)> {
     Kind::ALL
         .into_iter()
-        .filter_map(|kind| rule(kind)(facts).map(|f| (kind, f)))
+        .filter_map(|kind| rule(kind)?(facts).map(|f| (kind, f)))
         .collect()
 }
 
-/// The rule of `kind`: a match, so a new kind cannot go without one.
-fn rule(kind: Kind) -> fn(&PeerFacts<'_>) -> Option<Finding> {
-    match kind {
+/// The tunnel rule of `kind`: a match, so a new kind cannot go without
+/// one; `None` for the kinds judged per BGP session ([`bgp_down`]).
+fn rule(kind: Kind) -> Option<fn(&PeerFacts<'_>) -> Option<Finding>> {
+    Some(match kind {
         Kind::OneWay => one_way,
         Kind::SnatSuspected => snat_suspected,
         Kind::AllowSetDrop => allow_set_drop,
@@ -78,7 +79,44 @@ fn rule(kind: Kind) -> fn(&PeerFacts<'_>) -> Option<Finding> {
         Kind::Mtu => mtu,
         Kind::UnknownPeer => unknown_peer,
         Kind::DropSpike => drop_spike,
+        Kind::BgpDown => return None,
+    })
+}
+
+/// A BGP session of the node's BIRD that is not established, seen so for
+/// `down_for` seconds: BIRD has withdrawn the neighbor's routes, so its
+/// pod blocks are unreachable from here unless another path announces
+/// them.
+pub(super) fn bgp_down(session: &BgpSession, down_for: f64) -> Option<Finding> {
+    if session.established() {
+        return None;
     }
+    let neighbor = session.neighbor?;
+    let error = session
+        .last_error
+        .as_deref()
+        .map(|e| format!(" (last error: {e})"))
+        .unwrap_or_default();
+    Some(Finding {
+        evidence: BTreeMap::from([
+            ("protocol", json!(session.protocol)),
+            ("socket", json!(session.socket)),
+            ("state", json!(session.state)),
+            ("bgp_state", json!(session.bgp_state)),
+            ("since", json!(session.since)),
+            ("last_error", json!(session.last_error)),
+            ("routes_imported", json!(session.routes_imported)),
+            ("down_for_s", json!(down_for.round())),
+        ]),
+        summary: format!(
+            "BGP session {} with {neighbor} is {} since {} ({:.0} s seen down){error}",
+            session.protocol, session.bgp_state, session.since, down_for
+        ),
+        hint: format!(
+            "check BIRD on {neighbor} and TCP port 179 between the nodes (birdc -s {} show protocols all {}); while it is down, this node has no route to the pod blocks {neighbor} announces",
+            session.socket, session.protocol
+        ),
+    })
 }
 
 /// Traffic in one direction only, over a whole window: before that, a

@@ -1,0 +1,57 @@
+//! BGP sessions as the node's BIRD reports them (Calico runs BIRD for its
+//! BGP mesh): the facts behind `bgp` lines, the `observer_bgp_*` series
+//! and the `bgp_down` anomaly. Read by `node::bird`.
+
+use std::net::IpAddr;
+
+use serde::Serialize;
+
+/// The BGP state of an established session.
+pub const ESTABLISHED: &str = "Established";
+
+/// One BGP protocol of one BIRD instance.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct BgpSession {
+    /// The BIRD control socket it was read from.
+    pub socket: String,
+    /// BIRD's protocol name (Calico: `Mesh_10_0_0_2`, `Node_...`, `Global_...`).
+    pub protocol: String,
+    /// The neighbor's address, when BIRD reports one.
+    pub neighbor: Option<IpAddr>,
+    /// The neighbor's AS number.
+    pub neighbor_as: Option<u32>,
+    /// This side's AS number.
+    pub local_as: Option<u32>,
+    /// BIRD's protocol state: `up`, `start`, `down`, `stop`, `flush`.
+    pub state: String,
+    /// The BGP finite-state-machine state: `Established`, `Active`,
+    /// `Connect`, `Idle`, `OpenSent`, `OpenConfirm`, `Down`.
+    pub bgp_state: String,
+    /// When the protocol last changed state, in BIRD's time format.
+    pub since: String,
+    /// BIRD's last error for the session (`Received: Administrative
+    /// shutdown`, `Socket: Connection refused`, `Hold timer expired`).
+    pub last_error: Option<String>,
+    /// Routes imported from the neighbor, over all channels.
+    pub routes_imported: u64,
+    /// Routes exported to the neighbor, over all channels.
+    pub routes_exported: u64,
+}
+
+impl BgpSession {
+    /// Whether the session is established.
+    pub fn established(&self) -> bool {
+        self.bgp_state == ESTABLISHED
+    }
+}
+
+/// What one read of one BIRD control socket gave.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BirdReading {
+    /// Its BGP sessions.
+    Sessions(Vec<BgpSession>),
+    /// No socket at that path: no BIRD there (or another path).
+    Absent,
+    /// It could not be read: why.
+    Failed(String),
+}

@@ -1,0 +1,314 @@
+//! BIRD's control socket: the BGP sessions of the node's BIRD (Calico's
+//! `bird.ctl` and `bird6.ctl`), read with `show protocols all` as
+//! `birdc` would, on a thread of its own so that a slow or hung BIRD never
+//! delays an interval.
+//!
+//! Why by hand: no crate speaks BIRD's control protocol. It is line based
+//! (BIRD's `doc/reply_codes`): a reply line starts with a four-digit code
+//! and `-` when more lines follow or a space on the last line; a line
+//! starting with a space continues the previous code. `1002` lines are
+//! the protocol table, `1006` lines a protocol's details.
+
+use std::{
+    io::{BufRead, BufReader, Write},
+    os::unix::net::UnixStream,
+    path::{Path, PathBuf},
+    sync::{
+        Arc, Mutex,
+        mpsc::{self, RecvTimeoutError, Sender},
+    },
+    thread,
+    time::Duration,
+};
+
+use crate::model::bgp::{BgpSession, BirdReading};
+
+/// Calico's BIRD control sockets (IPv4 and IPv6 BIRD), read by default.
+pub const CALICO_SOCKETS: [&str; 2] = ["/var/run/calico/bird.ctl", "/var/run/calico/bird6.ctl"];
+
+/// How long BIRD may take to answer one read.
+pub const TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Largest reply read: a BIRD with thousands of sessions answers in a few
+/// MiB; anything longer is cut and reported.
+const MAX_REPLY_BYTES: usize = 16 << 20;
+
+/// Sessions kept per socket, so that a misconfigured BIRD cannot grow the
+/// observer's memory or its series without bound.
+pub const MAX_SESSIONS: usize = 4096;
+
+/// Reads the BGP sessions of the BIRD listening on `socket`.
+pub fn read(socket: &Path) -> BirdReading {
+    match ask(socket, "show protocols all") {
+        Ok(reply) => match parse_protocols(&socket.display().to_string(), &reply) {
+            Ok(sessions) => BirdReading::Sessions(sessions),
+            Err(e) => BirdReading::Failed(e),
+        },
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => BirdReading::Absent,
+        Err(e) => BirdReading::Failed(format!("{}: {e}", socket.display())),
+    }
+}
+
+/// Sends `command` and returns the reply's lines (the greeting skipped).
+fn ask(socket: &Path, command: &str) -> std::io::Result<Vec<String>> {
+    let stream = UnixStream::connect(socket)?;
+    stream.set_read_timeout(Some(TIMEOUT))?;
+    stream.set_write_timeout(Some(TIMEOUT))?;
+    let mut reader = BufReader::new(stream.try_clone()?);
+    let mut greeting = Vec::new();
+    read_reply(&mut reader, &mut greeting)?;
+    (&stream).write_all(format!("{command}\n").as_bytes())?;
+    let mut reply = Vec::new();
+    read_reply(&mut reader, &mut reply)?;
+    Ok(reply)
+}
+
+/// Reads lines up to and including the reply's last one (a code followed
+/// by a space).
+fn read_reply(reader: &mut impl BufRead, lines: &mut Vec<String>) -> std::io::Result<()> {
+    let mut bytes = 0;
+    loop {
+        let mut line = String::new();
+        let n = reader.read_line(&mut line)?;
+        if n == 0 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "BIRD closed the connection in the middle of a reply",
+            ));
+        }
+        bytes += n;
+        if bytes > MAX_REPLY_BYTES {
+            return Err(std::io::Error::other(format!(
+                "reply longer than {MAX_REPLY_BYTES} bytes"
+            )));
+        }
+        let line = line.trim_end_matches('\n').to_string();
+        let last = code_of(&line).is_some() && line.as_bytes().get(4) == Some(&b' ');
+        lines.push(line);
+        if last {
+            return Ok(());
+        }
+    }
+}
+
+/// The four-digit code a reply line starts with, if it has one.
+fn code_of(line: &str) -> Option<u16> {
+    let head = line.get(..4)?;
+    let sep = line.as_bytes().get(4).copied();
+    if !head.bytes().all(|b| b.is_ascii_digit()) || !matches!(sep, Some(b'-' | b' ') | None) {
+        return None;
+    }
+    head.parse().ok()
+}
+
+/// The BGP sessions in a `show protocols all` reply read from `socket`;
+/// an error for BIRD's error replies (codes 8000 and up).
+pub fn parse_protocols(socket: &str, reply: &[String]) -> Result<Vec<BgpSession>, String> {
+    let mut sessions: Vec<BgpSession> = Vec::new();
+    // Whether the protocol being read is a BGP one.
+    let mut in_bgp = false;
+    let mut code = 0;
+    for line in reply {
+        let text = match code_of(line) {
+            Some(c) => {
+                code = c;
+                line.get(5..).unwrap_or("")
+            }
+            None => line.strip_prefix(' ').unwrap_or(line),
+        };
+        if code >= 8000 {
+            return Err(format!("{socket}: BIRD answered: {}", text.trim()));
+        }
+        match code {
+            1002 => {
+                in_bgp = false;
+                let columns: Vec<&str> = text.split_whitespace().collect();
+                if columns.get(1) != Some(&"BGP") || sessions.len() >= MAX_SESSIONS {
+                    continue;
+                }
+                in_bgp = true;
+                let mut since = columns.get(4).copied().unwrap_or("").to_string();
+                // "iso long" time formats put a time after the date.
+                if let Some(time) = columns.get(5).filter(|t| t.contains(':')) {
+                    since = format!("{since} {time}");
+                }
+                sessions.push(BgpSession {
+                    socket: socket.to_string(),
+                    protocol: columns[0].to_string(),
+                    neighbor: None,
+                    neighbor_as: None,
+                    local_as: None,
+                    state: columns.get(3).copied().unwrap_or("").to_string(),
+                    bgp_state: String::new(),
+                    since,
+                    last_error: None,
+                    routes_imported: 0,
+                    routes_exported: 0,
+                });
+            }
+            1006 if in_bgp => {
+                let Some(session) = sessions.last_mut() else {
+                    continue;
+                };
+                detail(session, text.trim());
+            }
+            _ => {}
+        }
+    }
+    Ok(sessions)
+}
+
+/// Applies one `Key: value` line of a BGP protocol's details.
+fn detail(session: &mut BgpSession, line: &str) {
+    let Some((key, value)) = line.split_once(':') else {
+        return;
+    };
+    let value = value.trim();
+    match key {
+        "BGP state" => session.bgp_state = value.to_string(),
+        "Neighbor address" => session.neighbor = value.parse().ok(),
+        "Neighbor AS" => session.neighbor_as = value.parse().ok(),
+        "Local AS" => session.local_as = value.parse().ok(),
+        "Last error" => session.last_error = Some(value.to_string()),
+        "Routes" => {
+            // "1 imported, 1 exported, 1 preferred" (one line per channel;
+            // some versions add "N filtered").
+            for part in value.split(',') {
+                let mut words = part.split_whitespace();
+                let (Some(n), Some(what)) = (words.next(), words.next()) else {
+                    continue;
+                };
+                let Ok(n) = n.parse::<u64>() else {
+                    continue;
+                };
+                match what {
+                    "imported" => session.routes_imported += n,
+                    "exported" => session.routes_exported += n,
+                    _ => {}
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+/// The latest reading of each socket, shared with the reading thread.
+type Readings = Arc<Mutex<Vec<(PathBuf, BirdReading)>>>;
+
+/// Reads every socket once per period on a thread of its own; the monitor
+/// takes the latest readings at each interval. The thread ends when the
+/// watcher is dropped.
+pub struct BirdWatcher {
+    latest: Readings,
+    /// Dropping it wakes and ends the thread.
+    _stop: Sender<()>,
+}
+
+impl BirdWatcher {
+    /// Starts reading `sockets` now and then every `period`.
+    pub fn start(sockets: Vec<PathBuf>, period: Duration) -> BirdWatcher {
+        let latest: Readings = Arc::default();
+        let (stop, stopped) = mpsc::channel::<()>();
+        let shared = Arc::clone(&latest);
+        thread::spawn(move || {
+            loop {
+                let readings: Vec<(PathBuf, BirdReading)> = sockets
+                    .iter()
+                    .map(|socket| (socket.clone(), read(socket)))
+                    .collect();
+                *shared.lock().unwrap_or_else(|e| e.into_inner()) = readings;
+                match stopped.recv_timeout(period) {
+                    Err(RecvTimeoutError::Timeout) => {}
+                    _ => return,
+                }
+            }
+        });
+        BirdWatcher {
+            latest,
+            _stop: stop,
+        }
+    }
+
+    /// The latest reading of every socket (empty before the first read
+    /// finished).
+    pub fn latest(&self) -> Vec<(PathBuf, BirdReading)> {
+        self.latest
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lines(text: &str) -> Vec<String> {
+        text.lines().map(str::to_string).collect()
+    }
+
+    #[test]
+    fn an_established_session_with_its_routes() {
+        let reply = lines(include_str!(
+            "../../testdata/bird/show_protocols_all_established.txt"
+        ));
+        let sessions = parse_protocols("bird.ctl", &reply).unwrap();
+        assert_eq!(
+            sessions,
+            vec![BgpSession {
+                socket: "bird.ctl".into(),
+                protocol: "Mesh_10_99_0_2".into(),
+                neighbor: Some("10.99.0.2".parse().unwrap()),
+                neighbor_as: Some(64512),
+                local_as: Some(64512),
+                state: "up".into(),
+                bgp_state: "Established".into(),
+                since: "07:40:16.188".into(),
+                last_error: None,
+                routes_imported: 1,
+                routes_exported: 1,
+            }]
+        );
+        assert!(sessions[0].established());
+    }
+
+    #[test]
+    fn a_session_down_with_its_last_error() {
+        let reply = lines(include_str!(
+            "../../testdata/bird/show_protocols_all_active.txt"
+        ));
+        let sessions = parse_protocols("bird.ctl", &reply).unwrap();
+        assert_eq!(sessions.len(), 1);
+        let s = &sessions[0];
+        assert_eq!(
+            (s.state.as_str(), s.bgp_state.as_str(), s.since.as_str()),
+            ("start", "Active", "07:40:19.573")
+        );
+        assert_eq!(s.last_error.as_deref(), Some("Socket: Connection refused"));
+        assert_eq!((s.routes_imported, s.routes_exported), (0, 0));
+        assert!(!s.established());
+    }
+
+    #[test]
+    fn error_replies_and_the_reply_end_are_recognised() {
+        let reply = lines("9001 Syntax error, unexpected END");
+        assert_eq!(
+            parse_protocols("bird.ctl", &reply),
+            Err("bird.ctl: BIRD answered: Syntax error, unexpected END".to_string())
+        );
+        let mut reader = std::io::Cursor::new(b"2002-Name\n1002-x BGP\n 1006-\n0000 \nnext\n");
+        let mut read = Vec::new();
+        read_reply(&mut reader, &mut read).unwrap();
+        assert_eq!(read.last().map(String::as_str), Some("0000 "));
+        assert_eq!(code_of("1006-  BGP state:"), Some(1006));
+        assert_eq!(code_of("     Neighbor address: 10.0.0.1"), None);
+        assert_eq!(code_of("12345"), None);
+    }
+
+    #[test]
+    fn an_absent_socket_is_absent() {
+        let path =
+            std::env::temp_dir().join(format!("observer-no-bird-{}.ctl", std::process::id()));
+        assert_eq!(read(&path), BirdReading::Absent);
+    }
+}

@@ -1,0 +1,174 @@
+//! A real BIRD 2 (Debian's `bird2`) in a test's network namespace: its own
+//! config, control socket and log files under the temporary
+//! directory, stopped (and its files removed) when the guard drops, also
+//! when the test fails. Used for the BGP tests and the lab.
+
+use std::{
+    net::Ipv4Addr,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    sync::Mutex,
+    time::{Duration, Instant},
+};
+
+use crate::netns::{CmdError, Netns, run_checked, temp_path};
+
+/// One node of an iBGP full mesh (AS 64512, Calico's default), with
+/// timers short enough for a test: hold 6 s, keepalive 2 s, connect retry
+/// 1 s.
+#[derive(Debug, Clone)]
+pub struct MeshNode {
+    /// Router id and BGP source address.
+    pub address: Ipv4Addr,
+    /// The pod block this node announces (a blackhole route, as Calico
+    /// installs for its own blocks), e.g. `10.65.1.0/26`.
+    pub block: String,
+    /// The other nodes' addresses.
+    pub peers: Vec<Ipv4Addr>,
+}
+
+impl MeshNode {
+    /// BIRD's name of the session with `peer`, as Calico names its mesh
+    /// sessions: `Mesh_10_99_0_2`.
+    pub fn protocol_name(peer: Ipv4Addr) -> String {
+        format!("Mesh_{}", peer.to_string().replace('.', "_"))
+    }
+
+    /// The BIRD configuration: learned routes go to the kernel with
+    /// `proto bird`, the node's own block is announced to every peer.
+    pub fn config(&self, log: &Path) -> String {
+        let mut text = format!(
+            "router id {address};\n\
+             log \"{log}\" all;\n\
+             protocol device {{ scan time 2; }}\n\
+             protocol kernel {{ ipv4 {{ import none; export where proto != \"blocks\"; }}; }}\n\
+             protocol static blocks {{ ipv4; route {block} blackhole; }}\n\
+             template bgp mesh {{\n  local as 64512;\n  \
+             ipv4 {{ import all; export where proto = \"blocks\"; }};\n  \
+             hold time 6; keepalive time 2; connect retry time 1; error wait time 1, 2;\n}}\n",
+            address = self.address,
+            log = log.display(),
+            block = self.block,
+        );
+        for peer in &self.peers {
+            text.push_str(&format!(
+                "protocol bgp {} from mesh {{ neighbor {peer} as 64512; source address {}; }}\n",
+                Self::protocol_name(*peer),
+                self.address
+            ));
+        }
+        text
+    }
+}
+
+/// A BIRD daemon running in a namespace, in the foreground as a child of
+/// the test (so that it is reaped, and killed if the test dies first).
+pub struct Bird {
+    namespace: String,
+    config: PathBuf,
+    socket: PathBuf,
+    log: PathBuf,
+    child: Mutex<Option<Child>>,
+}
+
+impl Bird {
+    /// Writes `node`'s config and starts BIRD in `ns`; returns once its
+    /// control socket answers.
+    pub fn start(ns: &Netns, node: &MeshNode) -> Result<Bird, CmdError> {
+        let bird = Bird {
+            namespace: ns.name().to_string(),
+            config: temp_path("bird", "conf"),
+            socket: temp_path("bird", "ctl"),
+            log: temp_path("bird", "log"),
+            child: Mutex::new(None),
+        };
+        std::fs::write(&bird.config, node.config(&bird.log))
+            .map_err(|e| CmdError::new(format!("writing {}: {e}", bird.config.display())))?;
+        bird.restart()?;
+        Ok(bird)
+    }
+
+    /// Starts the daemon (again) with its config and socket; returns once
+    /// the control socket answers.
+    pub fn restart(&self) -> Result<(), CmdError> {
+        let (config, socket) = (
+            self.config.display().to_string(),
+            self.socket.display().to_string(),
+        );
+        let child = Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &self.namespace,
+                "bird",
+                "-f",
+                "-c",
+                &config,
+                "-s",
+                &socket,
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| CmdError::new(format!("cannot run bird: {e}")))?;
+        *self.child.lock().unwrap_or_else(|e| e.into_inner()) = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if self.birdc(&["show", "status"]).is_ok() {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Err(CmdError::new(format!(
+            "BIRD in {} did not answer on {socket} within 10s (log: {})",
+            self.namespace,
+            self.log.display()
+        )))
+    }
+
+    /// The control socket.
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    /// Runs `birdc -s SOCKET ARGS...`; its output.
+    pub fn birdc(&self, args: &[&str]) -> Result<String, CmdError> {
+        let socket = self.socket.display().to_string();
+        let mut all = vec!["-s", socket.as_str()];
+        all.extend_from_slice(args);
+        let out = run_checked("birdc", &all)?;
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// Stops the daemon (`birdc down`: a graceful shutdown, so its peers
+    /// get a NOTIFICATION) and waits until it has exited; killed if it
+    /// has not within 10 s.
+    pub fn stop(&self) {
+        let Some(mut child) = self.child.lock().unwrap_or_else(|e| e.into_inner()).take() else {
+            return;
+        };
+        let _ = self.birdc(&["down"]);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = child.try_wait() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        if let Ok(None) = child.try_wait() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let _ = std::fs::remove_file(&self.socket);
+    }
+}
+
+impl Drop for Bird {
+    fn drop(&mut self) {
+        self.stop();
+        for path in [&self.config, &self.log] {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
