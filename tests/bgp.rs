@@ -149,13 +149,27 @@ fn bird_sessions_are_followed_and_a_lost_peer_is_bgp_down() {
 
     // b's BIRD is back: Established again, bgp_down cleared with its duration.
     bird_b.restart().expect("restarting BIRD in b");
-    let cleared = observer.wait_for_lines(|lines| !bgp_down(lines, B, "cleared").is_empty());
+    // Established comes before b's UPDATE: wait for its route too.
+    let cleared = observer.wait_for_lines(|lines| {
+        !bgp_down(lines, B, "cleared").is_empty()
+            && bgp_lines(lines, B)
+                .last()
+                .is_some_and(|l| l["bgp_state"] == "Established" && l["routes_imported"] == 1)
+    });
     let run = observer.stop_ok();
-    assert!(cleared, "bgp_down for {B} not cleared");
+    assert!(
+        cleared,
+        "bgp_down for {B} not cleared, or b's route not back"
+    );
     let cleared = bgp_down(&run.lines, B, "cleared");
     assert_eq!(cleared.len(), 1, "{cleared:?}");
     assert_eq!(bgp_down(&run.lines, B, "raised").len(), 1);
-    assert!(cleared[0]["duration_s"].as_f64().unwrap() > 0.0);
+    // Raised after a whole window (5 s) down, it lasted at least that.
+    assert!(
+        cleared[0]["duration_s"].as_f64().unwrap() >= 5.0,
+        "{}",
+        cleared[0]
+    );
     let final_line = bgp_lines(&run.lines, B).last().copied().cloned().unwrap();
     assert_eq!(
         (

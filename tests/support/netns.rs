@@ -234,6 +234,12 @@ impl ObserverProcess {
         if !args.contains(&"--interval") {
             command.args(["--interval", "200ms"]);
         }
+        // Not the host's BIRD (Calico's sockets, the default), unless the
+        // test names its own: a host running Calico must not change what
+        // a test sees.
+        if !args.contains(&"--bird-socket") {
+            command.args(["--bird-socket", "/nonexistent/observer-test-bird.ctl"]);
+        }
         if let Some(ns) = netns {
             command.args(["--netns", ns]);
         }

@@ -413,29 +413,12 @@ pub fn run(frame: &[u8], pass: BorrowedFd<'_>, repeat: u32, rounds: usize) -> an
 /// Creates the map of `t` with the key the program looks up (and, for LPM,
 /// `t.prefixes - 1` other /24 prefixes).
 fn create_map(t: &MapType) -> anyhow::Result<OwnedFd> {
-    #[repr(C)]
-    struct MapCreateAttr {
-        map_type: u32,
-        key_size: u32,
-        value_size: u32,
-        max_entries: u32,
-        map_flags: u32,
-    }
     let max_entries = match t.key {
         Key::Index => 1,
         Key::Flow => observer_common::DEFAULT_MAX_FLOWS,
         Key::Lpm => t.prefixes,
     };
-    let map = bpf(
-        BPF_MAP_CREATE,
-        &MapCreateAttr {
-            map_type: t.map_type,
-            key_size: t.key.size(),
-            value_size: 8,
-            max_entries,
-            map_flags: t.flags,
-        },
-    )?;
+    let map = create(t.map_type, t.key.size(), 8, max_entries, t.flags)?;
     let mut keys = vec![t.key.bytes()];
     for i in 1..t.prefixes {
         let network = (0x0a00_0000u32 | (i << 8)).to_be_bytes();
@@ -563,6 +546,17 @@ pub fn plain_floor(
 /// An array map (`map_type` 2 array, 6 per-CPU array) of `entries` values
 /// of `value_size` bytes, all zero.
 fn create_array(map_type: u32, value_size: u32, entries: u32) -> io::Result<OwnedFd> {
+    create(map_type, 4, value_size, entries, 0)
+}
+
+/// `BPF_MAP_CREATE` of a map of `map_type`.
+fn create(
+    map_type: u32,
+    key_size: u32,
+    value_size: u32,
+    max_entries: u32,
+    map_flags: u32,
+) -> io::Result<OwnedFd> {
     #[repr(C)]
     struct MapCreateAttr {
         map_type: u32,
@@ -575,10 +569,10 @@ fn create_array(map_type: u32, value_size: u32, entries: u32) -> io::Result<Owne
         BPF_MAP_CREATE,
         &MapCreateAttr {
             map_type,
-            key_size: 4,
+            key_size,
             value_size,
-            max_entries: entries,
-            map_flags: 0,
+            max_entries,
+            map_flags,
         },
     )
 }

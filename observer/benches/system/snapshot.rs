@@ -86,6 +86,7 @@ pub fn run(vxlan: &[u8]) -> anyhow::Result<()> {
                 anomalies: &engine.active(),
                 anomalies_raised: engine.raised(),
                 bgp: &[],
+                bird_sockets: &[],
             };
             let families = exporter.families(&input);
             let families_at = Instant::now();

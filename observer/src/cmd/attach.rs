@@ -718,6 +718,7 @@ impl<'a> Monitor<'a> {
             anomalies: &self.engine.active(),
             anomalies_raised: self.engine.raised(),
             bgp: &self.known.bgp,
+            bird_sockets: &self.bgp.socket_status(),
         };
         let families = self.exporter.families(&input);
         let result = textfile::encode(&families)

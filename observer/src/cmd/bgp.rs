@@ -6,8 +6,8 @@
 use std::{collections::BTreeMap, path::PathBuf, time::Duration};
 
 use crate::{
-    model::bgp::{BgpSession, BirdReading},
-    node::bird::BirdWatcher,
+    model::bgp::{BgpSession, BirdReading, UNKNOWN},
+    node::bird::{self, BirdWatcher},
 };
 
 /// A socket's status as reported.
@@ -44,10 +44,12 @@ pub struct BgpChanges {
 /// The followed sessions.
 pub struct BgpFollower {
     watcher: Option<BirdWatcher>,
+    period: Duration,
     status: BTreeMap<PathBuf, SocketStatus>,
-    /// Every session as last read; a socket that fails keeps its
-    /// sessions from the previous read.
-    sessions: BTreeMap<PathBuf, Vec<BgpSession>>,
+    /// Every session as last read, by socket and protocol. A socket that
+    /// fails (or goes away after it answered) keeps its sessions, in
+    /// state [`UNKNOWN`].
+    sessions: BTreeMap<PathBuf, BTreeMap<String, BgpSession>>,
 }
 
 impl BgpFollower {
@@ -55,6 +57,7 @@ impl BgpFollower {
     pub fn start(sockets: Vec<PathBuf>, period: Duration) -> BgpFollower {
         BgpFollower {
             watcher: (!sockets.is_empty()).then(|| BirdWatcher::start(sockets, period)),
+            period,
             status: BTreeMap::new(),
             sessions: BTreeMap::new(),
         }
@@ -65,8 +68,16 @@ impl BgpFollower {
         let Some(watcher) = &self.watcher else {
             return BgpChanges::default();
         };
+        // A reading thread stuck for three periods (and its timeouts) is a
+        // BIRD that does not answer.
+        let readings = watcher.latest(3 * self.period + 2 * bird::TIMEOUT);
+        self.apply(readings)
+    }
+
+    /// Takes `readings` in; returns what changed.
+    fn apply(&mut self, readings: Vec<(PathBuf, BirdReading)>) -> BgpChanges {
         let mut changes = BgpChanges::default();
-        for (socket, reading) in watcher.latest() {
+        for (socket, reading) in readings {
             let status = match &reading {
                 BirdReading::Sessions(s) => SocketStatus::Ok(s.len()),
                 BirdReading::Absent => SocketStatus::Absent,
@@ -80,30 +91,123 @@ impl BgpFollower {
                 (None, _) => false,
             };
             if !same {
-                changes.sockets.push((socket.display().to_string(), status));
+                changes
+                    .sockets
+                    .push((socket.display().to_string(), status.clone()));
             }
-            match reading {
-                BirdReading::Sessions(now) => {
-                    let before = self.sessions.get(&socket);
-                    changes.sessions.extend(
-                        now.iter()
-                            .filter(|s| before.is_none_or(|b| !b.contains(s)))
-                            .cloned(),
-                    );
-                    self.sessions.insert(socket, now);
+            let known = self.sessions.entry(socket).or_default();
+            let now: Vec<BgpSession> = match reading {
+                BirdReading::Sessions(now) => now,
+                // Gone or not answering: whatever BIRD said last no longer
+                // holds, and a dead BIRD serves no routes.
+                BirdReading::Absent | BirdReading::Failed(_) => {
+                    let why = match &status {
+                        SocketStatus::Failed(e) => format!("BIRD not answering: {e}"),
+                        _ => "BIRD's control socket is gone".to_string(),
+                    };
+                    known
+                        .values()
+                        .map(|s| BgpSession {
+                            bgp_state: UNKNOWN.to_string(),
+                            last_error: Some(why.clone()),
+                            ..s.clone()
+                        })
+                        .collect()
                 }
-                BirdReading::Absent => {
-                    self.sessions.remove(&socket);
+            };
+            let mut next = BTreeMap::new();
+            for session in now {
+                if known.get(&session.protocol) != Some(&session) {
+                    changes.sessions.push(session.clone());
                 }
-                // Kept: one failed read does not make sessions disappear.
-                BirdReading::Failed(_) => {}
+                next.insert(session.protocol.clone(), session);
             }
+            *known = next;
         }
         changes
     }
 
     /// Every session as last read.
     pub fn sessions(&self) -> Vec<BgpSession> {
-        self.sessions.values().flatten().cloned().collect()
+        self.sessions
+            .values()
+            .flat_map(|by_protocol| by_protocol.values())
+            .cloned()
+            .collect()
+    }
+
+    /// Each socket and whether it answered at the last reading.
+    pub fn socket_status(&self) -> Vec<(String, bool)> {
+        self.status
+            .iter()
+            .map(|(socket, status)| {
+                let up = matches!(status, SocketStatus::Ok(_));
+                (socket.display().to_string(), up)
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::bgp::testing::session;
+
+    /// A follower fed `readings` directly, one refresh each.
+    fn feed(readings: Vec<BirdReading>) -> (BgpFollower, Vec<BgpChanges>) {
+        let mut follower = BgpFollower {
+            watcher: None,
+            period: Duration::from_secs(1),
+            status: BTreeMap::new(),
+            sessions: BTreeMap::new(),
+        };
+        let changes = readings
+            .into_iter()
+            .map(|r| follower.apply(vec![(PathBuf::from("bird.ctl"), r)]))
+            .collect();
+        (follower, changes)
+    }
+
+    #[test]
+    fn a_bird_that_stops_answering_leaves_its_sessions_unknown() {
+        let up = session("10.0.0.2", "Established");
+        let (follower, changes) = feed(vec![
+            BirdReading::Sessions(vec![up.clone()]),
+            BirdReading::Sessions(vec![up.clone()]),
+            BirdReading::Failed("bird.ctl: Connection refused".into()),
+            BirdReading::Failed("bird.ctl: Connection refused".into()),
+            BirdReading::Absent,
+        ]);
+        // New at first; unchanged then; unknown once it fails (said once).
+        let said: Vec<usize> = changes.iter().map(|c| c.sessions.len()).collect();
+        assert_eq!(said, vec![1, 0, 1, 0, 1]);
+        let failed = &changes[2].sessions[0];
+        assert_eq!(failed.bgp_state, UNKNOWN);
+        assert!(!failed.established());
+        assert_eq!(
+            failed.last_error.as_deref(),
+            Some("BIRD not answering: bird.ctl: Connection refused")
+        );
+        let statuses: Vec<Vec<&str>> = changes
+            .iter()
+            .map(|c| c.sockets.iter().map(|(_, s)| s.name()).collect())
+            .collect();
+        assert_eq!(
+            statuses,
+            vec![vec!["ok"], vec![], vec!["failed"], vec![], vec!["absent"]]
+        );
+        assert_eq!(follower.sessions()[0].bgp_state, UNKNOWN);
+        assert_eq!(
+            follower.socket_status(),
+            vec![("bird.ctl".to_string(), false)]
+        );
+    }
+
+    #[test]
+    fn an_absent_socket_has_no_sessions_and_is_said_once() {
+        let (follower, changes) = feed(vec![BirdReading::Absent, BirdReading::Absent]);
+        let said: Vec<usize> = changes.iter().map(|c| c.sockets.len()).collect();
+        assert_eq!(said, vec![1, 0]);
+        assert!(follower.sessions().is_empty());
     }
 }

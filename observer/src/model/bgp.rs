@@ -55,3 +55,33 @@ pub enum BirdReading {
     /// It could not be read: why.
     Failed(String),
 }
+
+/// The BGP state given to the sessions of a BIRD that stopped answering:
+/// their real state is unknown, and a BIRD that does not answer (killed,
+/// hung, restarting) serves no routes either.
+pub const UNKNOWN: &str = "Unknown";
+
+/// BGP sessions for unit tests.
+#[cfg(test)]
+pub mod testing {
+    use super::BgpSession;
+
+    /// A session of Calico's `bird.ctl` with `neighbor` (its mesh protocol
+    /// name) in `bgp_state`, with one route exported.
+    pub fn session(neighbor: &str, bgp_state: &str) -> BgpSession {
+        let established = bgp_state == super::ESTABLISHED;
+        BgpSession {
+            socket: "/var/run/calico/bird.ctl".into(),
+            protocol: format!("Mesh_{}", neighbor.replace('.', "_")),
+            neighbor: neighbor.parse().ok(),
+            neighbor_as: Some(64512),
+            local_as: Some(64512),
+            state: if established { "up" } else { "start" }.into(),
+            bgp_state: bgp_state.into(),
+            since: "07:40:19.573".into(),
+            last_error: (!established).then(|| "Socket: Connection refused".into()),
+            routes_imported: 0,
+            routes_exported: 1,
+        }
+    }
+}

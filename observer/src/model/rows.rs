@@ -97,7 +97,7 @@ pub struct FlowCounters {
     /// One (inner source, inner destination) sample, when the encapsulation has one.
     pub inner: Option<(IpAddr, IpAddr)>,
     /// The part of `packets` and `bytes` read from the per-CPU flow cache
-    /// (the rest is the LRU map's). The two parts move independently: the
+    /// and plain counters (the rest is the LRU map's). The two parts move independently: the
     /// cache part only grows, the map part restarts from zero when the LRU
     /// evicts the key.
     pub cached: (u64, u64),

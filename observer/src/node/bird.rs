@@ -10,7 +10,7 @@
 //! the protocol table, `1006` lines a protocol's details.
 
 use std::{
-    io::{BufRead, BufReader, Write},
+    io::{BufRead, BufReader, Read, Write},
     os::unix::net::UnixStream,
     path::{Path, PathBuf},
     sync::{
@@ -18,7 +18,7 @@ use std::{
         mpsc::{self, RecvTimeoutError, Sender},
     },
     thread,
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use crate::model::bgp::{BgpSession, BirdReading};
@@ -64,12 +64,21 @@ fn ask(socket: &Path, command: &str) -> std::io::Result<Vec<String>> {
 }
 
 /// Reads lines up to and including the reply's last one (a code followed
-/// by a space).
+/// by a space), within [`TIMEOUT`] for the whole reply and
+/// [`MAX_REPLY_BYTES`].
 fn read_reply(reader: &mut impl BufRead, lines: &mut Vec<String>) -> std::io::Result<()> {
+    let started = Instant::now();
     let mut bytes = 0;
     loop {
-        let mut line = String::new();
-        let n = reader.read_line(&mut line)?;
+        if started.elapsed() > TIMEOUT {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("no whole reply within {}s", TIMEOUT.as_secs()),
+            ));
+        }
+        let mut line = Vec::new();
+        let room = (MAX_REPLY_BYTES - bytes) as u64 + 1;
+        let n = reader.by_ref().take(room).read_until(b'\n', &mut line)?;
         if n == 0 {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::UnexpectedEof,
@@ -82,7 +91,9 @@ fn read_reply(reader: &mut impl BufRead, lines: &mut Vec<String>) -> std::io::Re
                 "reply longer than {MAX_REPLY_BYTES} bytes"
             )));
         }
-        let line = line.trim_end_matches('\n').to_string();
+        let line = String::from_utf8_lossy(&line)
+            .trim_end_matches('\n')
+            .to_string();
         let last = code_of(&line).is_some() && line.as_bytes().get(4) == Some(&b' ');
         lines.push(line);
         if last {
@@ -166,7 +177,10 @@ fn detail(session: &mut BgpSession, line: &str) {
     let value = value.trim();
     match key {
         "BGP state" => session.bgp_state = value.to_string(),
-        "Neighbor address" => session.neighbor = value.parse().ok(),
+        // A link-local neighbor carries its interface: `fe80::1%eth0`.
+        "Neighbor address" => {
+            session.neighbor = value.split('%').next().and_then(|a| a.parse().ok())
+        }
         "Neighbor AS" => session.neighbor_as = value.parse().ok(),
         "Local AS" => session.local_as = value.parse().ok(),
         "Last error" => session.last_error = Some(value.to_string()),
@@ -192,8 +206,9 @@ fn detail(session: &mut BgpSession, line: &str) {
     }
 }
 
-/// The latest reading of each socket, shared with the reading thread.
-type Readings = Arc<Mutex<Vec<(PathBuf, BirdReading)>>>;
+/// The latest reading of each socket, with when it was made, shared with
+/// the reading thread.
+type Readings = Arc<Mutex<Vec<(PathBuf, BirdReading, Instant)>>>;
 
 /// Reads every socket once per period on a thread of its own; the monitor
 /// takes the latest readings at each interval. The thread ends when the
@@ -212,9 +227,9 @@ impl BirdWatcher {
         let shared = Arc::clone(&latest);
         thread::spawn(move || {
             loop {
-                let readings: Vec<(PathBuf, BirdReading)> = sockets
+                let readings: Vec<(PathBuf, BirdReading, Instant)> = sockets
                     .iter()
-                    .map(|socket| (socket.clone(), read(socket)))
+                    .map(|socket| (socket.clone(), read(socket), Instant::now()))
                     .collect();
                 *shared.lock().unwrap_or_else(|e| e.into_inner()) = readings;
                 match stopped.recv_timeout(period) {
@@ -230,12 +245,27 @@ impl BirdWatcher {
     }
 
     /// The latest reading of every socket (empty before the first read
-    /// finished).
-    pub fn latest(&self) -> Vec<(PathBuf, BirdReading)> {
+    /// finished). A reading older than `max_age` counts as failed: the
+    /// reading thread is stuck (a BIRD whose connection backlog is full
+    /// blocks even the connect).
+    pub fn latest(&self, max_age: Duration) -> Vec<(PathBuf, BirdReading)> {
         self.latest
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .clone()
+            .iter()
+            .map(|(socket, reading, at)| {
+                let reading = if at.elapsed() > max_age {
+                    BirdReading::Failed(format!(
+                        "{}: no answer for {}s",
+                        socket.display(),
+                        at.elapsed().as_secs()
+                    ))
+                } else {
+                    reading.clone()
+                };
+                (socket.clone(), reading)
+            })
+            .collect()
     }
 }
 
@@ -287,6 +317,59 @@ mod tests {
         assert_eq!(s.last_error.as_deref(), Some("Socket: Connection refused"));
         assert_eq!((s.routes_imported, s.routes_exported), (0, 0));
         assert!(!s.established());
+    }
+
+    /// Calico's BIRD is a fork of BIRD 1.6 (one daemon per family, hence
+    /// bird.ctl and bird6.ctl): its replies, captured from Debian's BIRD
+    /// 1.6.8, put the channel's lines before the BGP ones and have no
+    /// `Local AS`.
+    #[test]
+    fn bird_1_6_replies() {
+        let established = lines(include_str!(
+            "../../testdata/bird/bird16_show_protocols_all_established.txt"
+        ));
+        let sessions = parse_protocols("bird.ctl", &established).unwrap();
+        assert_eq!(
+            sessions,
+            vec![BgpSession {
+                socket: "bird.ctl".into(),
+                protocol: "Mesh_10_98_0_2".into(),
+                neighbor: Some("10.98.0.2".parse().unwrap()),
+                neighbor_as: Some(64512),
+                local_as: None,
+                state: "up".into(),
+                bgp_state: "Established".into(),
+                since: "07:58:01".into(),
+                last_error: None,
+                routes_imported: 1,
+                routes_exported: 1,
+            }]
+        );
+        let down = lines(include_str!(
+            "../../testdata/bird/bird16_show_protocols_all_active.txt"
+        ));
+        let s = &parse_protocols("bird.ctl", &down).unwrap()[0];
+        assert_eq!(
+            (
+                s.state.as_str(),
+                s.bgp_state.as_str(),
+                s.last_error.as_deref()
+            ),
+            ("start", "Active", Some("Received: Administrative shutdown"))
+        );
+        assert_eq!((s.routes_imported, s.routes_exported), (0, 0));
+    }
+
+    #[test]
+    fn a_link_local_neighbor_keeps_its_address() {
+        let reply = lines(
+            "1002-Mesh_fe80 BGP ---  up  07:40:16.188  Established\n\
+             1006-  BGP state:          Established\n\
+             \x20    Neighbor address: fe80::1%eth0\n\
+             0000 ",
+        );
+        let sessions = parse_protocols("bird6.ctl", &reply).unwrap();
+        assert_eq!(sessions[0].neighbor, Some("fe80::1".parse().unwrap()));
     }
 
     #[test]

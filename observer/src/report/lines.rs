@@ -573,19 +573,7 @@ mod tests {
 
     #[test]
     fn bgp_sessions_print_as_lines_and_in_the_table() {
-        let session = BgpSession {
-            socket: "/var/run/calico/bird.ctl".into(),
-            protocol: "Mesh_10_0_0_2".into(),
-            neighbor: Some("10.0.0.2".parse().unwrap()),
-            neighbor_as: Some(64512),
-            local_as: Some(64512),
-            state: "start".into(),
-            bgp_state: "Active".into(),
-            since: "07:40:19.573".into(),
-            last_error: Some("Socket: Connection refused".into()),
-            routes_imported: 0,
-            routes_exported: 1,
-        };
+        let session = crate::model::bgp::testing::session("10.0.0.2", "Active");
         let line = Line::Bgp(BgpLine {
             ts: "t".into(),
             session: &session,

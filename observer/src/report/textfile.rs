@@ -242,6 +242,8 @@ pub struct ExportInput<'a> {
     pub anomalies_raised: &'a BTreeMap<Kind, u64>,
     /// BGP sessions of the node's BIRD, as last read.
     pub bgp: &'a [BgpSession],
+    /// Each BIRD control socket followed, and whether it answered.
+    pub bird_sockets: &'a [(String, bool)],
 }
 
 /// Metric state across exports: peer label caps and error counts.
@@ -437,6 +439,16 @@ impl Exporter {
                         let n = input.anomalies_raised.get(k).copied().unwrap_or(0);
                         (vec![("kind", k.name().to_string())], n as f64)
                     })
+                    .collect(),
+            ),
+            family(
+                "observer_bird_socket_up",
+                "1 when the BIRD control socket answered at the last read, else 0 (absent, refused, or no answer): the BGP series of a socket at 0 are in state Unknown.",
+                MetricType::GAUGE,
+                input
+                    .bird_sockets
+                    .iter()
+                    .map(|(socket, up)| (vec![("socket", socket.clone())], f64::from(u8::from(*up))))
                     .collect(),
             ),
             family(
@@ -768,6 +780,7 @@ mod tests {
             anomalies: &[],
             anomalies_raised: &BTreeMap::new(),
             bgp: &[],
+            bird_sockets: &[],
         };
         encode(&exporter.families(&input)).unwrap()
     }
@@ -781,22 +794,13 @@ mod tests {
     #[test]
     fn bgp_sessions_are_series_per_socket_protocol_and_neighbor() {
         use crate::model::bgp::BgpSession;
-        let session = |protocol: &str, neighbor: &str, state: &str, imported| BgpSession {
-            socket: "/var/run/calico/bird.ctl".into(),
-            protocol: protocol.into(),
-            neighbor: Some(neighbor.parse().unwrap()),
-            neighbor_as: Some(64512),
-            local_as: Some(64512),
-            state: "up".into(),
-            bgp_state: state.into(),
-            since: "07:40:16.188".into(),
-            last_error: None,
+        let session = |neighbor: &str, state: &str, imported| BgpSession {
             routes_imported: imported,
-            routes_exported: 1,
+            ..crate::model::bgp::testing::session(neighbor, state)
         };
         let bgp = [
-            session("Mesh_10_0_0_2", "10.0.0.2", "Established", 3),
-            session("Mesh_10_0_0_3", "10.0.0.3", "Active", 0),
+            session("10.0.0.2", "Established", 3),
+            session("10.0.0.3", "Active", 0),
         ];
         let ifaces = HashMap::new();
         let input = ExportInput {
@@ -810,6 +814,7 @@ mod tests {
             anomalies: &[],
             anomalies_raised: &BTreeMap::new(),
             bgp: &bgp,
+            bird_sockets: &[("/var/run/calico/bird.ctl".to_string(), true)],
         };
         let text = encode(&Exporter::new(10).families(&input)).unwrap();
         let labels = |protocol: &str, neighbor: &str| {
@@ -861,6 +866,7 @@ mod tests {
             anomalies: &[&anomaly, &anomaly],
             anomalies_raised: &raised,
             bgp: &[],
+            bird_sockets: &[],
         };
         let text = encode(&Exporter::new(10).families(&input)).unwrap();
         assert_eq!(

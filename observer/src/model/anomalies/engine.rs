@@ -152,15 +152,21 @@ impl Engine {
             }
         }
         let down_since = self.bgp_conditions(now, known, &mut conditions);
-        let events = self.transition(now, wall, conditions);
-        // A bgp_down lasted from when its session was first seen down.
-        for (neighbor, since) in down_since {
-            if let Some(active) = self
-                .active
-                .get_mut(&(Kind::BgpDown, neighbor, Proto::Other))
-                && active.started == now
+        let mut events = self.transition(now, wall, conditions);
+        // A bgp_down starts when its session was first seen down, a window
+        // before it was raised: its start time and duration say so.
+        let first_seen = |since: f64| wall - Duration::from_secs_f64((now - since).max(0.0));
+        for event in &mut events {
+            if let Event::Raised(anomaly) = event
+                && anomaly.kind == Kind::BgpDown
+                && let Some(&since) = down_since.get(&anomaly.peer)
             {
-                active.started = since;
+                anomaly.since = first_seen(since);
+                let key = (Kind::BgpDown, anomaly.peer, Proto::Other);
+                if let Some(active) = self.active.get_mut(&key) {
+                    active.started = since;
+                    active.anomaly.since = anomaly.since;
+                }
             }
         }
         events
@@ -512,25 +518,8 @@ mod tests {
 
     #[test]
     fn bgp_down_is_raised_once_and_cleared_with_its_duration() {
-        use crate::model::bgp::BgpSession;
-        let session = |bgp_state: &str| BgpSession {
-            socket: "/var/run/calico/bird.ctl".into(),
-            protocol: "Mesh_10_0_0_2".into(),
-            neighbor: Some("10.0.0.2".parse().unwrap()),
-            neighbor_as: Some(64512),
-            local_as: Some(64512),
-            state: if bgp_state == "Established" {
-                "up"
-            } else {
-                "start"
-            }
-            .into(),
-            bgp_state: bgp_state.into(),
-            since: "07:40:19.573".into(),
-            last_error: (bgp_state != "Established").then(|| "Socket: Connection refused".into()),
-            routes_imported: 0,
-            routes_exported: 1,
-        };
+        use crate::model::bgp::{BgpSession, testing};
+        let session = |bgp_state: &str| testing::session("10.0.0.2", bgp_state);
         let mut e = Engine::new(th(), 0.0);
         let mut known = known();
         let mut run = |e: &mut Engine, reads: &[(f64, &str)]| {
@@ -571,6 +560,11 @@ mod tests {
             (Kind::BgpDown, "10.0.0.2".parse().unwrap(), Some("Connect"))
         );
         assert_eq!(raised.evidence["down_for_s"], 5.0);
+        assert_eq!(
+            raised.since,
+            SystemTime::UNIX_EPOCH - Duration::from_secs(5),
+            "starts when first seen down (the reads' wall clock is the epoch here)"
+        );
         assert!(
             raised.summary.contains("Mesh_10_0_0_2"),
             "{}",
