@@ -593,21 +593,7 @@ mod tests {
         );
         let ifaces = HashMap::new();
         let bgp = [session];
-        let snap = Snapshot {
-            rows: &[],
-            stats: KernelStats::default(),
-            rows_forgotten: 0,
-            late_intervals: 0,
-            ifaces: &ifaces,
-            attachments: &[],
-            at: SystemTime::UNIX_EPOCH,
-            is_final: false,
-            drops: &[],
-            netfilter: &[],
-            anomaly_events: &[],
-            anomalies: &[],
-            bgp: &bgp,
-        };
+        let snap = snapshot(&[], &ifaces, &bgp, false);
         let mut table = Vec::new();
         crate::report::table::write_table(&mut table, &snap, false).unwrap();
         let table = String::from_utf8(table).unwrap();
@@ -625,14 +611,19 @@ mod tests {
         }
     }
 
-    fn render(rows: &[Row], is_final: bool) -> Vec<serde_json::Value> {
-        let ifaces = HashMap::from([(7, "eth0".to_string())]);
-        let snap = Snapshot {
+    /// A snapshot of `rows` and `bgp` read at the epoch, nothing else.
+    fn snapshot<'a>(
+        rows: &'a [Row],
+        ifaces: &'a HashMap<u32, String>,
+        bgp: &'a [BgpSession],
+        is_final: bool,
+    ) -> Snapshot<'a> {
+        Snapshot {
             rows,
             stats: KernelStats::default(),
             rows_forgotten: 0,
             late_intervals: 0,
-            ifaces: &ifaces,
+            ifaces,
             attachments: &[],
             at: SystemTime::UNIX_EPOCH,
             is_final,
@@ -640,8 +631,13 @@ mod tests {
             netfilter: &[],
             anomaly_events: &[],
             anomalies: &[],
-            bgp: &[],
-        };
+            bgp,
+        }
+    }
+
+    fn render(rows: &[Row], is_final: bool) -> Vec<serde_json::Value> {
+        let ifaces = HashMap::from([(7, "eth0".to_string())]);
+        let snap = snapshot(rows, &ifaces, &[], is_final);
         let mut out = Vec::new();
         write_json(&mut out, &snap).unwrap();
         String::from_utf8(out)
@@ -716,21 +712,7 @@ mod tests {
             true,
         )];
         let ifaces = HashMap::new();
-        let snap = Snapshot {
-            rows: &rows,
-            stats: KernelStats::default(),
-            rows_forgotten: 0,
-            late_intervals: 0,
-            ifaces: &ifaces,
-            attachments: &[],
-            at: SystemTime::UNIX_EPOCH,
-            is_final: false,
-            drops: &[],
-            netfilter: &[],
-            anomaly_events: &[],
-            anomalies: &[],
-            bgp: &[],
-        };
+        let snap = snapshot(&rows, &ifaces, &[], false);
         let mut out = Vec::new();
         write_table(&mut out, &snap, false).unwrap();
         let text = String::from_utf8(out).unwrap();
@@ -768,19 +750,8 @@ mod tests {
         ];
         let ifaces = HashMap::from([(7, "eth0".to_string())]);
         let snap = Snapshot {
-            rows: &rows,
-            stats: KernelStats::default(),
-            rows_forgotten: 0,
-            late_intervals: 0,
-            ifaces: &ifaces,
-            attachments: &[],
-            at: SystemTime::UNIX_EPOCH,
-            is_final: false,
             drops: &drops,
-            netfilter: &[],
-            anomaly_events: &[],
-            anomalies: &[],
-            bgp: &[],
+            ..snapshot(&rows, &ifaces, &[], false)
         };
         let mut json = Vec::new();
         write_json(&mut json, &snap).unwrap();

@@ -767,20 +767,34 @@ mod tests {
         )
     }
 
-    fn export(exporter: &mut Exporter, rows: &[Row], drops: &[DropRow]) -> String {
-        let ifaces = HashMap::from([(2, "eth0".to_string())]);
-        let input = ExportInput {
-            rows,
-            drops,
-            ifaces: &ifaces,
+    /// An input with nothing in it but `ifaces`, read at the epoch.
+    fn empty_input<'a>(
+        ifaces: &'a HashMap<u32, String>,
+        raised: &'a BTreeMap<Kind, u64>,
+    ) -> ExportInput<'a> {
+        ExportInput {
+            rows: &[],
+            drops: &[],
+            ifaces,
             stats: KernelStats::default(),
             programs_attached: 2,
             late_intervals: 0,
-            at: SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_700_000_000),
+            at: SystemTime::UNIX_EPOCH,
             anomalies: &[],
-            anomalies_raised: &BTreeMap::new(),
+            anomalies_raised: raised,
             bgp: &[],
             bird_sockets: &[],
+        }
+    }
+
+    fn export(exporter: &mut Exporter, rows: &[Row], drops: &[DropRow]) -> String {
+        let ifaces = HashMap::from([(2, "eth0".to_string())]);
+        let raised = BTreeMap::new();
+        let input = ExportInput {
+            rows,
+            drops,
+            at: SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_700_000_000),
+            ..empty_input(&ifaces, &raised)
         };
         encode(&exporter.families(&input)).unwrap()
     }
@@ -802,19 +816,11 @@ mod tests {
             session("10.0.0.2", "Established", 3),
             session("10.0.0.3", "Active", 0),
         ];
-        let ifaces = HashMap::new();
+        let (ifaces, raised) = (HashMap::new(), BTreeMap::new());
         let input = ExportInput {
-            rows: &[],
-            drops: &[],
-            ifaces: &ifaces,
-            stats: KernelStats::default(),
-            programs_attached: 2,
-            late_intervals: 0,
-            at: SystemTime::UNIX_EPOCH,
-            anomalies: &[],
-            anomalies_raised: &BTreeMap::new(),
             bgp: &bgp,
             bird_sockets: &[("/var/run/calico/bird.ctl".to_string(), true)],
+            ..empty_input(&ifaces, &raised)
         };
         let text = encode(&Exporter::new(10).families(&input)).unwrap();
         let labels = |protocol: &str, neighbor: &str| {
@@ -840,6 +846,13 @@ mod tests {
             value(&text, &format!("observer_bgp_routes_exported{down}")),
             Some(1.0)
         );
+        assert_eq!(
+            value(
+                &text,
+                "observer_bird_socket_up{socket=\"/var/run/calico/bird.ctl\"}"
+            ),
+            Some(1.0)
+        );
     }
 
     #[test]
@@ -856,17 +869,8 @@ mod tests {
         let raised = BTreeMap::from([(Kind::OneWay, 3), (Kind::Mtu, 1)]);
         let ifaces = HashMap::new();
         let input = ExportInput {
-            rows: &[],
-            drops: &[],
-            ifaces: &ifaces,
-            stats: KernelStats::default(),
-            programs_attached: 2,
-            late_intervals: 0,
-            at: SystemTime::UNIX_EPOCH,
             anomalies: &[&anomaly, &anomaly],
-            anomalies_raised: &raised,
-            bgp: &[],
-            bird_sockets: &[],
+            ..empty_input(&ifaces, &raised)
         };
         let text = encode(&Exporter::new(10).families(&input)).unwrap();
         assert_eq!(
