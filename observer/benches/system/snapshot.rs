@@ -87,6 +87,7 @@ pub fn run(vxlan: &[u8]) -> anyhow::Result<()> {
                 anomalies_raised: engine.raised(),
                 bgp: &[],
                 bird_sockets: &[],
+                events: &[],
             };
             let families = exporter.families(&input);
             let families_at = Instant::now();

@@ -610,7 +610,7 @@ impl<'a> Monitor<'a> {
         for event in &events {
             log_event(event);
         }
-        self.export(&rows, &drop_rows, stats, at);
+        self.export(&rows, &drop_rows, &events, stats, at);
         let active = self.engine.active();
         if self.print {
             let snapshot = Snapshot {
@@ -703,7 +703,14 @@ impl<'a> Monitor<'a> {
     }
 
     /// Writes the textfile; a failure is counted and logged, never fatal.
-    fn export(&mut self, rows: &[Row], drops: &[DropRow], stats: KernelStats, at: SystemTime) {
+    fn export(
+        &mut self,
+        rows: &[Row],
+        drops: &[DropRow],
+        events: &[Event],
+        stats: KernelStats,
+        at: SystemTime,
+    ) {
         let Some(dir) = self.settings.textfile_dir.clone() else {
             return;
         };
@@ -719,6 +726,7 @@ impl<'a> Monitor<'a> {
             anomalies_raised: self.engine.raised(),
             bgp: &self.known.bgp,
             bird_sockets: &self.bgp.socket_status(),
+            events,
         };
         let families = self.exporter.families(&input);
         let result = textfile::encode(&families)
