@@ -4,7 +4,8 @@
 //! own answer: the session Established with exactly the one route the
 //! peer announces; then the peer's BIRD stops (bgp_down raised for that
 //! neighbor, with BIRD's state and error) and starts again (cleared, with
-//! its duration); an absent socket is reported once.
+//! its duration, and a bgp_flap with the threshold at 0); an absent socket
+//! is reported once.
 
 mod support;
 
@@ -97,6 +98,9 @@ fn bird_sessions_are_followed_and_a_lost_peer_is_bgp_down() {
             &socket,
             "--bird-socket",
             &absent.display().to_string(),
+            // Any re-establishment is a flap here: b's restart is one.
+            "--bgp-flaps",
+            "0",
         ],
     );
 
@@ -177,6 +181,22 @@ fn bird_sessions_are_followed_and_a_lost_peer_is_bgp_down() {
             final_line["routes_imported"].as_u64()
         ),
         (Some("Established"), Some(1))
+    );
+
+    // b's restart re-established the session once: a bgp_flap (the
+    // session's first sighting, already up, is not one).
+    let flaps: Vec<&Value> = run
+        .lines
+        .iter()
+        .filter(|l| l["type"] == "anomaly" && l["kind"] == "bgp_flap" && l["state"] == "raised")
+        .collect();
+    assert_eq!(flaps.len(), 1, "{flaps:?}");
+    assert_eq!(
+        (
+            flaps[0]["peer"].as_str(),
+            flaps[0]["evidence"]["re_established"].as_u64()
+        ),
+        (Some(B.to_string().as_str()), Some(1))
     );
 
     // The absent socket: said once, the rest kept working.

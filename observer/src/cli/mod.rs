@@ -293,6 +293,15 @@ pub struct AttachArgs {
     /// /var/run/calico/bird.ctl, /var/run/calico/bird6.ctl]
     #[arg(long = "bird-socket", value_name = "PATH")]
     pub bird_sockets: Vec<PathBuf>,
+
+    /// Times a BGP session may re-establish within --bgp-flap-window; one
+    /// more is a bgp_flap anomaly. [default: 3]
+    #[arg(long, value_name = "N")]
+    pub bgp_flaps: Option<u32>,
+
+    /// Span over which BGP re-establishments are counted. [default: 10m]
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+    pub bgp_flap_window: Option<Duration>,
 }
 
 /// Options of `observer replay`.

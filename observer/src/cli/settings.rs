@@ -49,6 +49,8 @@ pub struct FileConfig {
     tunnel_devices: Option<Vec<String>>,
     drop_spike_rate: Option<f64>,
     bird_sockets: Option<Vec<PathBuf>>,
+    bgp_flaps: Option<u32>,
+    bgp_flap_window: Option<String>,
 }
 
 impl FileConfig {
@@ -212,6 +214,14 @@ impl Settings {
                         .drop_spike_rate
                         .or(file.drop_spike_rate)
                         .unwrap_or(defaults.drop_spike_pps),
+                    bgp_flaps: args
+                        .bgp_flaps
+                        .or(file.bgp_flaps)
+                        .unwrap_or(defaults.bgp_flaps),
+                    bgp_flap_window: args
+                        .bgp_flap_window
+                        .or(duration("bgp_flap_window", file.bgp_flap_window)?)
+                        .unwrap_or(defaults.bgp_flap_window),
                 }
             },
         };

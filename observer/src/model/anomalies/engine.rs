@@ -60,6 +60,18 @@ pub struct Engine {
     /// BGP neighbors whose session is not established, and since when
     /// (as many as the BIRD sessions read, which `node::bird` bounds).
     bgp_down_since: BTreeMap<IpAddr, f64>,
+    /// Per BGP neighbor: the session as last read (Established, and BIRD's
+    /// `since`), and when it re-established within the flap window.
+    bgp_history: BTreeMap<IpAddr, BgpHistory>,
+}
+
+/// What the engine remembers of one BGP session for `bgp_flap`.
+#[derive(Debug, Default)]
+struct BgpHistory {
+    /// Whether it was Established at the last read, and BIRD's `since`.
+    last: (bool, String),
+    /// When it re-established, within the flap window.
+    re_established: VecDeque<f64>,
 }
 
 /// What one tunnel did over the window.
@@ -83,6 +95,7 @@ impl Engine {
             raised: BTreeMap::new(),
             suppressed: 0,
             bgp_down_since: BTreeMap::new(),
+            bgp_history: BTreeMap::new(),
         }
     }
 
@@ -197,7 +210,52 @@ impl Engine {
             }
         }
         self.bgp_down_since = down.clone();
+        self.bgp_flaps(now, known, conditions);
         down
+    }
+
+    /// Adds a `bgp_flap` condition for each BGP session re-established
+    /// more than `bgp_flaps` times in `bgp_flap_window`. A session counts
+    /// as re-established when it is Established now and was not at the
+    /// last read, or BIRD's `since` moved while it stayed Established (it
+    /// went down and up between two reads). Its first sighting does not
+    /// count: its past is unknown.
+    fn bgp_flaps(
+        &mut self,
+        now: f64,
+        known: &Known,
+        conditions: &mut BTreeMap<ActiveKey, Finding>,
+    ) {
+        let keep_from = now - self.thresholds.bgp_flap_window.as_secs_f64();
+        let mut history = BTreeMap::new();
+        for session in &known.bgp {
+            let Some(neighbor) = session.neighbor else {
+                continue;
+            };
+            let mut h = self
+                .bgp_history
+                .remove(&neighbor)
+                .unwrap_or_else(|| BgpHistory {
+                    last: (session.established(), session.since.clone()),
+                    re_established: VecDeque::new(),
+                });
+            let (was_up, was_since) = &h.last;
+            if session.established() && (!was_up || *was_since != session.since) {
+                h.re_established.push_back(now);
+            }
+            while h.re_established.front().is_some_and(|t| *t <= keep_from) {
+                h.re_established.pop_front();
+            }
+            h.last = (session.established(), session.since.clone());
+            if let Some(finding) =
+                rules::bgp_flap(session, h.re_established.len(), &self.thresholds)
+            {
+                conditions.insert((Kind::BgpFlap, neighbor, Proto::Other), finding);
+            }
+            history.insert(neighbor, h);
+        }
+        // Sessions no longer read are forgotten: bounded by what BIRD has.
+        self.bgp_history = history;
     }
 
     /// Adds one read to the tracks' histories: the packets each tunnel
@@ -587,6 +645,54 @@ mod tests {
                 vec![]
             );
         }
+    }
+
+    #[test]
+    fn bgp_flap_counts_re_establishments_in_its_window() {
+        use crate::model::bgp::{BgpSession, testing};
+        let session = |state: &str, since: &str| BgpSession {
+            since: since.into(),
+            ..testing::session("10.0.0.2", state)
+        };
+        let mut e = Engine::new(th(), 0.0);
+        let mut known = known();
+        let mut kinds = Vec::new();
+        let reads = [
+            // First sight: its past is unknown, not counted.
+            (1.0, "Established", "a"),
+            (2.0, "Active", "b"),
+            (3.0, "Established", "c"), // 1
+            (4.0, "Established", "d"), // 2: down and up between reads
+            (5.0, "Established", "d"),
+            (6.0, "Connect", "e"),
+            (7.0, "Established", "f"), // 3: at the threshold
+            (8.0, "Established", "g"), // 4: above it
+            (300.0, "Established", "g"),
+            // The window (600 s) has passed the first three.
+            (605.0, "Established", "g"),
+        ];
+        for (t, state, since) in reads {
+            known.bgp = vec![session(state, since)];
+            for event in e.observe(t, SystemTime::UNIX_EPOCH, &[], &[], &known) {
+                let (what, anomaly) = match &event {
+                    Event::Raised(a) => ("raised", a),
+                    Event::Cleared { anomaly, .. } => ("cleared", anomaly),
+                };
+                kinds.push((
+                    t,
+                    what,
+                    anomaly.kind,
+                    anomaly.evidence.get("re_established").cloned(),
+                ));
+            }
+        }
+        assert_eq!(
+            kinds,
+            vec![
+                (8.0, "raised", Kind::BgpFlap, Some(4.into())),
+                (605.0, "cleared", Kind::BgpFlap, Some(4.into())),
+            ]
+        );
     }
 
     #[test]

@@ -98,6 +98,7 @@ pub(super) fn th() -> Thresholds {
         window: Duration::from_secs(5),
         min_packets: 5,
         drop_spike_pps: 5.0,
+        ..Thresholds::default()
     }
 }
 

@@ -87,11 +87,13 @@ pub enum Kind {
     DropSpike,
     /// A BGP session of the node's BIRD is not established.
     BgpDown,
+    /// A BGP session re-established more often than the threshold.
+    BgpFlap,
 }
 
 impl Kind {
     /// Every kind, in the order findings are listed (most decisive first).
-    pub const ALL: [Kind; 8] = [
+    pub const ALL: [Kind; 9] = [
         Kind::OneWay,
         Kind::SnatSuspected,
         Kind::AllowSetDrop,
@@ -100,6 +102,7 @@ impl Kind {
         Kind::UnknownPeer,
         Kind::DropSpike,
         Kind::BgpDown,
+        Kind::BgpFlap,
     ];
 
     /// The name used in JSON and tables.
@@ -113,6 +116,7 @@ impl Kind {
             Kind::UnknownPeer => "unknown_peer",
             Kind::DropSpike => "drop_spike",
             Kind::BgpDown => "bgp_down",
+            Kind::BgpFlap => "bgp_flap",
         }
     }
 
@@ -139,6 +143,9 @@ impl Kind {
             Kind::BgpDown => {
                 "the BGP session with this peer is down: its routes (pod blocks) are withdrawn here, and ours there"
             }
+            Kind::BgpFlap => {
+                "the BGP session with this peer keeps re-establishing: each time its routes are withdrawn and learnt again"
+            }
         }
     }
 }
@@ -154,6 +161,11 @@ pub struct Thresholds {
     pub min_packets: u64,
     /// Drops per second of one peer that make a drop spike.
     pub drop_spike_pps: f64,
+    /// Re-establishments of one BGP session, within `bgp_flap_window`,
+    /// beyond which it is a `bgp_flap`.
+    pub bgp_flaps: u32,
+    /// Span over which BGP re-establishments are counted.
+    pub bgp_flap_window: Duration,
 }
 
 impl Default for Thresholds {
@@ -162,6 +174,8 @@ impl Default for Thresholds {
             window: Duration::from_secs(5),
             min_packets: 5,
             drop_spike_pps: 5.0,
+            bgp_flaps: 3,
+            bgp_flap_window: Duration::from_secs(600),
         }
     }
 }

@@ -79,7 +79,36 @@ fn rule(kind: Kind) -> Option<fn(&PeerFacts<'_>) -> Option<Finding>> {
         Kind::Mtu => mtu,
         Kind::UnknownPeer => unknown_peer,
         Kind::DropSpike => drop_spike,
-        Kind::BgpDown => return None,
+        Kind::BgpDown | Kind::BgpFlap => return None,
+    })
+}
+
+/// A BGP session re-established `times` times within the flap window:
+/// more than the threshold.
+pub(super) fn bgp_flap(session: &BgpSession, times: usize, th: &Thresholds) -> Option<Finding> {
+    if times <= th.bgp_flaps as usize {
+        return None;
+    }
+    let neighbor = session.neighbor?;
+    let window = th.bgp_flap_window.as_secs();
+    Some(Finding {
+        evidence: BTreeMap::from([
+            ("protocol", json!(session.protocol)),
+            ("socket", json!(session.socket)),
+            ("re_established", json!(times)),
+            ("window_s", json!(window)),
+            ("threshold", json!(th.bgp_flaps)),
+            ("bgp_state", json!(session.bgp_state)),
+            ("last_error", json!(session.last_error)),
+        ]),
+        summary: format!(
+            "BGP session {} with {neighbor} re-established {times} times in {window} s (threshold {})",
+            session.protocol, th.bgp_flaps
+        ),
+        hint: format!(
+            "each flap withdraws and re-learns {neighbor}'s pod blocks: see BIRD's last error (birdc -s {} show protocols all {}), hold timers against the path's loss and latency, and what restarts BIRD or calico-node on either node",
+            session.socket, session.protocol
+        ),
     })
 }
 
