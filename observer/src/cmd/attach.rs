@@ -540,12 +540,20 @@ impl<'a> Monitor<'a> {
         } else {
             &changes.sessions
         };
-        out.extend(sessions.iter().map(|session| {
-            Line::Bgp(BgpLine {
-                ts: ts.clone(),
-                session,
-            })
-        }));
+        let removed = changes.removed.iter().map(|session| (session, true));
+        out.extend(
+            sessions
+                .iter()
+                .map(|session| (session, false))
+                .chain(removed)
+                .map(|(session, removed)| {
+                    Line::Bgp(BgpLine {
+                        ts: ts.clone(),
+                        session,
+                        removed,
+                    })
+                }),
+        );
         self.print_lines(&out)
     }
 

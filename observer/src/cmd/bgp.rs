@@ -39,6 +39,9 @@ pub struct BgpChanges {
     pub sockets: Vec<(String, SocketStatus)>,
     /// Sessions that are new or differ from the previous interval's.
     pub sessions: Vec<BgpSession>,
+    /// Sessions BIRD no longer has (a protocol removed from its config),
+    /// as last read.
+    pub removed: Vec<BgpSession>,
 }
 
 /// The followed sessions.
@@ -122,7 +125,12 @@ impl BgpFollower {
                 }
                 next.insert(session.protocol.clone(), session);
             }
-            *known = next;
+            let before = std::mem::replace(known, next);
+            changes.removed.extend(
+                before
+                    .into_values()
+                    .filter(|s| !known.contains_key(&s.protocol)),
+            );
         }
         changes
     }
@@ -201,6 +209,25 @@ mod tests {
             follower.socket_status(),
             vec![("bird.ctl".to_string(), false)]
         );
+    }
+
+    #[test]
+    fn a_protocol_removed_from_bird_is_said_once() {
+        let (a, b) = (
+            session("10.0.0.2", "Established"),
+            session("10.0.0.3", "Established"),
+        );
+        let (follower, changes) = feed(vec![
+            BirdReading::Sessions(vec![a.clone(), b.clone()]),
+            BirdReading::Sessions(vec![a.clone()]),
+            BirdReading::Sessions(vec![a.clone()]),
+        ]);
+        let removed: Vec<Vec<&str>> = changes
+            .iter()
+            .map(|c| c.removed.iter().map(|s| s.protocol.as_str()).collect())
+            .collect();
+        assert_eq!(removed, vec![vec![], vec!["Mesh_10_0_0_3"], vec![]]);
+        assert_eq!(follower.sessions(), vec![a]);
     }
 
     #[test]

@@ -298,12 +298,17 @@ pub struct InterfaceLine<'a> {
 }
 
 /// `{"type":"bgp",...}`: one BGP session of the node's BIRD, printed when
-/// it changes (state, error, routes) and at the end.
+/// it changes (state, error, routes), when BIRD no longer has it
+/// (`removed`), and at the end.
 #[derive(Serialize)]
 pub struct BgpLine<'a> {
     pub ts: String,
     #[serde(flatten)]
     pub session: &'a BgpSession,
+    /// BIRD no longer has this protocol (removed from its config): the
+    /// session as last read, printed once.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub removed: bool,
 }
 
 /// `{"type":"bird_socket",...}`: a BIRD control socket became readable,
@@ -577,6 +582,7 @@ mod tests {
         let line = Line::Bgp(BgpLine {
             ts: "t".into(),
             session: &session,
+            removed: false,
         });
         let mut out = Vec::new();
         crate::report::write_line(&mut out, &line).unwrap();
