@@ -499,7 +499,11 @@ impl<'a> Monitor<'a> {
     /// session when `is_final`), and logs each socket status once.
     fn refresh_bgp(&mut self, is_final: bool) -> io::Result<()> {
         let changes = self.bgp.refresh();
-        self.known.bgp = self.bgp.sessions();
+        // Every change of a session is in `changes`: the copy in `known`
+        // is renewed only then, not every interval.
+        if !changes.sessions.is_empty() || !changes.removed.is_empty() {
+            self.known.bgp = self.bgp.sessions();
+        }
         let ts = lines::timestamp(SystemTime::now());
         let mut out = Vec::new();
         for (socket, status) in &changes.sockets {

@@ -262,7 +262,7 @@ pub const DURATION_BUCKETS: [f64; 12] = [
 
 /// How long the anomalies of one kind lasted: a Prometheus histogram,
 /// cumulative since the start.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Default)]
 struct DurationHistogram {
     /// Anomalies at or below each bound of [`DURATION_BUCKETS`].
     at_or_below: [u64; DURATION_BUCKETS.len()],
@@ -367,9 +367,10 @@ impl Exporter {
         ranked.into_iter().map(|(_, p)| p).collect()
     }
 
-    /// Builds the metric families for `input`.
-    pub fn families(&mut self, input: &ExportInput<'_>) -> Vec<MetricFamily> {
-        for event in input.events {
+    /// Adds the durations of the anomalies cleared in `events`, then
+    /// returns `observer_anomaly_duration_seconds`, every kind.
+    fn duration_family(&mut self, events: &[Event]) -> MetricFamily {
+        for event in events {
             if let Event::Cleared { anomaly, duration } = event {
                 self.durations
                     .entry(anomaly.kind)
@@ -377,27 +378,25 @@ impl Exporter {
                     .observe(duration.as_secs_f64());
             }
         }
-        let durations = {
-            let mut family = MetricFamily::default();
-            family.set_name("observer_anomaly_duration_seconds".to_string());
-            family.set_help(
-                "How long the anomalies that cleared since the observer started lasted, by kind: recovery time (bgp_down: a BGP session's outage). histogram_quantile over increase() gives, e.g., the p95 recovery time of a rollout.".to_string(),
-            );
-            family.set_field_type(MetricType::HISTOGRAM);
-            family.set_metric(
-                Kind::ALL
-                    .iter()
-                    .map(|kind| {
-                        self.durations
-                            .get(kind)
-                            .cloned()
-                            .unwrap_or_default()
-                            .metric(*kind)
-                    })
-                    .collect(),
-            );
-            family
-        };
+        let mut family = MetricFamily::default();
+        family.set_name("observer_anomaly_duration_seconds".to_string());
+        family.set_help(
+            "How long the anomalies that cleared since the observer started lasted, by kind: recovery time (bgp_down: a BGP session's outage). histogram_quantile over increase() gives, e.g., the p95 recovery time of a rollout.".to_string(),
+        );
+        family.set_field_type(MetricType::HISTOGRAM);
+        let none = DurationHistogram::default();
+        family.set_metric(
+            Kind::ALL
+                .iter()
+                .map(|kind| self.durations.get(kind).unwrap_or(&none).metric(*kind))
+                .collect(),
+        );
+        family
+    }
+
+    /// Builds the metric families for `input`.
+    pub fn families(&mut self, input: &ExportInput<'_>) -> Vec<MetricFamily> {
+        let durations = self.duration_family(input.events);
         let labeled = self.labeled_peers(input);
         let names = &mut self.iface_names;
         let mut ids: FastMap<u32, IfaceId> = input

@@ -164,39 +164,24 @@ impl Engine {
                 conditions.insert((kind, peer, proto), finding);
             }
         }
-        let down_since = self.bgp_conditions(now, known, &mut conditions);
-        let mut events = self.transition(now, wall, conditions);
-        // A bgp_down starts when its session was first seen down, a window
-        // before it was raised: its start time and duration say so.
-        let first_seen = |since: f64| wall - Duration::from_secs_f64((now - since).max(0.0));
-        for event in &mut events {
-            if let Event::Raised(anomaly) = event
-                && anomaly.kind == Kind::BgpDown
-                && let Some(&since) = down_since.get(&anomaly.peer)
-            {
-                anomaly.since = first_seen(since);
-                let key = (Kind::BgpDown, anomaly.peer, Proto::Other);
-                if let Some(active) = self.active.get_mut(&key) {
-                    active.started = since;
-                    active.anomaly.since = anomaly.since;
-                }
-            }
-        }
-        events
+        let began = self.bgp_down_conditions(now, known, &mut conditions);
+        self.bgp_flap_conditions(now, known, &mut conditions);
+        self.transition(now, wall, conditions, &began)
     }
 
     /// Adds a `bgp_down` condition for each BGP session down for a whole
     /// window (a session that is still coming up, at BIRD's start or a new
-    /// node's, is not yet a problem); returns the sessions down and since
-    /// when.
-    fn bgp_conditions(
+    /// node's, is not yet a problem); returns when each began: when its
+    /// session was first seen down, a window before it is raised.
+    fn bgp_down_conditions(
         &mut self,
         now: f64,
         known: &Known,
         conditions: &mut BTreeMap<ActiveKey, Finding>,
-    ) -> BTreeMap<IpAddr, f64> {
+    ) -> BTreeMap<ActiveKey, f64> {
         let window = self.thresholds.window.as_secs_f64();
         let mut down = BTreeMap::new();
+        let mut began = BTreeMap::new();
         for session in known.bgp.iter().filter(|s| !s.established()) {
             let Some(neighbor) = session.neighbor else {
                 continue;
@@ -206,12 +191,13 @@ impl Engine {
             if now - since >= window - EPSILON
                 && let Some(finding) = rules::bgp_down(session, now - since)
             {
-                conditions.insert((Kind::BgpDown, neighbor, Proto::Other), finding);
+                let key = (Kind::BgpDown, neighbor, Proto::Other);
+                conditions.insert(key, finding);
+                began.insert(key, since);
             }
         }
-        self.bgp_down_since = down.clone();
-        self.bgp_flaps(now, known, conditions);
-        down
+        self.bgp_down_since = down;
+        began
     }
 
     /// Adds a `bgp_flap` condition for each BGP session re-established
@@ -220,7 +206,7 @@ impl Engine {
     /// last read, or BIRD's `since` moved while it stayed Established (it
     /// went down and up between two reads). Its first sighting does not
     /// count: its past is unknown.
-    fn bgp_flaps(
+    fn bgp_flap_conditions(
         &mut self,
         now: f64,
         known: &Known,
@@ -310,12 +296,15 @@ impl Engine {
         self.previous = now;
     }
 
-    /// Raises new conditions, updates running ones, clears ended ones.
+    /// Raises new conditions, updates running ones, clears ended ones. A
+    /// condition in `began` started then, before this read raised it: its
+    /// start time and duration count from there.
     fn transition(
         &mut self,
         now: f64,
         wall: SystemTime,
         conditions: BTreeMap<ActiveKey, Finding>,
+        began: &BTreeMap<ActiveKey, f64>,
     ) -> Vec<Event> {
         let mut events = Vec::new();
         let ended: Vec<ActiveKey> = self
@@ -350,24 +339,19 @@ impl Engine {
                     self.suppressed += 1;
                 }
                 None => {
+                    let started = began.get(&key).copied().unwrap_or(now);
                     let anomaly = Anomaly {
                         kind,
                         peer,
                         proto,
-                        since: wall,
+                        since: wall - Duration::from_secs_f64((now - started).max(0.0)),
                         evidence: finding.evidence,
                         summary: finding.summary,
                         hint: finding.hint,
                     };
                     *self.raised.entry(kind).or_default() += 1;
                     events.push(Event::Raised(anomaly.clone()));
-                    self.active.insert(
-                        key,
-                        Active {
-                            anomaly,
-                            started: now,
-                        },
-                    );
+                    self.active.insert(key, Active { anomaly, started });
                 }
             }
         }
