@@ -521,7 +521,7 @@ impl<'a> Monitor<'a> {
                     tracing::warn!(
                         socket,
                         error,
-                        "cannot read BIRD; its last sessions are kept"
+                        "cannot read BIRD; its sessions are Unknown until it answers"
                     )
                 }
             }
