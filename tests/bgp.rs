@@ -5,11 +5,17 @@
 //! peer announces; then the peer's BIRD stops (bgp_down raised for that
 //! neighbor, with BIRD's state and error) and starts again (cleared, with
 //! its duration, and a bgp_flap with the threshold at 0); an absent socket
-//! is reported once.
+//! is reported once. The pod blocks' routes follow (checked against `ip
+//! route`): b's block withdrawn is a `route_missing` for b naming the
+//! block, cleared when the route is back, with a `route_outage` line of
+//! the same duration.
 
 mod support;
 
-use std::net::Ipv4Addr;
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::Ipv4Addr,
+};
 
 use observer_testkit::{
     bird::{Bird, MeshNode},
@@ -20,6 +26,8 @@ use support::netns::ObserverProcess;
 
 const A: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 1);
 const B: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 2);
+const A_BLOCK: &str = "10.65.1.0/26";
+const B_BLOCK: &str = "10.65.2.0/26";
 
 /// The `bgp` lines printed for `neighbor`.
 fn bgp_lines(lines: &[Value], neighbor: Ipv4Addr) -> Vec<&Value> {
@@ -29,17 +37,48 @@ fn bgp_lines(lines: &[Value], neighbor: Ipv4Addr) -> Vec<&Value> {
         .collect()
 }
 
-/// The `bgp_down` anomaly lines for `neighbor` in `state` (raised, cleared).
-fn bgp_down(lines: &[Value], neighbor: Ipv4Addr, state: &str) -> Vec<Value> {
+/// The anomaly lines of `kind` for `peer` in `state` (raised, cleared).
+fn anomalies(lines: &[Value], kind: &str, peer: Ipv4Addr, state: &str) -> Vec<Value> {
     lines
         .iter()
         .filter(|l| {
             l["type"] == "anomaly"
-                && l["kind"] == "bgp_down"
+                && l["kind"] == kind
                 && l["state"] == state
-                && l["peer"] == neighbor.to_string()
+                && l["peer"] == peer.to_string()
         })
         .cloned()
+        .collect()
+}
+
+/// The `bgp_down` anomaly lines for `neighbor` in `state`.
+fn bgp_down(lines: &[Value], neighbor: Ipv4Addr, state: &str) -> Vec<Value> {
+    anomalies(lines, "bgp_down", neighbor, state)
+}
+
+/// The block routes as the `routes` lines say, after all of them: each
+/// line adds or replaces its `blocks` and removes its `withdrawn`.
+fn routed_blocks(lines: &[Value]) -> BTreeMap<String, Value> {
+    let mut view = BTreeMap::new();
+    for line in lines.iter().filter(|l| l["type"] == "routes") {
+        for block in line["blocks"].as_array().unwrap() {
+            view.insert(block["block"].as_str().unwrap().to_string(), block.clone());
+        }
+        for gone in line["withdrawn"].as_array().unwrap() {
+            view.remove(gone.as_str().unwrap());
+        }
+    }
+    view
+}
+
+/// The prefixes BIRD installed in `ns`'s main table, as `ip route` lists
+/// them: the reference for the `routes` lines.
+fn ip_route_bird(ns: &Netns) -> BTreeSet<String> {
+    let out = ns.exec_ok(&["ip", "-j", "route", "show", "proto", "bird"]);
+    let routes: Vec<Value> = serde_json::from_slice(&out.stdout).expect("ip -j route");
+    routes
+        .iter()
+        .map(|r| r["dst"].as_str().unwrap().to_string())
         .collect()
 }
 
@@ -77,12 +116,12 @@ fn bird_sessions_are_followed_and_a_lost_peer_is_bgp_down() {
     );
     let node_a = MeshNode {
         address: A,
-        block: "10.65.1.0/26".into(),
+        block: A_BLOCK.into(),
         peers: vec![B],
     };
     let node_b = MeshNode {
         address: B,
-        block: "10.65.2.0/26".into(),
+        block: B_BLOCK.into(),
         peers: vec![A],
     };
     let bird_a = Bird::start(&a, &node_a).expect("starting BIRD in a");
@@ -104,17 +143,19 @@ fn bird_sessions_are_followed_and_a_lost_peer_is_bgp_down() {
         ],
     );
 
-    // Established, with the one route b announces.
+    // Established, with the one route b announces, in the kernel.
     let up = observer.wait_for_lines(|lines| {
         bgp_lines(lines, B)
             .last()
             .is_some_and(|l| l["bgp_state"] == "Established" && l["routes_imported"] == 1)
+            && routed_blocks(lines).contains_key(B_BLOCK)
     });
     let lines = observer.lines();
     assert!(
         up,
-        "no Established bgp line for {B}: {:?}",
-        bgp_lines(&lines, B)
+        "no Established bgp line for {B}, or {B_BLOCK} not routed: {:?} {:?}",
+        bgp_lines(&lines, B),
+        routed_blocks(&lines)
     );
     let last = bgp_lines(&lines, B).last().copied().cloned().unwrap();
     assert_eq!(
@@ -131,6 +172,24 @@ fn bird_sessions_are_followed_and_a_lost_peer_is_bgp_down() {
         "birdc's own view"
     );
     assert_eq!(bgp_down(&lines, B, "raised"), Vec::<Value>::new());
+    let blocks = routed_blocks(&lines);
+    assert_eq!(
+        blocks.keys().cloned().collect::<BTreeSet<_>>(),
+        ip_route_bird(&a),
+        "the routes lines against ip route"
+    );
+    assert_eq!(
+        blocks[A_BLOCK],
+        serde_json::json!({"block": A_BLOCK, "origin": "bird", "blackhole": true, "next_hops": []}),
+        "a's own block: the blackhole"
+    );
+    assert_eq!(
+        blocks[B_BLOCK],
+        serde_json::json!({
+            "block": B_BLOCK, "origin": "bird", "blackhole": false,
+            "next_hops": [{"device": "va", "gateway": B.to_string(), "encap": "none", "node": B.to_string()}]
+        })
+    );
 
     // b's BIRD stops: a's session leaves Established, bgp_down for b.
     bird_b.stop();
@@ -150,12 +209,30 @@ fn bird_sessions_are_followed_and_a_lost_peer_is_bgp_down() {
         .cloned()
         .expect("a bgp line leaving Established");
     assert_eq!(down_line["routes_imported"], 0, "b's block withdrawn");
+    // ... from the kernel too: route_missing for b, naming its block.
+    let missing =
+        observer.wait_for_lines(|lines| !anomalies(lines, "route_missing", B, "raised").is_empty());
+    let lines = observer.lines();
+    assert!(missing, "no route_missing for {B}");
+    assert!(!routed_blocks(&lines).contains_key(B_BLOCK));
+    assert!(
+        !ip_route_bird(&a).contains(B_BLOCK),
+        "ip route still has it"
+    );
+    let raised = &anomalies(&lines, "route_missing", B, "raised")[0];
+    assert_eq!(raised["evidence"]["blocks"], serde_json::json!([B_BLOCK]));
+    assert_eq!(
+        raised["evidence"]["last_route"],
+        format!("via {B} dev va proto bird")
+    );
+    assert_eq!(raised["evidence"]["bgp_protocol"], protocol.as_str());
 
     // b's BIRD is back: Established again, bgp_down cleared with its duration.
     bird_b.restart().expect("restarting BIRD in b");
     // Established comes before b's UPDATE: wait for its route too.
     let cleared = observer.wait_for_lines(|lines| {
         !bgp_down(lines, B, "cleared").is_empty()
+            && !anomalies(lines, "route_missing", B, "cleared").is_empty()
             && bgp_lines(lines, B)
                 .last()
                 .is_some_and(|l| l["bgp_state"] == "Established" && l["routes_imported"] == 1)
@@ -173,6 +250,37 @@ fn bird_sessions_are_followed_and_a_lost_peer_is_bgp_down() {
         cleared[0]["duration_s"].as_f64().unwrap() >= 5.0,
         "{}",
         cleared[0]
+    );
+    // The route's outage: one, as long as the route_missing it raised
+    // (both count from the read that first missed the route).
+    let outages: Vec<&Value> = run
+        .lines
+        .iter()
+        .filter(|l| l["type"] == "route_outage")
+        .collect();
+    assert_eq!(outages.len(), 1, "{outages:?}");
+    assert_eq!(
+        (outages[0]["block"].as_str(), outages[0]["node"].as_str()),
+        (Some(B_BLOCK), Some(B.to_string().as_str()))
+    );
+    let route_cleared = anomalies(&run.lines, "route_missing", B, "cleared");
+    assert_eq!(route_cleared.len(), 1, "{route_cleared:?}");
+    let (outage_s, missing_s) = (
+        outages[0]["duration_s"].as_f64().unwrap(),
+        route_cleared[0]["duration_s"].as_f64().unwrap(),
+    );
+    assert!(outage_s >= 5.0, "{}", outages[0]);
+    assert!(
+        (outage_s - missing_s).abs() < 0.2,
+        "outage {outage_s} s, route_missing {missing_s} s"
+    );
+    assert!(routed_blocks(&run.lines).contains_key(B_BLOCK));
+    assert_eq!(
+        routed_blocks(&run.lines)
+            .keys()
+            .cloned()
+            .collect::<BTreeSet<_>>(),
+        ip_route_bird(&a)
     );
     let final_line = bgp_lines(&run.lines, B).last().copied().cloned().unwrap();
     assert_eq!(

@@ -15,7 +15,9 @@ use crate::netns::{CmdError, Netns, run_checked, temp_path};
 
 /// One node of an iBGP full mesh (AS 64512, Calico's default), with
 /// timers short enough for a test: hold 6 s, keepalive 2 s, connect retry
-/// 1 s.
+/// 1 s. The peers share a link (`direct`), so a learnt route's next hop
+/// is the announcing node itself (`gateway direct`), as on a Calico node
+/// peering in its own subnet.
 #[derive(Debug, Clone)]
 pub struct MeshNode {
     /// Router id and BGP source address.
@@ -35,16 +37,17 @@ impl MeshNode {
     }
 
     /// The BIRD configuration: learned routes go to the kernel with
-    /// `proto bird`, the node's own block is announced to every peer.
+    /// `proto bird`, and so does the node's own block as a blackhole (as
+    /// Calico installs it); the block is announced to every peer.
     pub fn config(&self, log: &Path) -> String {
         let mut text = format!(
             "router id {address};\n\
              log \"{log}\" all;\n\
              protocol device {{ scan time 2; }}\n\
-             protocol kernel {{ ipv4 {{ import none; export where proto != \"blocks\"; }}; }}\n\
+             protocol kernel {{ ipv4 {{ import none; export all; }}; }}\n\
              protocol static blocks {{ ipv4; route {block} blackhole; }}\n\
-             template bgp mesh {{\n  local as 64512;\n  \
-             ipv4 {{ import all; export where proto = \"blocks\"; }};\n  \
+             template bgp mesh {{\n  local as 64512; direct;\n  \
+             ipv4 {{ import all; export where proto = \"blocks\"; gateway direct; }};\n  \
              hold time 6; keepalive time 2; connect retry time 1; error wait time 1, 2;\n}}\n",
             address = self.address,
             log = log.display(),

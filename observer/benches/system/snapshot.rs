@@ -88,6 +88,8 @@ pub fn run(vxlan: &[u8]) -> anyhow::Result<()> {
                 bgp: &[],
                 bird_sockets: &[],
                 events: &[],
+                route_outages: &[],
+                blocks_missing: 0,
             };
             let families = exporter.families(&input);
             let families_at = Instant::now();

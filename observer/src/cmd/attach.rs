@@ -30,6 +30,7 @@ use crate::{
     model::crosscheck::NetfilterCheck,
     model::dataplane::{DataPlane, DeclaredTunnel},
     model::hooks::{AttachedWith, Attachment},
+    model::routes::{Outage, RouteTracker},
     model::rows::Row,
     model::rows::{DropRow, KernelStats},
     node::allowsets::AllowSetConfig,
@@ -41,7 +42,7 @@ use crate::{
         self, Format, Line,
         lines::{
             self, AllowSetLine, AttachLine, BgpLine, BirdSocketLine, DataplaneLine, InterfaceLine,
-            ProgramNames, Snapshot,
+            ProgramNames, RouteOutageLine, RoutesLine, Snapshot,
         },
         table,
     },
@@ -105,6 +106,8 @@ pub struct Interval<'m> {
     pub events: Vec<Event>,
     /// Anomalies active after this read.
     pub active: Vec<&'m Anomaly>,
+    /// Route outages of pod blocks that ended in this read.
+    pub route_outages: Vec<Outage>,
 }
 
 /// What a finished run leaves, as [`Monitor::finish`] returns it.
@@ -247,6 +250,8 @@ pub struct Monitor<'a> {
     netfilter: Vec<NetfilterCheck>,
     /// The BGP sessions of the node's BIRD.
     bgp: BgpFollower,
+    /// The pod blocks' routes over time (from the data-plane view).
+    routes: RouteTracker,
     clock: Clock,
     // Last: the timers and signals above go before the runtime.
     runtime: Runtime,
@@ -401,6 +406,7 @@ impl<'a> Monitor<'a> {
             },
             netfilter: Vec::new(),
             bgp: BgpFollower::start(settings_bird_sockets, settings_interval),
+            routes: RouteTracker::default(),
             clock,
             runtime,
         };
@@ -561,6 +567,48 @@ impl<'a> Monitor<'a> {
         self.print_lines(&out)
     }
 
+    /// Follows the pod blocks' routes of the current view: `known` learns
+    /// the blocks missing now; prints what changed and the outages that
+    /// ended, and returns those.
+    fn refresh_routes(&mut self, now: f64) -> io::Result<Vec<Outage>> {
+        let Some(view) = self.dataplane.view.as_ref() else {
+            return Ok(Vec::new());
+        };
+        let changes = self.routes.update(now, &view.blocks);
+        self.known.missing_blocks = self.routes.missing();
+        let ts = lines::timestamp(SystemTime::now());
+        let mut out = Vec::new();
+        if !changes.changed.is_empty() || !changes.withdrawn.is_empty() {
+            tracing::info!(
+                changed = changes.changed.len(),
+                withdrawn = changes.withdrawn.len(),
+                missing = self.known.missing_blocks.len(),
+                "pod block routes changed"
+            );
+            out.push(Line::Routes(RoutesLine {
+                ts: ts.clone(),
+                blocks: &changes.changed,
+                withdrawn: &changes.withdrawn,
+                routed: view.blocks.len(),
+                missing: self.known.missing_blocks.len(),
+            }));
+        }
+        for outage in &changes.outages {
+            tracing::info!(
+                block = %outage.block,
+                node = %outage.node,
+                seconds = outage.duration_s,
+                "pod block routed again"
+            );
+            out.push(Line::RouteOutage(RouteOutageLine {
+                ts: ts.clone(),
+                outage,
+            }));
+        }
+        self.print_lines(&out)?;
+        Ok(changes.outages)
+    }
+
     /// Prints JSON lines (nothing in table mode or without printing).
     fn print_lines(&self, lines: &[Line<'_>]) -> io::Result<()> {
         if !self.print || self.format != Format::Json || lines.is_empty() {
@@ -589,6 +637,8 @@ impl<'a> Monitor<'a> {
             .context("writing output")?;
         let reports = self.refresh_allow_sets()?;
         self.refresh_dataplane()?;
+        let now = self.started.elapsed().as_secs_f64();
+        let route_outages = self.refresh_routes(now).context("writing output")?;
         self.refresh_bgp(is_final).context("writing output")?;
         // Rows go into the aggregator as the map is read: at 100,000 flows
         // a table of the read would be 10 MiB per interval.
@@ -612,17 +662,11 @@ impl<'a> Monitor<'a> {
         }
         let stats = self.observer.stats_for(map_entries)?;
         let at = SystemTime::now();
-        let events = self.engine.observe(
-            self.started.elapsed().as_secs_f64(),
-            at,
-            &rows,
-            &drop_rows,
-            &self.known,
-        );
+        let events = self.engine.observe(now, at, &rows, &drop_rows, &self.known);
         for event in &events {
             log_event(event);
         }
-        self.export(&rows, &drop_rows, &events, stats, at);
+        self.export(&rows, &drop_rows, &events, &route_outages, stats, at);
         let active = self.engine.active();
         if self.print {
             let snapshot = Snapshot {
@@ -665,6 +709,7 @@ impl<'a> Monitor<'a> {
             netfilter: self.netfilter.clone(),
             events,
             active,
+            route_outages,
         })
     }
 
@@ -720,6 +765,7 @@ impl<'a> Monitor<'a> {
         rows: &[Row],
         drops: &[DropRow],
         events: &[Event],
+        route_outages: &[Outage],
         stats: KernelStats,
         at: SystemTime,
     ) {
@@ -739,6 +785,8 @@ impl<'a> Monitor<'a> {
             bgp: &self.known.bgp,
             bird_sockets: &self.bgp.socket_status(),
             events,
+            route_outages,
+            blocks_missing: self.known.missing_blocks.len(),
         };
         let families = self.exporter.families(&input);
         let result = textfile::encode(&families)

@@ -6,7 +6,7 @@
 use std::{collections::BTreeMap, path::PathBuf, time::Duration};
 
 use crate::{
-    model::bgp::{BgpSession, BirdReading, UNKNOWN},
+    model::bgp::{BgpSession, BirdReading, UNKNOWN, same_since},
     node::bird::{self, BirdWatcher},
 };
 
@@ -119,7 +119,14 @@ impl BgpFollower {
                 }
             };
             let mut next = BTreeMap::new();
-            for session in now {
+            for mut session in now {
+                // One instant, printed a millisecond apart: not a change
+                // (and no re-establishment for bgp_flap).
+                if let Some(old) = known.get(&session.protocol)
+                    && same_since(&old.since, &session.since)
+                {
+                    session.since.clone_from(&old.since);
+                }
                 if known.get(&session.protocol) != Some(&session) {
                     changes.sessions.push(session.clone());
                 }
@@ -209,6 +216,24 @@ mod tests {
             follower.socket_status(),
             vec![("bird.ctl".to_string(), false)]
         );
+    }
+
+    #[test]
+    fn a_since_printed_a_millisecond_apart_is_no_change() {
+        let at = |since: &str| BgpSession {
+            since: since.into(),
+            ..session("10.0.0.2", "Established")
+        };
+        let (follower, changes) = feed(vec![
+            BirdReading::Sessions(vec![at("11:28:31.894")]),
+            BirdReading::Sessions(vec![at("11:28:31.895")]),
+            BirdReading::Sessions(vec![at("11:28:31.894")]),
+            // Re-established: a new since.
+            BirdReading::Sessions(vec![at("11:30:02.100")]),
+        ]);
+        let said: Vec<usize> = changes.iter().map(|c| c.sessions.len()).collect();
+        assert_eq!(said, vec![1, 0, 0, 1]);
+        assert_eq!(follower.sessions()[0].since, "11:30:02.100");
     }
 
     #[test]

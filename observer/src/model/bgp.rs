@@ -45,6 +45,36 @@ impl BgpSession {
     }
 }
 
+/// Whether two of BIRD's `since` texts name the same instant. BIRD keeps
+/// the time on its monotonic clock and prints it on the wall clock, so
+/// one `since` read twice can differ by a millisecond
+/// (`11:28:31.894`, then `11:28:31.895`): times of day within half a
+/// second are the same; other texts (dates) must be equal.
+pub fn same_since(a: &str, b: &str) -> bool {
+    fn seconds_of_day(text: &str) -> Option<f64> {
+        let mut parts = text.split(':');
+        let (h, m, s) = (parts.next()?, parts.next()?, parts.next()?);
+        if parts.next().is_some() {
+            return None;
+        }
+        let h: u32 = h.parse().ok()?;
+        let m: u32 = m.parse().ok()?;
+        let s: f64 = s.parse().ok()?;
+        Some(f64::from(h * 3600 + m * 60) + s)
+    }
+    if a == b {
+        return true;
+    }
+    match (seconds_of_day(a), seconds_of_day(b)) {
+        (Some(x), Some(y)) => {
+            let diff = (x - y).abs();
+            // Across midnight, 23:59:59.999 and 00:00:00.000 are close.
+            diff.min(86_400.0 - diff) < 0.5
+        }
+        _ => false,
+    }
+}
+
 /// What one read of one BIRD control socket gave.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum BirdReading {
@@ -83,5 +113,20 @@ pub mod testing {
             routes_imported: 0,
             routes_exported: 1,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::same_since;
+
+    #[test]
+    fn since_jitters_by_a_millisecond_but_a_new_session_is_a_new_since() {
+        assert!(same_since("11:28:31.894", "11:28:31.895"));
+        assert!(same_since("23:59:59.999", "00:00:00.001"));
+        assert!(!same_since("11:28:31.894", "11:28:33.001"));
+        assert!(same_since("2026-12-01", "2026-12-01"));
+        assert!(!same_since("2026-12-01", "2026-12-02"));
+        assert!(!same_since("11:28:31.894", "2026-12-02"));
     }
 }

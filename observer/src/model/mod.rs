@@ -10,4 +10,5 @@ pub mod dataplane;
 pub mod facts;
 pub mod hooks;
 pub mod ports;
+pub mod routes;
 pub mod rows;

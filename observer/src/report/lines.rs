@@ -9,6 +9,7 @@ use std::{
     time::SystemTime,
 };
 
+use ipnet::IpNet;
 use observer_common::{Direction, Proto, Unclassified};
 use serde::Serialize;
 
@@ -17,8 +18,9 @@ use crate::{
     model::anomalies::{Anomaly, Event},
     model::bgp::BgpSession,
     model::crosscheck::NetfilterCheck,
-    model::dataplane::{ExpectedPeer, TunnelDevice, TunnelRoute, UnderlayInterface},
+    model::dataplane::{BlockRoute, ExpectedPeer, TunnelDevice, TunnelRoute, UnderlayInterface},
     model::hooks::Attachment,
+    model::routes::Outage,
     model::rows::Row,
     model::rows::{DropRow, KernelStats, by_rate, direction_name},
 };
@@ -311,6 +313,29 @@ pub struct BgpLine<'a> {
     pub removed: bool,
 }
 
+/// `{"type":"routes",...}`: the routes of pod blocks (main table) that
+/// changed: every block at the first read, then those new or different
+/// (`blocks`) and those whose route went (`withdrawn`).
+#[derive(Serialize)]
+pub struct RoutesLine<'a> {
+    pub ts: String,
+    pub blocks: &'a [BlockRoute],
+    pub withdrawn: &'a [IpNet],
+    /// Blocks routed now (all of them, not only those that changed).
+    pub routed: usize,
+    /// Blocks routed to a node before and without a route now.
+    pub missing: usize,
+}
+
+/// `{"type":"route_outage",...}`: a pod block's route came back; how long
+/// it was gone.
+#[derive(Serialize)]
+pub struct RouteOutageLine<'a> {
+    pub ts: String,
+    #[serde(flatten)]
+    pub outage: &'a Outage,
+}
+
 /// `{"type":"bird_socket",...}`: a BIRD control socket became readable,
 /// absent or unreadable (printed when that changes).
 #[derive(Serialize)]
@@ -413,6 +438,10 @@ pub enum Line<'a> {
     Bgp(BgpLine<'a>),
     /// A BIRD control socket's status, when it changed.
     BirdSocket(BirdSocketLine<'a>),
+    /// Routes of pod blocks, when they changed.
+    Routes(RoutesLine<'a>),
+    /// A pod block's route came back after an outage.
+    RouteOutage(RouteOutageLine<'a>),
     /// Counters of one (iface, direction, proto, peer, vni).
     Peer(PeerLine<'a>),
     /// Frames that could not be parsed, by reason.

@@ -31,6 +31,7 @@ use observer_common::{Direction, Proto, Unclassified};
 use crate::{
     model::anomalies::{Anomaly, Event, Kind},
     model::bgp::BgpSession,
+    model::routes::Outage,
     model::rows::DropRow,
     model::rows::KernelStats,
     model::rows::Row,
@@ -250,6 +251,10 @@ pub struct ExportInput<'a> {
     /// Anomalies raised and cleared since the previous export: the cleared
     /// ones' durations go into `observer_anomaly_duration_seconds`.
     pub events: &'a [Event],
+    /// Route outages of pod blocks that ended since the previous export.
+    pub route_outages: &'a [Outage],
+    /// Pod blocks routed to a node before and without a route now.
+    pub blocks_missing: usize,
 }
 
 /// Upper bounds of `observer_anomaly_duration_seconds`'s buckets: seconds
@@ -281,7 +286,8 @@ impl DurationHistogram {
         self.sum += seconds;
     }
 
-    fn metric(&self, kind: Kind) -> Metric {
+    /// The histogram as one metric, with `labels`.
+    fn metric(&self, labels: &[(&str, &str)]) -> Metric {
         let mut histogram = Histogram::default();
         histogram.set_sample_count(self.count);
         histogram.set_sample_sum(self.sum);
@@ -297,11 +303,18 @@ impl DurationHistogram {
                 })
                 .collect(),
         );
-        let mut label = LabelPair::default();
-        label.set_name("kind".to_string());
-        label.set_value(kind.name().to_string());
         let mut metric = Metric::default();
-        metric.set_label(vec![label]);
+        metric.set_label(
+            labels
+                .iter()
+                .map(|(name, value)| {
+                    let mut label = LabelPair::default();
+                    label.set_name(name.to_string());
+                    label.set_value(value.to_string());
+                    label
+                })
+                .collect(),
+        );
         metric.set_histogram(histogram);
         metric
     }
@@ -319,6 +332,8 @@ pub struct Exporter {
     evictions_exported: u64,
     /// How long the cleared anomalies lasted, per kind.
     durations: BTreeMap<Kind, DurationHistogram>,
+    /// How long pod blocks had no route, per outage.
+    route_outages: DurationHistogram,
 }
 
 impl Exporter {
@@ -332,6 +347,7 @@ impl Exporter {
             errors: 0,
             evictions_exported: 0,
             durations: BTreeMap::new(),
+            route_outages: DurationHistogram::default(),
         }
     }
 
@@ -388,15 +404,37 @@ impl Exporter {
         family.set_metric(
             Kind::ALL
                 .iter()
-                .map(|kind| self.durations.get(kind).unwrap_or(&none).metric(*kind))
+                .map(|kind| {
+                    self.durations
+                        .get(kind)
+                        .unwrap_or(&none)
+                        .metric(&[("kind", kind.name())])
+                })
                 .collect(),
         );
+        family
+    }
+
+    /// Adds the outages that ended in `outages`, then returns
+    /// `observer_route_outage_seconds`.
+    fn route_outage_family(&mut self, outages: &[Outage]) -> MetricFamily {
+        for outage in outages {
+            self.route_outages.observe(outage.duration_s);
+        }
+        let mut family = MetricFamily::default();
+        family.set_name("observer_route_outage_seconds".to_string());
+        family.set_help(
+            "How long pod blocks that were routed to a node had no route here, per outage that ended since the observer started (every outage, also those shorter than the anomaly window; the block and node of each are in the route_outage lines).".to_string(),
+        );
+        family.set_field_type(MetricType::HISTOGRAM);
+        family.set_metric(vec![self.route_outages.metric(&[])]);
         family
     }
 
     /// Builds the metric families for `input`.
     pub fn families(&mut self, input: &ExportInput<'_>) -> Vec<MetricFamily> {
         let durations = self.duration_family(input.events);
+        let route_outages = self.route_outage_family(input.route_outages);
         let labeled = self.labeled_peers(input);
         let names = &mut self.iface_names;
         let mut ids: FastMap<u32, IfaceId> = input
@@ -511,7 +549,7 @@ impl Exporter {
             ),
             family(
                 "observer_anomalies_active",
-                "Anomalies holding now, by kind (one_way, snat_suspected, allow_set_drop, encap_mismatch, mtu, unknown_peer, drop_spike, bgp_down, bgp_flap); the peers are in the observer's output.",
+                "Anomalies holding now, by kind (one_way, snat_suspected, allow_set_drop, encap_mismatch, mtu, unknown_peer, drop_spike, bgp_down, bgp_flap, route_missing); the peers are in the observer's output.",
                 MetricType::GAUGE,
                 Kind::ALL
                     .iter()
@@ -522,6 +560,13 @@ impl Exporter {
                     .collect(),
             ),
             durations,
+            route_outages,
+            family(
+                "observer_route_blocks_missing",
+                "Pod blocks that this node routed to another node and that have no route here now (route_missing names them and their node).",
+                MetricType::GAUGE,
+                vec![(vec![], input.blocks_missing as f64)],
+            ),
             family(
                 "observer_anomalies_raised_total",
                 "Anomalies raised since the observer attached, by kind.",
@@ -878,6 +923,8 @@ mod tests {
             bgp: &[],
             bird_sockets: &[],
             events: &[],
+            route_outages: &[],
+            blocks_missing: 0,
         }
     }
 
@@ -947,6 +994,46 @@ mod tests {
             ),
             Some(1.0)
         );
+    }
+
+    #[test]
+    fn route_outages_fill_their_histogram_once_each_and_missing_blocks_are_a_gauge() {
+        let outage = |seconds| Outage {
+            block: "10.65.2.0/26".parse().unwrap(),
+            node: "10.99.0.2".parse().unwrap(),
+            now_via: Some("10.99.0.2".parse().unwrap()),
+            duration_s: seconds,
+        };
+        let (ifaces, raised) = (HashMap::new(), BTreeMap::new());
+        let mut exporter = Exporter::new(10);
+        let mut text = String::new();
+        for (outages, missing) in [(&[outage(3.0)][..], 2), (&[outage(250.0)][..], 1), (&[], 0)] {
+            let input = ExportInput {
+                route_outages: outages,
+                blocks_missing: missing,
+                ..empty_input(&ifaces, &raised)
+            };
+            text = encode(&exporter.families(&input)).unwrap();
+        }
+        let bucket = |le: &str| {
+            value(
+                &text,
+                &format!("observer_route_outage_seconds_bucket{{le=\"{le}\"}}"),
+            )
+        };
+        assert_eq!(
+            [bucket("5"), bucket("240"), bucket("360"), bucket("+Inf")],
+            [Some(1.0), Some(1.0), Some(2.0), Some(2.0)]
+        );
+        assert_eq!(
+            value(&text, "observer_route_outage_seconds_count"),
+            Some(2.0)
+        );
+        assert_eq!(
+            value(&text, "observer_route_outage_seconds_sum"),
+            Some(253.0)
+        );
+        assert_eq!(value(&text, "observer_route_blocks_missing"), Some(0.0));
     }
 
     #[test]

@@ -19,7 +19,10 @@ use super::{
     collect::{Extra, Part, Totals, tunnel_parts},
     rules::{self, Finding, PeerFacts},
 };
-use crate::model::rows::{DropRow, Row};
+use crate::model::{
+    routes::MissingBlock,
+    rows::{DropRow, Row},
+};
 
 /// Slack on comparisons of times, which are sums of floating seconds.
 const EPSILON: f64 = 1e-6;
@@ -164,8 +167,9 @@ impl Engine {
                 conditions.insert((kind, peer, proto), finding);
             }
         }
-        let began = self.bgp_down_conditions(now, known, &mut conditions);
+        let mut began = self.bgp_down_conditions(now, known, &mut conditions);
         self.bgp_flap_conditions(now, known, &mut conditions);
+        self.route_missing_conditions(now, known, &mut conditions, &mut began);
         self.transition(now, wall, conditions, &began)
     }
 
@@ -242,6 +246,47 @@ impl Engine {
         }
         // Sessions no longer read are forgotten: bounded by what BIRD has.
         self.bgp_history = history;
+    }
+
+    /// Adds a `route_missing` condition per node whose blocks have had no
+    /// route for a whole window (a route being replaced is no outage),
+    /// when the node still matters here: BIRD has a session with it, or
+    /// it exchanged tunnel traffic with this node within the window (a
+    /// decommissioned node's blocks go quietly). Its start is when the
+    /// first of its blocks went.
+    fn route_missing_conditions(
+        &self,
+        now: f64,
+        known: &Known,
+        conditions: &mut BTreeMap<ActiveKey, Finding>,
+        began: &mut BTreeMap<ActiveKey, f64>,
+    ) {
+        let window = self.thresholds.window.as_secs_f64();
+        let mut by_node: BTreeMap<IpAddr, Vec<&MissingBlock>> = BTreeMap::new();
+        for missing in &known.missing_blocks {
+            by_node.entry(missing.node).or_default().push(missing);
+        }
+        for (node, blocks) in by_node {
+            let since = blocks.iter().map(|b| b.since).fold(f64::INFINITY, f64::min);
+            if now - since < window - EPSILON {
+                continue;
+            }
+            let session = known.bgp.iter().find(|s| s.neighbor == Some(node));
+            let traffic = Proto::ALL.iter().any(|proto| {
+                self.tracks
+                    .get(&(node, *proto))
+                    .is_some_and(|t| t.last_seen > now - window + EPSILON)
+            });
+            if session.is_none() && !traffic {
+                continue;
+            }
+            let key = (Kind::RouteMissing, node, Proto::Other);
+            conditions.insert(
+                key,
+                rules::route_missing(node, &blocks, now - since, session),
+            );
+            began.insert(key, since);
+        }
     }
 
     /// Adds one read to the tracks' histories: the packets each tunnel
@@ -676,6 +721,109 @@ mod tests {
                 (8.0, "raised", Kind::BgpFlap, Some(4.into())),
                 (605.0, "cleared", Kind::BgpFlap, Some(4.into())),
             ]
+        );
+    }
+
+    #[test]
+    fn route_missing_needs_a_whole_window_and_a_node_that_still_matters() {
+        use crate::model::{
+            bgp::testing,
+            dataplane::{BlockRoute, NextHop},
+            routes::MissingBlock,
+        };
+        let node: IpAddr = "10.99.0.2".parse().unwrap();
+        let missing = |block: &str, since: f64| MissingBlock {
+            block: block.parse().unwrap(),
+            node,
+            since,
+            last_route: BlockRoute {
+                block: block.parse().unwrap(),
+                origin: 12,
+                blackhole: false,
+                next_hops: vec![NextHop {
+                    device: "eth0".into(),
+                    gateway: Some(node),
+                    encap: None,
+                    node: Some(node),
+                }],
+            },
+        };
+        let blocks = vec![missing("10.65.2.0/26", 2.0), missing("10.65.2.64/26", 3.0)];
+        let mut e = Engine::new(th(), 0.0);
+        let mut known = known();
+        known.missing_blocks = blocks.clone();
+        // Not a BGP peer, no traffic with it: a decommissioned node's
+        // blocks go quietly.
+        for t in [3.0, 8.0, 20.0] {
+            assert_eq!(
+                e.observe(t, SystemTime::UNIX_EPOCH, &[], &[], &known),
+                vec![]
+            );
+        }
+
+        // A BGP peer (down): raised a window after the first block went.
+        let mut e = Engine::new(th(), 0.0);
+        known.bgp = vec![testing::session("10.99.0.2", "Active")];
+        assert_eq!(
+            e.observe(6.5, SystemTime::UNIX_EPOCH, &[], &[], &known),
+            vec![]
+        );
+        let events = e.observe(7.0, SystemTime::UNIX_EPOCH, &[], &[], &known);
+        let route_missing: Vec<&Anomaly> = events
+            .iter()
+            .filter_map(|e| match e {
+                Event::Raised(a) if a.kind == Kind::RouteMissing => Some(a),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(route_missing.len(), 1, "{events:?}");
+        let anomaly = route_missing[0];
+        assert_eq!(anomaly.peer, node);
+        assert_eq!(
+            anomaly.evidence["blocks"],
+            serde_json::json!(["10.65.2.0/26", "10.65.2.64/26"])
+        );
+        assert_eq!(anomaly.evidence["missing_for_s"], 5.0);
+        assert_eq!(
+            anomaly.evidence["last_route"],
+            "via 10.99.0.2 dev eth0 proto bird"
+        );
+        assert_eq!(anomaly.evidence["bgp_state"], "Active");
+        assert!(anomaly.hint.contains("bgp_down"), "{}", anomaly.hint);
+
+        // The routes are back: cleared, lasting from the first block's loss.
+        known.missing_blocks.clear();
+        let events = e.observe(9.5, SystemTime::UNIX_EPOCH, &[], &[], &known);
+        let cleared: Vec<Duration> = events
+            .iter()
+            .filter_map(|e| match e {
+                Event::Cleared { anomaly, duration } if anomaly.kind == Kind::RouteMissing => {
+                    Some(*duration)
+                }
+                _ => None,
+            })
+            .collect();
+        assert_eq!(cleared, vec![Duration::from_secs_f64(7.5)]);
+
+        // Tunnel traffic with the node within the window also makes it
+        // matter, without BGP.
+        let mut e = Engine::new(th(), 0.0);
+        known.bgp.clear();
+        known.missing_blocks = blocks;
+        let events = drive(&mut e, &known, 8, |t| {
+            (
+                vec![flow(
+                    "10.99.0.2",
+                    Proto::Vxlan,
+                    Direction::Rx,
+                    10 * u64::from(t),
+                )],
+                vec![],
+            )
+        });
+        assert!(
+            raised(&events).contains(&(Kind::RouteMissing, "10.99.0.2".into())),
+            "{events:?}"
         );
     }
 

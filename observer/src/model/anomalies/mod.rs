@@ -42,6 +42,7 @@ use crate::model::{
     bgp::BgpSession,
     facts::{self, ExpectedPeer, SetKind, longest_prefix},
     ports::PortConfig,
+    routes::MissingBlock,
 };
 
 /// (peer, encapsulation) pairs whose history is kept; beyond it the
@@ -89,11 +90,14 @@ pub enum Kind {
     BgpDown,
     /// A BGP session re-established more often than the threshold.
     BgpFlap,
+    /// Pod blocks that were routed to a node have no route here, and the
+    /// node is still a BGP peer or exchanges traffic with this one.
+    RouteMissing,
 }
 
 impl Kind {
     /// Every kind, in the order findings are listed (most decisive first).
-    pub const ALL: [Kind; 9] = [
+    pub const ALL: [Kind; 10] = [
         Kind::OneWay,
         Kind::SnatSuspected,
         Kind::AllowSetDrop,
@@ -103,6 +107,7 @@ impl Kind {
         Kind::DropSpike,
         Kind::BgpDown,
         Kind::BgpFlap,
+        Kind::RouteMissing,
     ];
 
     /// The name used in JSON and tables.
@@ -117,6 +122,7 @@ impl Kind {
             Kind::DropSpike => "drop_spike",
             Kind::BgpDown => "bgp_down",
             Kind::BgpFlap => "bgp_flap",
+            Kind::RouteMissing => "route_missing",
         }
     }
 
@@ -145,6 +151,9 @@ impl Kind {
             }
             Kind::BgpFlap => {
                 "the BGP session with this peer keeps re-establishing: each time its routes are withdrawn and learnt again"
+            }
+            Kind::RouteMissing => {
+                "this node lost its route to the peer's pod blocks: traffic to pods there goes nowhere (or by the default route) until the route returns"
             }
         }
     }
@@ -197,6 +206,8 @@ pub struct Known {
     pub ports: PortConfig,
     /// The BGP sessions of the node's BIRD, as last read.
     pub bgp: Vec<BgpSession>,
+    /// Pod blocks that were routed to a node and have no route now.
+    pub missing_blocks: Vec<MissingBlock>,
 }
 
 impl Known {

@@ -13,7 +13,13 @@ use super::{
     Kind, Known, Thresholds,
     collect::{Extra, Totals},
 };
-use crate::model::{bgp::BgpSession, facts::SetKind, ports::PortConfig};
+use crate::model::{
+    bgp::BgpSession, dataplane::origin_name, facts::SetKind, ports::PortConfig,
+    routes::MissingBlock,
+};
+
+/// Blocks named in one `route_missing`'s evidence; the rest are counted.
+const MAX_BLOCKS_IN_EVIDENCE: usize = 16;
 
 /// Everything a rule may look at for one tunnel.
 pub(super) struct PeerFacts<'a> {
@@ -69,7 +75,9 @@ pub(super) fn findings(facts: &PeerFacts<'_>) -> Vec<(Kind, Finding)> {
 }
 
 /// The tunnel rule of `kind`: a match, so a new kind cannot go without
-/// one; `None` for the kinds judged per BGP session ([`bgp_down`]).
+/// one; `None` for the kinds judged on the node's own facts: per BGP
+/// session ([`bgp_down`], [`bgp_flap`]) or per routed block
+/// ([`route_missing`]).
 fn rule(kind: Kind) -> Option<fn(&PeerFacts<'_>) -> Option<Finding>> {
     Some(match kind {
         Kind::OneWay => one_way,
@@ -79,7 +87,7 @@ fn rule(kind: Kind) -> Option<fn(&PeerFacts<'_>) -> Option<Finding>> {
         Kind::Mtu => mtu,
         Kind::UnknownPeer => unknown_peer,
         Kind::DropSpike => drop_spike,
-        Kind::BgpDown | Kind::BgpFlap => return None,
+        Kind::BgpDown | Kind::BgpFlap | Kind::RouteMissing => return None,
     })
 }
 
@@ -146,6 +154,64 @@ pub(super) fn bgp_down(session: &BgpSession, down_for: f64) -> Option<Finding> {
             session.socket, session.protocol
         ),
     })
+}
+
+/// `blocks` (all routed to `node`, none empty) have had no route for
+/// `missing_for` seconds; `session` is BIRD's session with `node`, when
+/// it has one (then a `bgp_down` usually explains the loss).
+pub(super) fn route_missing(
+    node: IpAddr,
+    blocks: &[&MissingBlock],
+    missing_for: f64,
+    session: Option<&BgpSession>,
+) -> Finding {
+    let names: Vec<String> = blocks
+        .iter()
+        .take(MAX_BLOCKS_IN_EVIDENCE)
+        .map(|b| b.block.to_string())
+        .collect();
+    let last = &blocks[0].last_route;
+    let was = last
+        .next_hops
+        .iter()
+        .map(|h| match h.gateway {
+            Some(gateway) => format!("via {gateway} dev {}", h.device),
+            None => format!("dev {}", h.device),
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
+    let origin = origin_name(last.origin);
+    let bgp = match session {
+        Some(s) => format!("; BGP session {} is {}", s.protocol, s.bgp_state),
+        None => String::new(),
+    };
+    let more = blocks.len().saturating_sub(names.len());
+    let listed = if more > 0 {
+        format!("{} and {more} more", names.join(", "))
+    } else {
+        names.join(", ")
+    };
+    Finding {
+        evidence: BTreeMap::from([
+            ("blocks", json!(names)),
+            ("blocks_missing", json!(blocks.len())),
+            ("missing_for_s", json!(missing_for.round())),
+            ("last_route", json!(format!("{was} proto {origin}"))),
+            ("bgp_protocol", json!(session.map(|s| &s.protocol))),
+            ("bgp_state", json!(session.map(|s| &s.bgp_state))),
+        ]),
+        summary: format!(
+            "no route here for {listed} of node {node} for {missing_for:.0} s (was {was} proto {origin}){bgp}"
+        ),
+        hint: match session {
+            Some(s) if !s.established() => format!(
+                "the BGP session with {node} is down (see bgp_down): its blocks come back when it re-establishes; check BIRD on {node} and TCP port 179"
+            ),
+            _ => format!(
+                "check that {node} still announces the block and that no import filter drops it (birdc show route all for the block, on both nodes), and the block's owner in Calico IPAM (calicoctl ipam show --show-blocks)"
+            ),
+        },
+    }
 }
 
 /// Traffic in one direction only, over a whole window: before that, a

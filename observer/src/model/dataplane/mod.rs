@@ -152,6 +152,90 @@ pub struct Route {
     pub mtu: Option<u32>,
     /// Routing table.
     pub table: u32,
+    /// Who installed it (rtm_protocol: 4 static, 12 bird, ...; see
+    /// [`origin_name`]).
+    pub origin: u8,
+    /// A blackhole route (no device: `ifindex` is 0).
+    pub blackhole: bool,
+}
+
+/// The main routing table, where Calico's BIRD and Felix install the
+/// routes of pod blocks.
+pub const MAIN_TABLE: u32 = 254;
+
+/// The name `ip route` prints for a route's origin (rtm_protocol, as in
+/// iproute2's `rt_protos`), or its number. Written here: the netlink
+/// crate names only the kernel's own values, and the names are what an
+/// SRE compares with `ip route`.
+pub fn origin_name(origin: u8) -> String {
+    match origin {
+        0 => "unspec".into(),
+        1 => "redirect".into(),
+        2 => "kernel".into(),
+        3 => "boot".into(),
+        4 => "static".into(),
+        9 => "ra".into(),
+        11 => "zebra".into(),
+        12 => "bird".into(),
+        16 => "dhcp".into(),
+        42 => "babel".into(),
+        186 => "bgp".into(),
+        187 => "isis".into(),
+        188 => "ospf".into(),
+        189 => "rip".into(),
+        other => other.to_string(),
+    }
+}
+
+fn origin_serialized<S: Serializer>(origin: &u8, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_str(&origin_name(*origin))
+}
+
+fn encap_name<S: Serializer>(encap: &Option<Proto>, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(encap.map_or("none", |p| p.name()))
+}
+
+/// One next hop of a pod block's route.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct NextHop {
+    /// Output device name.
+    pub device: String,
+    /// Gateway, when the route has one.
+    pub gateway: Option<IpAddr>,
+    /// Encapsulation of the device; `None` (`none` in JSON) for direct
+    /// routing.
+    #[serde(serialize_with = "encap_name")]
+    pub encap: Option<Proto>,
+    /// The node it leads to: the resolved tunnel peer, or the gateway of
+    /// a direct route; `None` when unknown.
+    pub node: Option<IpAddr>,
+}
+
+/// How this node routes one pod block (main table): the blocks it owns
+/// are blackholes, the others lead to the node that owns them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct BlockRoute {
+    /// The block.
+    pub block: IpNet,
+    /// Who installed the route (`bird`, `static`, `boot`, `80` for Felix).
+    #[serde(serialize_with = "origin_serialized")]
+    pub origin: u8,
+    /// A blackhole: a block this node owns (or a route that drops).
+    pub blackhole: bool,
+    /// Next hops, more than one for ECMP; empty for a blackhole.
+    pub next_hops: Vec<NextHop>,
+}
+
+impl BlockRoute {
+    /// The node the block is routed to: the one node of every next hop;
+    /// `None` for a blackhole, unknown hops, or hops to different nodes.
+    pub fn node(&self) -> Option<IpAddr> {
+        let first = self.next_hops.first()?.node?;
+        self.next_hops
+            .iter()
+            .all(|h| h.node == Some(first))
+            .then_some(first)
+    }
 }
 
 /// A route through a tunnel device, with the peer node it leads to.
@@ -319,6 +403,8 @@ pub struct DataPlane {
     pub peer_routes: Vec<PeerRoute>,
     /// Interfaces that carry tunnel traffic, by name.
     pub underlay: Vec<UnderlayInterface>,
+    /// The routes of pod blocks, by block.
+    pub blocks: Vec<BlockRoute>,
 }
 
 impl DataPlane {
@@ -336,7 +422,9 @@ impl DataPlane {
             neighbours,
             fdb,
         } = dump;
-        let routes = resolve::tunnel_routes(&devices, &routes, &neighbours, &fdb);
+        let tunnel_routes = resolve::tunnel_routes(&devices, &routes, &neighbours, &fdb);
+        let blocks = resolve::blocks(&links, &routes, &tunnel_routes);
+        let routes = tunnel_routes;
         let mut peer_routes = Vec::new();
         for node in resolve::expected_peers(&devices, &routes, &fdb).into_keys() {
             peer_routes.extend(route_to(node)?);
@@ -351,6 +439,7 @@ impl DataPlane {
             fdb,
             peer_routes,
             underlay,
+            blocks,
         })
     }
 
@@ -429,6 +518,8 @@ mod tests {
             gateway: Some(ip(gateway)),
             mtu: None,
             table: 254,
+            origin: 12,
+            blackhole: false,
         };
         let vtep = MacAddr([0x66, 0, 0, 0, 0, 1]);
         Dump {
@@ -524,6 +615,73 @@ mod tests {
         let peers = view.expected_peers();
         assert_eq!(peers.len(), 2);
         assert_eq!(peers[&ip("198.18.0.3")].blocks, vec![net("10.42.1.0/26")]);
+    }
+
+    #[test]
+    fn pod_blocks_are_blackholes_bird_routes_and_tunnel_routes_of_the_main_table() {
+        let mut dump = dump();
+        let plain = |dst: &str, ifindex, gateway: Option<&str>, origin, blackhole, table| Route {
+            dst: net(dst),
+            ifindex,
+            gateway: gateway.map(ip),
+            mtu: None,
+            table,
+            origin,
+            blackhole,
+        };
+        dump.routes.extend([
+            // This node's own block: Calico's blackhole.
+            plain("10.42.0.0/26", 0, None, 12, true, 254),
+            // Direct routing (BGP without encapsulation), ECMP to two nodes.
+            plain("10.42.4.0/26", 2, Some("198.18.0.4"), 12, false, 254),
+            plain("10.42.4.0/26", 2, Some("198.18.0.5"), 12, false, 254),
+            // No blocks: a static LAN route, a BIRD host route, another table.
+            plain("192.168.0.0/16", 2, Some("198.18.0.254"), 4, false, 254),
+            plain("10.42.9.9/32", 2, Some("198.18.0.4"), 12, false, 254),
+            plain("10.42.5.0/26", 2, Some("198.18.0.4"), 12, false, 100),
+        ]);
+        let view = DataPlane::assemble(dump, |_| Ok(None)).unwrap();
+        // One line per block: block, origin, blackhole, hops, owner node.
+        let summary: Vec<String> = view
+            .blocks
+            .iter()
+            .map(|b| {
+                let hops: Vec<String> = b
+                    .next_hops
+                    .iter()
+                    .map(|h| {
+                        let node = h.node.map_or("?".into(), |n| n.to_string());
+                        let encap = h.encap.map_or("none", |p| p.name());
+                        format!("{} {node} {encap}", h.device)
+                    })
+                    .collect();
+                let owner = b.node().map_or("-".into(), |n| n.to_string());
+                let blackhole = if b.blackhole { " blackhole" } else { "" };
+                format!(
+                    "{} {}{blackhole} [{}] {owner}",
+                    b.block,
+                    origin_name(b.origin),
+                    hops.join(", ")
+                )
+            })
+            .collect();
+        assert_eq!(
+            summary,
+            [
+                "10.42.0.0/26 bird blackhole [] -",
+                "10.42.1.0/26 bird [vxlan.calico 198.18.0.3 vxlan] 198.18.0.3",
+                "10.42.2.0/26 bird [tunl0 198.18.0.2 ipip] 198.18.0.2",
+                // Unresolved vxlan route: a block whose node is unknown.
+                "10.42.3.0/26 bird [vxlan.calico ? vxlan] -",
+                // Two nodes: no one owner.
+                "10.42.4.0/26 bird [eth0 198.18.0.4 none, eth0 198.18.0.5 none] -",
+            ]
+        );
+        let json = serde_json::to_value(&view.blocks[0]).unwrap();
+        assert_eq!(json["origin"], "bird");
+        assert_eq!(origin_name(80), "80");
+        let json = serde_json::to_value(&view.blocks[4]).unwrap();
+        assert_eq!(json["next_hops"][0]["encap"], "none");
     }
 
     #[test]

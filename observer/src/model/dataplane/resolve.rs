@@ -10,9 +10,12 @@ use std::{
 use observer_common::Proto;
 
 use super::{
-    Address, ExpectedPeer, FdbEntry, Link, MacAddr, Neighbour, PeerRoute, Route, TunnelDevice,
-    TunnelRoute, UnderlayInterface,
+    Address, BlockRoute, ExpectedPeer, FdbEntry, Link, MAIN_TABLE, MacAddr, Neighbour, NextHop,
+    PeerRoute, Route, TunnelDevice, TunnelRoute, UnderlayInterface,
 };
+
+/// rtm_protocol of the routes BIRD installs.
+const ORIGIN_BIRD: u8 = 12;
 
 /// VNIs of the vxlan devices, sorted and deduplicated.
 pub(super) fn vxlan_vnis(devices: &[TunnelDevice]) -> Vec<u32> {
@@ -50,6 +53,56 @@ pub(super) fn tunnel_routes(
             })
         })
         .collect()
+}
+
+/// The routes of pod blocks in the main table, by block: blackholes
+/// (Calico's for the blocks this node owns), routes BIRD installed, and
+/// routes through tunnel devices; not default or host routes, which are
+/// no blocks. Each next hop with the node it leads to: the tunnel route's
+/// resolved peer, or the gateway of a direct route.
+pub(super) fn blocks(
+    links: &[Link],
+    routes: &[Route],
+    tunnel_routes: &[TunnelRoute],
+) -> Vec<BlockRoute> {
+    let mut blocks: BTreeMap<ipnet::IpNet, BlockRoute> = BTreeMap::new();
+    for route in routes {
+        let host_len = route.dst.max_prefix_len();
+        let through_tunnel = tunnel_routes
+            .iter()
+            .find(|t| t.dst == route.dst && t.ifindex == route.ifindex && t.table == route.table);
+        if route.table != MAIN_TABLE
+            || route.dst.prefix_len() == 0
+            || route.dst.prefix_len() == host_len
+            || !(route.blackhole || route.origin == ORIGIN_BIRD || through_tunnel.is_some())
+        {
+            continue;
+        }
+        let block = blocks.entry(route.dst).or_insert_with(|| BlockRoute {
+            block: route.dst,
+            origin: route.origin,
+            blackhole: false,
+            next_hops: Vec::new(),
+        });
+        if route.blackhole {
+            block.blackhole = true;
+            continue;
+        }
+        let device = links
+            .iter()
+            .find(|l| l.ifindex == route.ifindex)
+            .map_or_else(|| route.ifindex.to_string(), |l| l.name.clone());
+        block.next_hops.push(NextHop {
+            device,
+            gateway: route.gateway,
+            encap: through_tunnel.map(|t| t.proto),
+            node: match through_tunnel {
+                Some(tunnel) => tunnel.node,
+                None => route.gateway,
+            },
+        });
+    }
+    blocks.into_values().collect()
 }
 
 /// (remote VTEP MAC, peer node) of a route through `device` via `gateway`.
@@ -204,6 +257,8 @@ mod tests {
 
     fn route(dst: &str, ifindex: u32, gateway: Option<&str>) -> Route {
         Route {
+            origin: 12,
+            blackhole: false,
             dst: net(dst),
             ifindex,
             gateway: gateway.map(ip),

@@ -476,8 +476,11 @@ fn route(message: &RouteMessage) -> Vec<Route> {
     // Cloned routes are the kernel's cached exceptions (a path MTU learnt
     // for one destination, say), which a dump lists beside the routes: a
     // tunnel's inner peer address is no pod block.
-    if message.header.kind != RouteType::Unicast
-        || message.header.protocol == RouteProtocol::Kernel
+    // Blackholes stay: Calico installs one for each block this node owns.
+    if !matches!(
+        message.header.kind,
+        RouteType::Unicast | RouteType::BlackHole
+    ) || message.header.protocol == RouteProtocol::Kernel
         || message.header.flags.contains(RouteFlags::Cloned)
     {
         return Vec::new();
@@ -529,9 +532,12 @@ fn route_hops(message: &RouteMessage) -> Vec<Route> {
     let Ok(dst) = IpNet::new(dst, header.destination_prefix_length) else {
         return Vec::new();
     };
+    let blackhole = header.kind == RouteType::BlackHole;
     if hops.is_empty() {
-        hops.extend(ifindex.map(|i| (i, gateway)));
+        // A blackhole has no device: index 0, which no interface has.
+        hops.extend(ifindex.or(blackhole.then_some(0)).map(|i| (i, gateway)));
     }
+    let origin = u8::from(header.protocol);
     hops.into_iter()
         .map(|(ifindex, gateway)| Route {
             dst,
@@ -539,6 +545,8 @@ fn route_hops(message: &RouteMessage) -> Vec<Route> {
             gateway,
             mtu,
             table,
+            origin,
+            blackhole,
         })
         .collect()
 }
