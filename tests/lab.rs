@@ -1,11 +1,13 @@
 //! `observer lab` end to end: the incident's facts, exactly, from the
-//! observers' own output; a healthy run without loss; and cleanup after a
+//! observers' own output; a healthy run without loss; the BGP mesh whose
+//! node loses its BIRD, named by every other node; and cleanup after a
 //! normal end and after SIGINT. Each run names its namespaces after its
 //! own pid, so these tests run in parallel with everything else.
 
 mod support;
 
 use std::{
+    collections::BTreeSet,
     io::{BufRead, BufReader},
     process::{Command, Stdio},
     time::Duration,
@@ -73,6 +75,118 @@ fn healthy_lab_delivers_everything_both_ways() {
     }
     let diagnosis = fact(&lines, "diagnosis", &[("scenario", "healthy")]);
     assert_eq!(diagnosis["healthy"], true, "{diagnosis}");
+}
+
+/// (kind, peer, blocks, cleared) of each anomaly `node`'s observer raised,
+/// from the lab's facts.
+fn anomaly_facts(lines: &[Value], node: &str) -> BTreeSet<(String, String, Vec<String>, bool)> {
+    facts(lines, "anomaly")
+        .into_iter()
+        .filter(|f| f["node"] == node)
+        .map(|f| {
+            let blocks = f["blocks"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|b| b.as_str().unwrap().to_string())
+                .collect();
+            (
+                f["kind"].as_str().unwrap().to_string(),
+                f["peer"].as_str().unwrap().to_string(),
+                blocks,
+                f["cleared"] == true,
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn bgp_down_lab_is_named_for_the_right_peer_and_block_on_every_node() {
+    if !support::have_root("bgp_down_lab_is_named_for_the_right_peer_and_block_on_every_node") {
+        return;
+    }
+    let (output, lines) = run_lab("bgp-down", Duration::from_secs(6));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{}\n{stderr}", output.status);
+    let pid = lab_pid(&lines);
+    assert!(leftovers(pid).is_empty(), "{:?}", leftovers(pid));
+    // No BIRD left running on the lab's sockets.
+    let start = fact(&lines, "start", &[("scenario", "bgp-down")]);
+    for socket in start["bird_sockets"].as_array().unwrap() {
+        let socket = socket.as_str().unwrap();
+        assert!(
+            !std::path::Path::new(socket).exists(),
+            "{socket} left behind"
+        );
+    }
+
+    let (n4, n4_block) = ("10.99.0.4", "10.65.4.0/26");
+    let s = |x: &str| x.to_string();
+    // Every other node: bgp_down and route_missing for n4 and its block,
+    // both cleared; nothing else.
+    for node in ["n1", "n2", "n3"] {
+        assert_eq!(
+            anomaly_facts(&lines, node),
+            BTreeSet::from([
+                (s("bgp_down"), s(n4), vec![], true),
+                (s("route_missing"), s(n4), vec![s(n4_block)], true),
+            ]),
+            "{node}"
+        );
+        // One outage of n4's block, as long as its route_missing.
+        let outages: Vec<&Value> = facts(&lines, "route_outage")
+            .into_iter()
+            .filter(|f| f["node"] == node)
+            .collect();
+        assert_eq!(outages.len(), 1, "{node}: {outages:?}");
+        assert_eq!(
+            (outages[0]["block"].as_str(), outages[0]["via"].as_str()),
+            (Some(n4_block), Some(n4))
+        );
+        let missing = facts(&lines, "anomaly")
+            .into_iter()
+            .find(|f| f["node"] == node && f["kind"] == "route_missing")
+            .unwrap();
+        let (outage_s, missing_s) = (
+            outages[0]["duration_s"].as_f64().unwrap(),
+            missing["duration_s"].as_f64().unwrap(),
+        );
+        assert!(outage_s >= 5.0, "{node}: {outage_s}");
+        assert!(
+            (outage_s - missing_s).abs() < 0.2,
+            "{node}: outage {outage_s}, route_missing {missing_s}"
+        );
+    }
+    // n4, whose BIRD stopped, lost every session and every route.
+    let mut on_n4 = BTreeSet::new();
+    for (peer, block) in [
+        ("10.99.0.1", "10.65.1.0/26"),
+        ("10.99.0.2", "10.65.2.0/26"),
+        ("10.99.0.3", "10.65.3.0/26"),
+    ] {
+        on_n4.insert((s("bgp_down"), s(peer), vec![], true));
+        on_n4.insert((s("route_missing"), s(peer), vec![s(block)], true));
+    }
+    assert_eq!(anomaly_facts(&lines, "n4"), on_n4);
+
+    // The pings to n4 died during the outage and came back; the pair it
+    // did not touch lost nothing.
+    for from in ["n1", "n2", "n3"] {
+        let p = fact(&lines, "ping", &[("from", from), ("to", "n4")]);
+        assert!(
+            n(p, "received") > 0 && n(p, "received") < n(p, "transmitted"),
+            "{p}"
+        );
+    }
+    let control = fact(&lines, "ping", &[("from", "n1"), ("to", "n2")]);
+    assert!(n(control, "transmitted") >= 50, "{control}");
+    assert_eq!(
+        n(control, "received"),
+        n(control, "transmitted"),
+        "{control}"
+    );
+    let stopped = fact(&lines, "bird_started", &[("node", "n4")]);
+    assert!(n(stopped, "down_ms") >= 6000, "{stopped}");
 }
 
 #[test]

@@ -1,7 +1,8 @@
 //! A real BIRD 2 (Debian's `bird2`) in a test's network namespace: its own
 //! config, control socket and log files under the temporary
 //! directory, stopped (and its files removed) when the guard drops, also
-//! when the test fails. Used for the BGP tests and the lab.
+//! when the test fails. Used for the BGP tests and by `observer lab`'s BGP
+//! scenarios.
 
 use std::{
     net::Ipv4Addr,
@@ -78,8 +79,14 @@ impl Bird {
     /// Writes `node`'s config and starts BIRD in `ns`; returns once its
     /// control socket answers.
     pub fn start(ns: &Netns, node: &MeshNode) -> Result<Bird, CmdError> {
+        Bird::start_in(ns.name(), node)
+    }
+
+    /// [`Bird::start`] in the namespace named `namespace` (one this crate
+    /// did not create: the lab's).
+    pub fn start_in(namespace: &str, node: &MeshNode) -> Result<Bird, CmdError> {
         let bird = Bird {
-            namespace: ns.name().to_string(),
+            namespace: namespace.to_string(),
             config: temp_path("bird", "conf"),
             socket: temp_path("bird", "ctl"),
             log: temp_path("bird", "log"),

@@ -126,8 +126,12 @@ pub fn pairs(list: &[(&str, &str)]) -> std::collections::BTreeSet<(String, Strin
 
 pub fn lab_pid(lines: &[Value]) -> u32 {
     let start = fact(lines, "start", &[]);
-    let gpu = start["namespaces"]["gpu"].as_str().unwrap();
-    gpu.trim_start_matches("obslab-")
+    let any = start["namespaces"]
+        .as_object()
+        .and_then(|n| n.values().next())
+        .and_then(Value::as_str)
+        .unwrap();
+    any.trim_start_matches("obslab-")
         .split('-')
         .next()
         .unwrap()

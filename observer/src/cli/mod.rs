@@ -164,7 +164,9 @@ pub struct LabArgs {
     /// How long the traffic runs: the pings are sized to end about 2s
     /// before this much time has passed since the observers attached, and
     /// the observers are stopped 1s after the last ping ended (later on a
-    /// slow machine, never before the traffic is over).
+    /// slow machine, never before the traffic is over). bgp-down: how long
+    /// BIRD stays down on n4 (longer when the other nodes take longer to
+    /// name the outage; they need one anomaly window, 5s).
     #[arg(long, value_parser = parse_duration, default_value = "20s", value_name = "DURATION")]
     pub duration: Duration,
 
@@ -505,6 +507,10 @@ pub enum Scenario {
     EncapMismatch,
     /// Everything works in both directions.
     Healthy,
+    /// Calico's BGP mode: four nodes in a full iBGP mesh (AS 64512), each
+    /// with its own BIRD; BIRD stops on n4, the others lose its block and
+    /// pings to it die, then BIRD comes back and so do the routes.
+    BgpDown,
 }
 
 /// Output format of `observer lab`.

@@ -103,7 +103,9 @@ impl RouteTracker {
                         block: *block,
                         node: remembered.node,
                         now_via: Some(via),
-                        duration_s: now - since,
+                        // Milliseconds: the clock's sums of floating
+                        // seconds carry noise below that.
+                        duration_s: ((now - since) * 1000.0).round() / 1000.0,
                     });
                     remembered.missing_since = None;
                 }

@@ -173,6 +173,18 @@ pub fn remove_stale_labs() {
         if Path::new(&format!("/proc/{pid}")).exists() {
             continue;
         }
+        // Its daemons (a BGP scenario's BIRD) would keep the namespace
+        // alive, unnamed, after the name is deleted.
+        if let Ok(pids) = run_tool("ip", &["netns", "pids", name]) {
+            for pid in pids
+                .split_whitespace()
+                .filter_map(|p| p.parse::<i32>().ok())
+            {
+                // SAFETY: kill(2) with a pid listed in the stale namespace
+                // just now; a left-over process of a lab that is gone.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+        }
         match run_tool("ip", &["netns", "del", name]) {
             Ok(_) => pipe::eprintln(format_args!(
                 "lab: removed {name}, left by an earlier lab that was killed"

@@ -9,8 +9,13 @@
 //! the node observers, `report` turns their output into facts and
 //! findings, `view` prints, `cleanup` removes everything (also on signals
 //! and panics), `tunnel` stands in for tunl0 on kernels without IPIP.
+//! The BGP scenario (`bgp-down`) has its own network and run: `mesh`
+//! (four nodes with BIRD), `bgp` (the run), `bgp_facts` (its facts).
 
+mod bgp;
+mod bgp_facts;
 mod cleanup;
+mod mesh;
 mod observers;
 mod report;
 pub mod scenarios;
@@ -30,7 +35,7 @@ use serde_json::json;
 
 use crate::cli::LabArgs;
 use cleanup::Cleanup;
-use observers::Observers;
+use observers::{ObserverSpec, Observers};
 use topology::{NODES, Names};
 use traffic::{PING_INTERVAL, PING_LINGER};
 use view::{Summary, View};
@@ -51,13 +56,22 @@ const MIN_PINGS: u64 = 10;
 /// and for them to write their final interval once stopped.
 const TRAFFIC_SLACK: Duration = Duration::from_secs(60);
 
+/// Tools the BGP scenarios run besides [`TOOLS`].
+const BGP_TOOLS: [(&str, &str); 2] = [("bird", "bird2"), ("birdc", "bird2")];
+
 /// Runs the lab: build, observe, ping, diagnose, remove.
 pub fn run(args: LabArgs) -> Result<()> {
-    preflight()?;
+    preflight(args.scenario)?;
     cleanup::install_signal_handlers()?;
     cleanup::remove_stale_labs();
-    let mut view = View::new(args.output);
     let scenario = args.scenario;
+    if scenario.is_bgp() {
+        return bgp::run(&args);
+    }
+    let mut view = View::new(
+        args.output,
+        NODES.iter().map(|n| n.name.to_string()).collect(),
+    );
     let names = Names::new(std::process::id());
     let mut lab = Cleanup::default();
 
@@ -98,7 +112,21 @@ pub fn run(args: LabArgs) -> Result<()> {
     // The observers are stopped once the pings ended, however long that
     // takes on a slow machine; their --duration only backs that up.
     let backstop = args.duration * 4 + TRAFFIC_SLACK;
-    let mut observers = Observers::spawn(&mut lab, &names, backstop, ipip)?;
+    let specs: Vec<ObserverSpec> = NODES
+        .iter()
+        .zip(&names.nodes)
+        .map(|(node, namespace)| ObserverSpec {
+            node: node.name.to_string(),
+            namespace: namespace.clone(),
+            args: match ipip {
+                topology::IpipKind::Userspace => {
+                    vec!["--tunnel-device".into(), "tunl0=ipip".into()]
+                }
+                topology::IpipKind::Kernel => Vec::new(),
+            },
+        })
+        .collect();
+    let mut observers = Observers::spawn(&mut lab, &specs, backstop)?;
     view.note("observers starting on gpu, cp1 and cp2 (observer diagnose ... eth0)")?;
     let first_ready = observers.wait_ready(&mut view, args.attach_timeout)?;
 
@@ -166,8 +194,8 @@ pub fn run(args: LabArgs) -> Result<()> {
     })
 }
 
-/// Refuses to start without root or without the tools the lab runs.
-fn preflight() -> Result<()> {
+/// Refuses to start without root or without the tools `scenario` runs.
+fn preflight(scenario: scenarios::Scenario) -> Result<()> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         bail!(
@@ -176,7 +204,8 @@ fn preflight() -> Result<()> {
         );
     }
     let path = std::env::var_os("PATH").unwrap_or_default();
-    for (tool, package) in TOOLS {
+    let bgp: &[(&str, &str)] = if scenario.is_bgp() { &BGP_TOOLS } else { &[] };
+    for &(tool, package) in TOOLS.iter().chain(bgp) {
         if !std::env::split_paths(&path).any(|dir| is_executable(&dir.join(tool))) {
             bail!(
                 "{tool} is not installed (or not on PATH): the lab needs it; install the Debian \

@@ -19,7 +19,7 @@ use serde_json::Value;
 
 use super::{
     cleanup::{Cleanup, check_interrupted},
-    topology::{IpipKind, NODES, Names, UNDERLAY},
+    topology::UNDERLAY,
     view::View,
 };
 
@@ -32,8 +32,22 @@ enum Event {
     Closed(usize),
 }
 
-/// The running observers, one per node of [`NODES`].
+/// One node's observer: the node's name (in messages and the view), its
+/// namespace, and its arguments beyond the lab's own (`--tunnel-device`,
+/// `--bird-socket`).
+pub struct ObserverSpec {
+    /// The node's name in the lab.
+    pub node: String,
+    /// Its network namespace.
+    pub namespace: String,
+    /// Further `observer diagnose` arguments.
+    pub args: Vec<String>,
+}
+
+/// The running observers, one per node.
 pub struct Observers {
+    /// The nodes' names, in spawn order.
+    nodes: Vec<String>,
     children: Vec<usize>,
     events: Receiver<Event>,
     stderr: Vec<Arc<Mutex<String>>>,
@@ -45,35 +59,34 @@ pub struct Observers {
 }
 
 impl Observers {
-    /// Starts one observer per node; `ipip` says whether tunl0 is the
-    /// lab's userspace tunnel, which the observers are told carries IPIP
-    /// (`--tunnel-device`), as the kernel's would. The lab stops them
-    /// ([`Observers::stop`]) once the traffic ended; `backstop` is their
-    /// `--duration`, should the lab be killed before.
+    /// Starts one observer per node of `specs`, on the lab's underlay
+    /// interface. The lab stops them ([`Observers::stop`]) once the traffic
+    /// ended; `backstop` is their `--duration`, should the lab be killed
+    /// before.
     pub fn spawn(
         lab: &mut Cleanup,
-        names: &Names,
+        specs: &[ObserverSpec],
         backstop: Duration,
-        ipip: IpipKind,
     ) -> Result<Observers> {
         let exe =
             std::env::current_exe().context("finding this program's path to run the observers")?;
         let (tx, events) = channel();
         let mut observers = Observers {
+            nodes: specs.iter().map(|s| s.node.clone()).collect(),
             children: Vec::new(),
             events,
             stderr: Vec::new(),
             commands: Vec::new(),
-            lines: vec![Vec::new(); NODES.len()],
-            ready: vec![false; NODES.len()],
-            closed: vec![false; NODES.len()],
+            lines: vec![Vec::new(); specs.len()],
+            ready: vec![false; specs.len()],
+            closed: vec![false; specs.len()],
         };
         let duration = format!("{}ms", backstop.as_millis());
-        for (i, node) in NODES.iter().enumerate() {
-            let mut args = vec![
+        for (i, spec) in specs.iter().enumerate() {
+            let mut args: Vec<&str> = vec![
                 "diagnose",
                 "--netns",
-                &names.nodes[i],
+                &spec.namespace,
                 "--output",
                 "json",
                 "--interval",
@@ -81,9 +94,7 @@ impl Observers {
                 "--duration",
                 &duration,
             ];
-            if ipip == IpipKind::Userspace {
-                args.extend(["--tunnel-device", "tunl0=ipip"]);
-            }
+            args.extend(spec.args.iter().map(String::as_str));
             args.push(UNDERLAY);
             observers
                 .commands
@@ -93,7 +104,7 @@ impl Observers {
                 .stdin(Stdio::null())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped());
-            let index = lab.spawn(&format!("the observer on {}", node.name), &mut cmd)?;
+            let index = lab.spawn(&format!("the observer on {}", spec.node), &mut cmd)?;
             let child = lab.child(index);
             let stdout = child.stdout.take().expect("stdout is piped");
             let stderr = child.stderr.take().expect("stderr is piped");
@@ -125,7 +136,7 @@ impl Observers {
             if let Some(i) = self.next(view)? {
                 bail!(
                     "the observer on {} exited before traffic started: {}",
-                    NODES[i].name,
+                    self.nodes[i],
                     self.stderr_of(i)
                 );
             }
@@ -160,7 +171,7 @@ impl Observers {
             if !matches!(status.code(), Some(0 | 1)) {
                 bail!(
                     "the observer on {} failed ({status}): {}",
-                    NODES[i].name,
+                    self.nodes[i],
                     self.stderr_of(i)
                 );
             }
@@ -174,7 +185,7 @@ impl Observers {
         if let Some(i) = self.next(view)? {
             bail!(
                 "the observer on {} exited before the traffic ended: {}",
-                NODES[i].name,
+                self.nodes[i],
                 self.stderr_of(i)
             );
         }
@@ -200,7 +211,7 @@ impl Observers {
                 let line: Value = serde_json::from_str(&text).with_context(|| {
                     format!(
                         "the observer on {} printed a line that is not JSON: {text}",
-                        NODES[i].name
+                        self.nodes[i]
                     )
                 })?;
                 if line["type"] == "allow_set" {
@@ -232,8 +243,8 @@ impl Observers {
     }
 
     fn stderr_tails(&self) -> String {
-        (0..NODES.len())
-            .map(|i| format!("\n  {}: {}", NODES[i].name, self.stderr_of(i)))
+        (0..self.nodes.len())
+            .map(|i| format!("\n  {}: {}", self.nodes[i], self.stderr_of(i)))
             .collect()
     }
 }

@@ -42,6 +42,12 @@ impl Scenario {
             .unwrap_or_default()
     }
 
+    /// Whether it is a BGP scenario (its own mesh of nodes with BIRD, in
+    /// `lab::bgp`), not the incident's three nodes and router.
+    pub fn is_bgp(self) -> bool {
+        self == Scenario::BgpDown
+    }
+
     /// Whether the router source-NATs UDP toward the GPU node.
     pub fn snat_udp_to_gpu(self) -> bool {
         self == Scenario::Incident
@@ -68,6 +74,9 @@ impl Scenario {
     /// hide behind the one SNAT address, and the observer's row for it
     /// keeps only the latest inner sample. IPIP runs between gpu and both.
     pub fn pings(self) -> Vec<PingSpec> {
+        if self.is_bgp() {
+            return Vec::new();
+        }
         let pairs = [
             (GPU, CP1, Block::Vxlan),
             (CP1, CP2, Block::Vxlan),

@@ -4,6 +4,7 @@
 
 use std::{
     io::Read,
+    net::Ipv4Addr,
     process::{Command, Stdio},
     thread,
     time::{Duration, Instant},
@@ -41,9 +42,9 @@ pub struct PingResult {
     /// ICMP payload bytes.
     pub size: u16,
     /// Source pod address.
-    pub src: std::net::Ipv4Addr,
+    pub src: Ipv4Addr,
     /// Target pod address.
-    pub dst: std::net::Ipv4Addr,
+    pub dst: Ipv4Addr,
     /// Echo requests sent.
     pub transmitted: u64,
     /// Replies received.
@@ -57,28 +58,56 @@ pub fn start(
     specs: &[PingSpec],
     count: u64,
 ) -> Result<Vec<RunningPing>> {
-    let count = count.to_string();
-    let interval = format!("{}", PING_INTERVAL.as_secs_f64());
-    let linger = PING_LINGER.as_secs().to_string();
     specs
         .iter()
         .map(|&spec| {
             let (from, to) = (&NODES[spec.from], &NODES[spec.to]);
-            let (src, dst) = (from.pod(spec.block).to_string(), to.pod(spec.block));
-            let mut cmd = Command::new("ip");
-            cmd.args(["netns", "exec", &names.nodes[spec.from], "ping"])
-                .args(["-n", "-q", "-c", &count, "-i", &interval, "-W", &linger])
-                .args(["-s", &spec.size.to_string(), "-I", &src, &dst.to_string()])
-                .stdin(Stdio::null())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped());
+            let (src, dst) = (from.pod(spec.block), to.pod(spec.block));
             let what = format!("ping {} {src} -> {} {dst}", from.name, to.name);
+            let ping = Ping {
+                namespace: &names.nodes[spec.from],
+                src,
+                dst,
+                size: spec.size,
+                count,
+            };
             Ok(RunningPing {
                 spec,
-                child: lab.spawn(&what, &mut cmd)?,
+                child: ping.spawn(lab, &what)?,
             })
         })
         .collect()
+}
+
+/// One `ping` between two addresses of the lab, from `namespace`.
+pub struct Ping<'a> {
+    /// Where it runs.
+    pub namespace: &'a str,
+    /// Source address (`ping -I`).
+    pub src: Ipv4Addr,
+    /// Target.
+    pub dst: Ipv4Addr,
+    /// ICMP payload bytes.
+    pub size: u16,
+    /// Echo requests, one every [`PING_INTERVAL`].
+    pub count: u64,
+}
+
+impl Ping<'_> {
+    /// Starts it; returns its index in `lab`.
+    pub fn spawn(&self, lab: &mut Cleanup, what: &str) -> Result<usize> {
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", self.namespace, "ping"])
+            .args(["-n", "-q", "-c", &self.count.to_string()])
+            .args(["-i", &PING_INTERVAL.as_secs_f64().to_string()])
+            .args(["-W", &PING_LINGER.as_secs().to_string()])
+            .args(["-s", &self.size.to_string(), "-I", &self.src.to_string()])
+            .arg(self.dst.to_string())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        lab.spawn(what, &mut cmd)
+    }
 }
 
 /// Whether every ping has ended (its status is kept for [`finish`]).
@@ -102,40 +131,9 @@ pub fn finish(
     let deadline = Instant::now() + timeout;
     let mut results = Vec::new();
     for ping in pings {
-        let child = lab.child(ping.child);
-        let status = loop {
-            check_interrupted()?;
-            if let Some(status) = child.try_wait()? {
-                break status;
-            }
-            if Instant::now() >= deadline {
-                bail!(
-                    "a ping ({} -> {}) was still running when the observers stopped; \
-                     the machine is too slow for this --duration: give a longer one",
-                    NODES[ping.spec.from].name,
-                    NODES[ping.spec.to].name
-                );
-            }
-            thread::sleep(Duration::from_millis(20));
-        };
-        let mut stdout = String::new();
-        let mut stderr = String::new();
-        if let Some(mut out) = child.stdout.take() {
-            out.read_to_string(&mut stdout)?;
-        }
-        if let Some(mut err) = child.stderr.take() {
-            err.read_to_string(&mut stderr)?;
-        }
-        let Some((transmitted, received)) = summary(&stdout) else {
-            bail!(
-                "ping {} -> {} ended ({status}) without a summary: {}{}",
-                NODES[ping.spec.from].name,
-                NODES[ping.spec.to].name,
-                stdout.trim(),
-                stderr.trim()
-            );
-        };
         let (from, to) = (&NODES[ping.spec.from], &NODES[ping.spec.to]);
+        let what = format!("ping {} -> {}", from.name, to.name);
+        let (transmitted, received) = ended(lab, ping.child, &what, deadline)?;
         results.push(PingResult {
             from: from.name,
             to: to.name,
@@ -148,6 +146,41 @@ pub fn finish(
         });
     }
     Ok(results)
+}
+
+/// Waits until the ping `child` (named `what`) ends, by `deadline`;
+/// its (transmitted, received).
+pub fn ended(lab: &mut Cleanup, child: usize, what: &str, deadline: Instant) -> Result<(u64, u64)> {
+    let child = lab.child(child);
+    let status = loop {
+        check_interrupted()?;
+        if let Some(status) = child.try_wait()? {
+            break status;
+        }
+        if Instant::now() >= deadline {
+            bail!(
+                "a ping ({what}) was still running when the observers stopped; \
+                 the machine is too slow for this --duration: give a longer one"
+            );
+        }
+        thread::sleep(Duration::from_millis(20));
+    };
+    let mut stdout = String::new();
+    let mut stderr = String::new();
+    if let Some(mut out) = child.stdout.take() {
+        out.read_to_string(&mut stdout)?;
+    }
+    if let Some(mut err) = child.stderr.take() {
+        err.read_to_string(&mut stderr)?;
+    }
+    match summary(&stdout) {
+        Some(counts) => Ok(counts),
+        None => bail!(
+            "{what} ended ({status}) without a summary: {}{}",
+            stdout.trim(),
+            stderr.trim()
+        ),
+    }
 }
 
 /// (transmitted, received) from ping's `N packets transmitted, M received, ...`.

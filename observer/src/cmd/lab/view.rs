@@ -32,6 +32,8 @@ pub use crate::cli::LabFormat;
 /// Where the lab's output goes, and the live view's state.
 pub struct View {
     format: LabFormat,
+    /// The nodes' names, by index.
+    nodes: Vec<String>,
     terminal: bool,
     traffic_since: Option<Instant>,
     /// Per node: rows printed since its last `stats` line, and those of
@@ -53,14 +55,24 @@ pub struct Summary<'a> {
 }
 
 impl View {
-    /// A view printing `format` on stdout.
-    pub fn new(format: LabFormat) -> View {
+    /// A view printing `format` on stdout, of the observers on `nodes`.
+    pub fn new(format: LabFormat, nodes: Vec<String>) -> View {
         View {
             format,
             terminal: std::io::stdout().is_terminal(),
             traffic_since: None,
-            current: vec![Vec::new(); NODES.len()],
-            last: vec![Vec::new(); NODES.len()],
+            current: vec![Vec::new(); nodes.len()],
+            last: vec![Vec::new(); nodes.len()],
+            nodes,
+        }
+    }
+
+    /// A line of the text write-up (nothing in JSON: the facts are
+    /// `lab` lines there).
+    pub fn text(&self, text: &str) -> Result<()> {
+        match self.format {
+            LabFormat::Text => print_line(format_args!("{text}")),
+            LabFormat::Json => Ok(()),
         }
     }
 
@@ -98,7 +110,7 @@ impl View {
     /// One line of node `node`'s observer.
     pub fn observer_line(&mut self, node: usize, line: &Value) -> Result<()> {
         if self.format == LabFormat::Json {
-            let mut tagged = json!({"node": NODES[node].name});
+            let mut tagged = json!({"node": self.nodes[node]});
             if let (Some(out), Some(fields)) = (tagged.as_object_mut(), line.as_object()) {
                 out.extend(fields.clone());
             }
@@ -137,9 +149,9 @@ impl View {
             "  {:<4} {:<3} {:<5} {:<15} {:>7} {:>8}  {:<31} drops",
             "node", "dir", "proto", "peer", "pkt/s", "total", "inner sample"
         )?;
-        for (node, rows) in NODES.iter().zip(&self.last) {
+        for (node, rows) in self.nodes.iter().zip(&self.last) {
             if rows.is_empty() {
-                writeln!(out, "  {:<4} (nothing)", node.name)?;
+                writeln!(out, "  {node:<4} (nothing)")?;
             }
             for row in rows {
                 let inner = match (row["inner_src"].as_str(), row["inner_dst"].as_str()) {
@@ -158,7 +170,7 @@ impl View {
                 writeln!(
                     out,
                     "  {:<4} {:<3} {:<5} {:<15} {:>7.0} {:>8}  {:<31} {drops}",
-                    node.name,
+                    node,
                     row["direction"].as_str().unwrap_or("?"),
                     row["proto"].as_str().unwrap_or("?"),
                     row["peer"].as_str().unwrap_or("-"),

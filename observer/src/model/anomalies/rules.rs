@@ -14,7 +14,10 @@ use super::{
     collect::{Extra, Totals},
 };
 use crate::model::{
-    bgp::BgpSession, dataplane::origin_name, facts::SetKind, ports::PortConfig,
+    bgp::{BgpSession, UNKNOWN},
+    dataplane::origin_name,
+    facts::SetKind,
+    ports::PortConfig,
     routes::MissingBlock,
 };
 
@@ -149,10 +152,18 @@ pub(super) fn bgp_down(session: &BgpSession, down_for: f64) -> Option<Finding> {
             "BGP session {} with {neighbor} is {} since {} ({:.0} s seen down){error}",
             session.protocol, session.bgp_state, session.since, down_for
         ),
-        hint: format!(
-            "check BIRD on {neighbor} and TCP port 179 between the nodes (birdc -s {} show protocols all {}); while it is down, this node has no route to the pod blocks {neighbor} announces",
-            session.socket, session.protocol
-        ),
+        hint: if session.bgp_state == UNKNOWN {
+            format!(
+                "this node's own BIRD does not answer on {} ({}): check calico-node and BIRD here first; while it is down, this node has no route to the pod blocks {neighbor} announces",
+                session.socket,
+                session.last_error.as_deref().unwrap_or("no reading")
+            )
+        } else {
+            format!(
+                "check BIRD on {neighbor} and TCP port 179 between the nodes (birdc -s {} show protocols all {}); while it is down, this node has no route to the pod blocks {neighbor} announces",
+                session.socket, session.protocol
+            )
+        },
     })
 }
 
@@ -204,6 +215,10 @@ pub(super) fn route_missing(
             "no route here for {listed} of node {node} for {missing_for:.0} s (was {was} proto {origin}){bgp}"
         ),
         hint: match session {
+            Some(s) if s.bgp_state == UNKNOWN => format!(
+                "this node's own BIRD does not answer on {} (see bgp_down): it withdrew the routes it installed; check calico-node and BIRD here",
+                s.socket
+            ),
             Some(s) if !s.established() => format!(
                 "the BGP session with {node} is down (see bgp_down): its blocks come back when it re-establishes; check BIRD on {node} and TCP port 179"
             ),
@@ -709,6 +724,53 @@ mod tests {
         assert_eq!(carrier(Proto::VxlanGpe, &ports), "VXLAN-GPE (UDP 4790)");
         assert_eq!(carrier(Proto::Wireguard, &ports), "WireGuard (UDP)");
         assert_eq!(carrier(Proto::Ipip, &ports), "IPIP (IP protocol 4)");
+    }
+
+    #[test]
+    fn a_silent_local_bird_is_named_in_the_hints_not_the_peer() {
+        use crate::model::bgp::testing::session;
+        let gone = BgpSession {
+            last_error: Some("BIRD's control socket is gone".into()),
+            ..session("10.0.0.2", UNKNOWN)
+        };
+        let down = bgp_down(&gone, 6.0).unwrap();
+        assert!(
+            down.hint
+                .starts_with("this node's own BIRD does not answer"),
+            "{}",
+            down.hint
+        );
+        assert!(
+            down.hint.contains("control socket is gone"),
+            "{}",
+            down.hint
+        );
+        let peer_down = bgp_down(&session("10.0.0.2", "Active"), 6.0).unwrap();
+        assert!(
+            peer_down.hint.starts_with("check BIRD on 10.0.0.2"),
+            "{}",
+            peer_down.hint
+        );
+
+        let missing = MissingBlock {
+            block: "10.65.2.0/26".parse().unwrap(),
+            node: ip("10.0.0.2"),
+            since: 0.0,
+            last_route: crate::model::dataplane::BlockRoute {
+                block: "10.65.2.0/26".parse().unwrap(),
+                origin: 12,
+                blackhole: false,
+                next_hops: Vec::new(),
+            },
+        };
+        let finding = route_missing(ip("10.0.0.2"), &[&missing], 6.0, Some(&gone));
+        assert!(
+            finding.hint.starts_with("this node's own BIRD"),
+            "{}",
+            finding.hint
+        );
+        let finding = route_missing(ip("10.0.0.2"), &[&missing], 6.0, None);
+        assert!(finding.hint.contains("import filter"), "{}", finding.hint);
     }
 
     #[test]

@@ -1,0 +1,268 @@
+//! The BGP scenario (`bgp-down`): Calico's BGP mode without encapsulation
+//! rebuilt in namespaces. Four nodes share one L2 segment (a bridge in a
+//! switch namespace) and each runs its own BIRD in a full iBGP mesh (AS
+//! 64512), announcing its /26 pod block and installing the others' with
+//! `proto bird`; a pod address on each node pings a pod of n4, and n1's
+//! pings n2's as a control. BIRD stops on n4 (`birdc down`): its peers
+//! lose n4's block and the pings to it die; BIRD starts again and the
+//! routes return. This binary observes every node, reading its BIRD's
+//! control socket. The network is [`super::mesh`]; the facts
+//! ([`super::bgp_facts`]) are what each
+//! observer raised and cleared, for which peer and block, and how long
+//! the outages lasted.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use serde_json::{Value, json};
+
+use super::{
+    bgp_facts::{self, PingCount},
+    cleanup::{Cleanup, PREFIX},
+    mesh::{self, DOWN, MESH, SETTLE},
+    observers::{ObserverSpec, Observers},
+    traffic::{self, Ping},
+    view::View,
+};
+use crate::cli::{LabArgs, Scenario};
+
+/// Traffic before BIRD stops and after every anomaly cleared.
+const STEADY: Duration = Duration::from_secs(3);
+/// Echo requests per ping: more than the run sends; the pings are ended
+/// with SIGINT, on which ping prints its summary.
+const PING_COUNT: u64 = 1_000_000;
+
+/// Runs the BGP scenario `args.scenario`: build, BIRD, observe, stop and
+/// restart n4's BIRD, report, remove.
+pub fn run(args: &LabArgs) -> Result<()> {
+    let pid = std::process::id();
+    let mut view = View::new(
+        args.output,
+        MESH.iter().map(|m| m.name.to_string()).collect(),
+    );
+    let names: Vec<String> = MESH
+        .iter()
+        .map(|m| format!("{PREFIX}{pid}-{}", m.name))
+        .collect();
+    let switch = format!("{PREFIX}{pid}-switch");
+    let mut lab = Cleanup::default();
+    view.note(&format!(
+        "scenario {}: {}",
+        args.scenario.name(),
+        args.scenario.about()
+    ))?;
+    mesh::build(&mut lab, &names, &switch)?;
+    // Dropped before `lab`, which deletes the namespaces: BIRD first.
+    let birds = mesh::start_birds(&names)?;
+    mesh::wait_up(&names, &birds)?;
+    view.note(&format!(
+        "mesh up: {} nodes on {switch}'s bridge, each with its BIRD (AS 64512, full mesh, hold 6 s) announcing its /26 and installing the others' with proto bird",
+        MESH.len()
+    ))?;
+    let mut namespaces: serde_json::Map<String, Value> = MESH
+        .iter()
+        .zip(&names)
+        .map(|(m, ns)| (m.name.to_string(), json!(ns)))
+        .collect();
+    namespaces.insert("switch".into(), json!(switch));
+    view.lab_line(&json!({
+        "fact": "start",
+        "scenario": args.scenario.name(),
+        "about": args.scenario.about(),
+        "namespaces": namespaces,
+        "bird_sockets": birds.iter().map(|b| b.socket().display().to_string()).collect::<Vec<_>>(),
+        "mesh": MESH.iter().map(|m| json!({
+            "node": m.name, "addr": m.addr, "block": m.block, "pod": m.pod,
+        })).collect::<Vec<_>>(),
+        "down": MESH[DOWN].name,
+        "outage_ms": args.duration.as_millis() as u64,
+    }))?;
+
+    let specs: Vec<ObserverSpec> = MESH
+        .iter()
+        .zip(&names)
+        .zip(&birds)
+        .map(|((m, ns), bird)| ObserverSpec {
+            node: m.name.to_string(),
+            namespace: ns.clone(),
+            args: vec!["--bird-socket".into(), bird.socket().display().to_string()],
+        })
+        .collect();
+    let backstop = args.duration * 4 + SETTLE * 3;
+    let mut observers = Observers::spawn(&mut lab, &specs, backstop)?;
+    view.note("observers starting on n1..n4 (observer diagnose ... --bird-socket ... eth0)")?;
+    observers.wait_ready(&mut view, args.attach_timeout)?;
+
+    let pings = start_pings(&mut lab, &names)?;
+    pump_for(&mut observers, &mut view, STEADY)?;
+
+    let down = &MESH[DOWN];
+    view.note(&format!("stopping BIRD on {} (birdc down)", down.name))?;
+    birds[DOWN].stop();
+    let stopped = Instant::now();
+    view.lab_line(&json!({"fact": "bird_stopped", "node": down.name}))?;
+    // Down for --duration, and at least until every other node's observer
+    // named the outage.
+    let named = |lines: &[Vec<Value>]| {
+        (0..MESH.len()).filter(|i| *i != DOWN).all(|i| {
+            ["bgp_down", "route_missing"]
+                .iter()
+                .all(|kind| bgp_facts::has(&lines[i], kind, down.addr, "raised"))
+        })
+    };
+    pump_until(&mut observers, &mut view, args.duration + SETTLE, |lines| {
+        stopped.elapsed() >= args.duration && named(lines)
+    })
+    .with_context(|| {
+        format!(
+            "the other nodes did not all name the outage (bgp_down and route_missing for {}) within {:?}",
+            down.addr,
+            args.duration + SETTLE
+        )
+    })?;
+
+    view.note(&format!("starting BIRD on {} again", down.name))?;
+    birds[DOWN]
+        .restart()
+        .map_err(|e| anyhow::anyhow!("restarting BIRD on {}: {e}", down.name))?;
+    let down_for = stopped.elapsed();
+    view.lab_line(&json!({
+        "fact": "bird_started",
+        "node": down.name,
+        "down_ms": down_for.as_millis() as u64,
+    }))?;
+    pump_until(&mut observers, &mut view, SETTLE, |lines| {
+        lines
+            .iter()
+            .all(|node| bgp_facts::anomalies(node).iter().all(|a| a.cleared))
+    })
+    .context("the anomalies did not all clear once BIRD was back")?;
+    pump_for(&mut observers, &mut view, STEADY)?;
+
+    let counts = stop_pings(&mut lab, pings)?;
+    observers.stop(&mut lab);
+    observers.wait_end(&mut lab, &mut view, SETTLE)?;
+    drop(birds);
+    drop(lab);
+
+    let facts = bgp_facts::facts(&observers.lines, &counts);
+    let findings = bgp_facts::findings(&facts);
+    for fact in &facts {
+        view.lab_line(fact)?;
+    }
+    view.lab_line(&json!({
+        "fact": "diagnosis",
+        "scenario": Scenario::BgpDown.name(),
+        "findings": findings,
+    }))?;
+    view.text("")?;
+    view.text(&format!(
+        "BIRD on {} {} was down for {:.1} s (birdc down, then started again).",
+        down.name,
+        down.addr,
+        down_for.as_secs_f64()
+    ))?;
+    view.text(&bgp_facts::write_up(&findings))?;
+    for (i, member) in MESH.iter().enumerate() {
+        view.text(&format!(
+            "\n== {} {} — {}",
+            member.name,
+            member.addr,
+            observers.command(i)
+        ))?;
+        view.text(
+            super::report::node_writeup(&observers.lines[i])
+                .unwrap_or("  (no diagnosis: the observer ended without one)")
+                .trim_end(),
+        )?;
+    }
+    Ok(())
+}
+
+/// A ping running in the lab: its child, and what it is.
+struct RunningPing {
+    child: usize,
+    from: usize,
+    to: usize,
+}
+
+/// Pings from every other node's pod to n4's, from n4's to n1's, and
+/// n1's to n2's (a pair the outage does not touch).
+fn start_pings(lab: &mut Cleanup, names: &[String]) -> Result<Vec<RunningPing>> {
+    let mut pairs: Vec<(usize, usize)> = (0..MESH.len())
+        .filter(|i| *i != DOWN)
+        .map(|i| (i, DOWN))
+        .collect();
+    pairs.extend([(DOWN, 0), (0, 1)]);
+    pairs
+        .into_iter()
+        .map(|(from, to)| {
+            let ping = Ping {
+                namespace: &names[from],
+                src: MESH[from].pod,
+                dst: MESH[to].pod,
+                size: 56,
+                count: PING_COUNT,
+            };
+            let what = format!("ping {} -> {}", MESH[from].name, MESH[to].name);
+            Ok(RunningPing {
+                child: ping.spawn(lab, &what)?,
+                from,
+                to,
+            })
+        })
+        .collect()
+}
+
+/// Ends the pings (SIGINT: ping prints its summary) and reads them.
+fn stop_pings(lab: &mut Cleanup, pings: Vec<RunningPing>) -> Result<Vec<PingCount>> {
+    for ping in &pings {
+        let pid = lab.child(ping.child).id();
+        // SAFETY: kill(2) on our own child, which has not been reaped.
+        unsafe { libc::kill(pid as libc::pid_t, libc::SIGINT) };
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    pings
+        .into_iter()
+        .map(|ping| {
+            let (from, to) = (&MESH[ping.from], &MESH[ping.to]);
+            let what = format!("ping {} -> {}", from.name, to.name);
+            let (transmitted, received) = traffic::ended(lab, ping.child, &what, deadline)?;
+            Ok(PingCount {
+                from: from.name,
+                to: to.name,
+                src: from.pod,
+                dst: to.pod,
+                transmitted,
+                received,
+            })
+        })
+        .collect()
+}
+
+/// Passes the observers' lines to the view for `span`.
+fn pump_for(observers: &mut Observers, view: &mut View, span: Duration) -> Result<()> {
+    let end = Instant::now() + span;
+    while Instant::now() < end {
+        observers.pump(view)?;
+    }
+    Ok(())
+}
+
+/// Passes the observers' lines to the view until `done(lines)`, at most
+/// `timeout`.
+fn pump_until(
+    observers: &mut Observers,
+    view: &mut View,
+    timeout: Duration,
+    done: impl Fn(&[Vec<Value>]) -> bool,
+) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    while !done(&observers.lines) {
+        if Instant::now() >= deadline {
+            bail!("timed out after {timeout:?}");
+        }
+        observers.pump(view)?;
+    }
+    Ok(())
+}

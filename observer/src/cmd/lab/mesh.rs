@@ -1,0 +1,153 @@
+//! The BGP scenarios' network: four nodes on one L2 segment (a bridge in
+//! a switch namespace), each with a pod address on `lo` and its own BIRD
+//! in a full iBGP mesh (AS 64512, the tests' config from
+//! `observer_testkit::bird`): Calico's BGP mode without encapsulation.
+
+use std::{
+    net::Ipv4Addr,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Result, bail};
+use ipnet::Ipv4Net;
+use observer_testkit::bird::{Bird, MeshNode};
+
+use super::{
+    cleanup::{Cleanup, check_interrupted},
+    shell::{in_ns, run_tool},
+    topology::UNDERLAY,
+};
+
+/// One node of the mesh.
+pub struct MeshMember {
+    /// Its name in the lab.
+    pub name: &'static str,
+    /// Underlay address (BGP source and router id).
+    pub addr: Ipv4Addr,
+    /// The pod block it owns and announces.
+    pub block: Ipv4Net,
+    /// Its pod address (on `lo`), inside the block.
+    pub pod: Ipv4Addr,
+}
+
+/// The mesh: four nodes, as the smallest full mesh that still
+/// shows "every other node" at once.
+pub const MESH: [MeshMember; 4] = [
+    member("n1", 1),
+    member("n2", 2),
+    member("n3", 3),
+    member("n4", 4),
+];
+
+const fn member(name: &'static str, n: u8) -> MeshMember {
+    MeshMember {
+        name,
+        addr: Ipv4Addr::new(10, 99, 0, n),
+        block: Ipv4Net::new_assert(Ipv4Addr::new(10, 65, n, 0), 26),
+        pod: Ipv4Addr::new(10, 65, n, 1),
+    }
+}
+
+/// The node whose BIRD stops.
+pub const DOWN: usize = 3;
+
+/// Time for the mesh to come up (every session Established, every block
+/// in every kernel), and for the observers to name and clear an outage
+/// beyond the planned time.
+pub const SETTLE: Duration = Duration::from_secs(60);
+
+/// The namespaces, the bridge, each node's underlay and pod address.
+pub fn build(lab: &mut Cleanup, names: &[String], switch: &str) -> Result<()> {
+    for ns in names.iter().map(String::as_str).chain([switch]) {
+        lab.add_namespace(ns)?;
+        // IPv6 off: no router solicitations or MLD in the counters.
+        in_ns(
+            ns,
+            &[
+                "sysctl",
+                "-qw",
+                "net.ipv6.conf.all.disable_ipv6=1",
+                "net.ipv6.conf.default.disable_ipv6=1",
+            ],
+        )?;
+        run_tool("ip", &["-n", ns, "link", "set", "lo", "up"])?;
+        check_interrupted()?;
+    }
+    run_tool(
+        "ip",
+        &["-n", switch, "link", "add", "br0", "type", "bridge"],
+    )?;
+    run_tool("ip", &["-n", switch, "link", "set", "br0", "up"])?;
+    for (member, ns) in MESH.iter().zip(names) {
+        let port = format!("p-{}", member.name);
+        run_tool(
+            "ip",
+            &[
+                "-n", switch, "link", "add", &port, "type", "veth", "peer", "name", UNDERLAY,
+                "netns", ns,
+            ],
+        )?;
+        run_tool(
+            "ip",
+            &["-n", switch, "link", "set", &port, "master", "br0", "up"],
+        )?;
+        let addr = format!("{}/24", member.addr);
+        run_tool("ip", &["-n", ns, "addr", "add", &addr, "dev", UNDERLAY])?;
+        run_tool("ip", &["-n", ns, "link", "set", UNDERLAY, "up"])?;
+        let pod = format!("{}/32", member.pod);
+        run_tool("ip", &["-n", ns, "addr", "add", &pod, "dev", "lo"])?;
+        check_interrupted()?;
+    }
+    Ok(())
+}
+
+/// One BIRD per node, with the mesh's config.
+pub fn start_birds(names: &[String]) -> Result<Vec<Bird>> {
+    MESH.iter()
+        .zip(names)
+        .map(|(member, ns)| {
+            let node = MeshNode {
+                address: member.addr,
+                block: member.block.to_string(),
+                peers: MESH
+                    .iter()
+                    .filter(|m| m.addr != member.addr)
+                    .map(|m| m.addr)
+                    .collect(),
+            };
+            Bird::start_in(ns, &node)
+                .map_err(|e| anyhow::anyhow!("starting BIRD on {}: {e}", member.name))
+        })
+        .collect()
+}
+
+/// Waits until every node's BIRD has every session Established and its
+/// kernel table every other node's block (`proto bird`, beside its own
+/// blackhole).
+pub fn wait_up(names: &[String], birds: &[Bird]) -> Result<()> {
+    let deadline = Instant::now() + SETTLE;
+    loop {
+        check_interrupted()?;
+        let mut up = true;
+        for (ns, bird) in names.iter().zip(birds) {
+            let sessions = bird
+                .birdc(&["show", "protocols"])
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            let established = sessions
+                .lines()
+                .filter(|l| l.contains("Established"))
+                .count();
+            let routes = run_tool("ip", &["-n", ns, "route", "show", "proto", "bird"])?;
+            up &= established == MESH.len() - 1 && routes.lines().count() == MESH.len();
+        }
+        if up {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            bail!(
+                "the BGP mesh did not come up within {SETTLE:?} (BIRD sessions Established and every block in every kernel)"
+            );
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
