@@ -16,8 +16,8 @@ use std::{
 use serde_json::Value;
 use support::{
     lab::{
-        assert_incident, fact, facts, lab_pid, leftovers, n, node_findings, pairs, path, ping,
-        run_lab,
+        assert_incident, fact, facts, lab_pid, leftovers, n, node_findings, node_verdicts, pairs,
+        path, ping, run_lab,
     },
     netns::{signal, wait_timeout},
 };
@@ -39,6 +39,17 @@ fn incident_lab_reports_the_incident_exactly() {
         leftovers(lab_pid(&lines))
     );
     assert_incident(&lines);
+    // Per node pair: gpu's packets from cp1 are dropped by policy once
+    // rewritten (the router's address too); cp2 is fine.
+    let verdicts = |node: &str| node_verdicts(&lines, node);
+    let gpu = verdicts("gpu");
+    assert_eq!(gpu["10.10.60.127"], "policy_drop", "{gpu:?}");
+    assert_eq!(gpu["10.10.10.244"], "policy_drop", "{gpu:?}");
+    assert_eq!(gpu["10.10.60.209"], "healthy", "{gpu:?}");
+    assert_eq!(
+        verdicts("cp2").values().collect::<BTreeSet<_>>(),
+        BTreeSet::from([&"healthy".to_string()])
+    );
 }
 
 #[test]
@@ -157,6 +168,29 @@ fn bgp_down_lab_is_named_for_the_right_peer_and_block_on_every_node() {
             "{node}: outage {outage_s}, route_missing {missing_s}"
         );
     }
+    // Per node pair: route loss with n4, the other pairs healthy.
+    for node in ["n1", "n2", "n3", "n4"] {
+        let verdicts: BTreeSet<(String, String)> = facts(&lines, "verdict")
+            .into_iter()
+            .filter(|f| f["node"] == node)
+            .map(|f| {
+                (
+                    s(f["peer"].as_str().unwrap()),
+                    s(f["verdict"].as_str().unwrap()),
+                )
+            })
+            .collect();
+        let expected: BTreeSet<(String, String)> = (1..=4)
+            .map(|i| format!("10.99.0.{i}"))
+            .filter(|peer| !peer.ends_with(&node[1..]))
+            .map(|peer| {
+                let loss = node == "n4" || peer == n4;
+                let verdict = if loss { "route_loss" } else { "healthy" };
+                (peer, s(verdict))
+            })
+            .collect();
+        assert_eq!(verdicts, expected, "{node}");
+    }
     // n4, whose BIRD stopped, lost every session and every route.
     let mut on_n4 = BTreeSet::new();
     for (peer, block) in [
@@ -239,6 +273,9 @@ fn mtu_and_encap_mismatch_labs_raise_their_kinds() {
         node_findings(&lines, "cp1")
     );
     assert!(node_findings(&lines, "cp2").iter().all(|(k, _)| k != "mtu"));
+    assert_eq!(node_verdicts(&lines, "gpu")["10.10.60.127"], "mtu");
+    assert_eq!(node_verdicts(&lines, "cp1")["10.10.10.62"], "mtu");
+    assert_eq!(node_verdicts(&lines, "cp1")["10.10.60.209"], "healthy");
 
     let (output, lines) = run_lab("encap-mismatch", LAB_DURATION);
     assert!(output.status.success(), "{}", output.status);

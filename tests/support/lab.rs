@@ -118,6 +118,25 @@ pub fn node_findings(lines: &[Value], node: &str) -> std::collections::BTreeSet<
         .collect()
 }
 
+/// peer -> verdict of `node`'s own diagnosis (one per node pair).
+pub fn node_verdicts(lines: &[Value], node: &str) -> std::collections::BTreeMap<String, String> {
+    let own = lines
+        .iter()
+        .find(|l| l["node"] == node && l["type"] == "diagnosis")
+        .unwrap_or_else(|| panic!("no diagnosis from {node}"));
+    own["pairs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            (
+                p["peer"].as_str().unwrap().to_string(),
+                p["verdict"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
 pub fn pairs(list: &[(&str, &str)]) -> std::collections::BTreeSet<(String, String)> {
     list.iter()
         .map(|(k, p)| (k.to_string(), p.to_string()))

@@ -19,8 +19,10 @@ use crate::{
     model::anomalies::{self, Anomaly, Event, FindingRecord, Kind, Known},
     model::crosscheck::NetfilterCheck,
     model::dataplane::DeclaredTunnel,
+    model::routes::Outage,
     model::rows::DropRow,
     model::rows::Row,
+    model::verdicts::{self, PairVerdict},
     node::dataplane,
     node::netns,
     report::{
@@ -113,6 +115,25 @@ pub struct Outcome {
     pub interfaces: Vec<String>,
     /// How long it ran.
     pub seconds: f64,
+    /// Route outages of pod blocks that ended during the run (at most
+    /// [`MAX_FINDINGS`]).
+    pub route_outages: Vec<Outage>,
+    /// Route outages not kept.
+    pub route_outages_not_kept: u64,
+}
+
+impl Outcome {
+    /// One verdict per node pair: every node the data plane or BIRD
+    /// names, and every peer a finding is about.
+    pub fn verdicts(&self) -> Vec<PairVerdict> {
+        let peers = self
+            .known
+            .nodes
+            .keys()
+            .copied()
+            .chain(self.known.bgp.iter().filter_map(|s| s.neighbor));
+        verdicts::verdicts(&self.findings.list(), peers)
+    }
 }
 
 /// Runs the diagnosis; `Ok(true)` when nothing was found.
@@ -148,6 +169,8 @@ pub fn run(args: DiagnoseArgs) -> Result<bool> {
                 findings: outcome.findings.list(),
                 findings_not_kept: outcome.findings.overflow,
                 measured: measured(&outcome),
+                pairs: outcome.verdicts(),
+                route_outages: &outcome.route_outages,
                 netfilter: &outcome.netfilter,
                 text: &text,
             };
@@ -171,6 +194,13 @@ fn observe(args: &AttachArgs, options: Options) -> Result<Outcome> {
         outcome.rows = interval.rows;
         outcome.drops = interval.drops;
         outcome.netfilter = interval.netfilter;
+        for outage in interval.route_outages {
+            if outcome.route_outages.len() < MAX_FINDINGS {
+                outcome.route_outages.push(outage);
+            } else {
+                outcome.route_outages_not_kept += 1;
+            }
+        }
         if is_final {
             break;
         }
@@ -282,6 +312,43 @@ pub fn write_up(outcome: &Outcome, netns: Option<&str>) -> String {
             c.observer_packets,
             if c.agree { " (agree)" } else { " (DISAGREE)" }
         );
+    }
+    let pairs = outcome.verdicts();
+    if !pairs.is_empty() {
+        let _ = writeln!(
+            t,
+            "\nPer node pair (route loss, policy drop, MTU or healthy):"
+        );
+        for pair in &pairs {
+            let how = match (pair.active, pair.longest_s) {
+                (true, _) => " (still at the end)".to_string(),
+                (false, Some(s)) => format!(" (cleared; the longest lasted {s} s)"),
+                (false, None) => String::new(),
+            };
+            let kinds = if pair.kinds.is_empty() {
+                String::new()
+            } else {
+                format!(": {}{how}", pair.kinds.join(", "))
+            };
+            let _ = writeln!(
+                t,
+                "  {:<40} {}{kinds}",
+                pair.peer.to_string(),
+                pair.verdict.words()
+            );
+        }
+    }
+    if !outcome.route_outages.is_empty() {
+        let _ = writeln!(
+            t,
+            "\nRoute outages (pod blocks that lost their route, and for how long):"
+        );
+        for o in &outcome.route_outages {
+            let _ = writeln!(t, "  {} of node {}: {:.1} s", o.block, o.node, o.duration_s);
+        }
+        if outcome.route_outages_not_kept > 0 {
+            let _ = writeln!(t, "  ({} more not kept)", outcome.route_outages_not_kept);
+        }
     }
     let findings = outcome.findings.list();
     if findings.is_empty() {

@@ -12,3 +12,4 @@ pub mod hooks;
 pub mod ports;
 pub mod routes;
 pub mod rows;
+pub mod verdicts;

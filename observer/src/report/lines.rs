@@ -23,6 +23,7 @@ use crate::{
     model::routes::Outage,
     model::rows::Row,
     model::rows::{DropRow, KernelStats, by_rate, direction_name},
+    model::verdicts::PairVerdict,
 };
 
 /// RFC 3339 with milliseconds, as every line's `ts`.
@@ -361,6 +362,10 @@ pub struct DiagnosisLine<'a> {
     pub findings: Vec<&'a FindingRecord>,
     pub findings_not_kept: u64,
     pub measured: Vec<Measured>,
+    /// One verdict per node pair.
+    pub pairs: Vec<PairVerdict>,
+    /// Route outages of pod blocks that ended during the run.
+    pub route_outages: &'a [Outage],
     pub netfilter: &'a [NetfilterCheck],
     pub text: &'a str,
 }

@@ -68,6 +68,15 @@ pub enum Fact {
         /// How long it had no route.
         duration_s: f64,
     },
+    /// A node's verdict on one peer, from its diagnosis.
+    Verdict {
+        /// The node whose observer judged.
+        node: &'static str,
+        /// The peer.
+        peer: String,
+        /// `route_loss`, `policy_drop`, `mtu`, `other` or `healthy`.
+        verdict: String,
+    },
     /// What a ping counted.
     Ping(PingCount),
 }
@@ -130,6 +139,13 @@ pub fn facts(lines: &[Vec<Value>], pings: &[PingCount]) -> Vec<Fact> {
                     duration_s: l["duration_s"].as_f64().unwrap_or(0.0),
                 }),
         );
+        let diagnosis = lines.iter().rev().find(|l| l["type"] == "diagnosis");
+        let pairs = diagnosis.and_then(|d| d["pairs"].as_array());
+        facts.extend(pairs.into_iter().flatten().map(|pair| Fact::Verdict {
+            node: member.name,
+            peer: text(&pair["peer"]),
+            verdict: text(&pair["verdict"]),
+        }));
     }
     facts.extend(pings.iter().cloned().map(Fact::Ping));
     facts
@@ -157,7 +173,7 @@ pub fn findings(facts: &[Fact]) -> Vec<String> {
                 .entry((block, via))
                 .or_default()
                 .push((node, *duration_s)),
-            Fact::Ping(_) => {}
+            Fact::Verdict { .. } | Fact::Ping(_) => {}
         }
     }
     for ((kind, peer), seen) in &by_anomaly {
@@ -196,6 +212,24 @@ pub fn findings(facts: &[Fact]) -> Vec<String> {
             named(via),
             on.join(", ")
         ));
+    }
+    let mut verdicts: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+    for fact in facts {
+        if let Fact::Verdict {
+            node,
+            peer,
+            verdict,
+        } = fact
+        {
+            verdicts.entry(node).or_default().push(format!(
+                "{} {}",
+                named(peer),
+                verdict.replace('_', " ")
+            ));
+        }
+    }
+    for (node, said) in verdicts {
+        out.push(format!("{node}'s verdicts: {}", said.join(", ")));
     }
     for fact in facts {
         if let Fact::Ping(p) = fact {
@@ -263,7 +297,12 @@ mod tests {
             anomaly("cleared", "route_missing", "10.99.0.4", Some(12.3)),
             anomaly("cleared", "bgp_down", "10.99.0.4", Some(13.0)),
         ];
-        let n2 = vec![anomaly("raised", "bgp_down", "10.99.0.4", None)];
+        let n2 = vec![
+            anomaly("raised", "bgp_down", "10.99.0.4", None),
+            json!({"type":"diagnosis","pairs":[
+                {"peer":"10.99.0.1","verdict":"healthy"},
+                {"peer":"10.99.0.4","verdict":"route_loss"}]}),
+        ];
         let pings = [PingCount {
             from: "n1",
             to: "n4",
@@ -298,6 +337,7 @@ mod tests {
                 "bgp_down for n4 10.99.0.4: raised on n1 cleared after 13.0 s, n2 still active at the end",
                 "route_missing for n4 10.99.0.4 (block 10.65.4.0/26): raised on n1 cleared after 12.3 s",
                 "route outage of 10.65.4.0/26 (routed to n4 10.99.0.4): n1 12.3 s",
+                "n2's verdicts: n1 10.99.0.1 healthy, n4 10.99.0.4 route loss",
                 "ping n1 10.65.1.1 -> n4 10.65.4.1: 80 of 200 answered, 120 lost",
             ]
         );
