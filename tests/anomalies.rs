@@ -233,3 +233,87 @@ fn mtu_from_outer_fragments_of_a_too_small_underlay() {
     assert_eq!(m["evidence"]["overhead_bytes"], 50);
     assert!(m["hint"].as_str().unwrap().contains("MTU"));
 }
+
+#[test]
+fn stale_route_and_route_conflict_from_the_data_planes_own_entries() {
+    if !support::have_root("stale_route_and_route_conflict_from_the_data_planes_own_entries") {
+        return;
+    }
+    let overlay = Pair::new("asr");
+    overlay.calico();
+    // A accepts VXLAN only from node B; BIRD left a route to a node that
+    // is gone (on A's link, never answering).
+    calico::ipset_create(&overlay.a, calico::VXLAN_SET, &[B_IP]);
+    let gone = "198.18.0.9";
+    let gone_block = "10.66.9.0/26";
+    overlay.a.exec_ok(&[
+        "ip", "route", "add", gone_block, "via", gone, "dev", "va", "proto", "bird",
+    ]);
+    let observer = observe(&overlay);
+    wait_for(&observer, "stale_route raised", |lines| {
+        raised_kinds(lines, gone).contains("stale_route")
+    });
+    let stale = last(&observer.lines(), "stale_route", gone).clone();
+    assert_eq!(stale["evidence"]["blocks"], serde_json::json!([gone_block]));
+    assert_eq!(stale["evidence"]["allow_set_active"], true);
+
+    // It is a node after all: in the allow-set, no longer stale.
+    calico::ipset_add(&overlay.a, calico::VXLAN_SET, gone);
+    wait_for(&observer, "stale_route cleared", |lines| {
+        anomaly_events(lines).contains(&("cleared".into(), "stale_route".into(), gone.into()))
+    });
+
+    // A blackhole beside the route of B's block: two owners.
+    let blackhole = [
+        "ip",
+        "route",
+        "add",
+        "blackhole",
+        NODE_B.block,
+        "proto",
+        "bird",
+        "metric",
+        "100",
+    ];
+    overlay.a.exec_ok(&blackhole);
+    wait_for(&observer, "route_conflict raised", |lines| {
+        raised_kinds(lines, B_IP).contains("route_conflict")
+    });
+    let conflict = last(&observer.lines(), "route_conflict", B_IP).clone();
+    assert_eq!(
+        conflict["evidence"]["blocks"],
+        serde_json::json!([NODE_B.block])
+    );
+    overlay.a.exec_ok(&[
+        "ip",
+        "route",
+        "del",
+        "blackhole",
+        NODE_B.block,
+        "proto",
+        "bird",
+        "metric",
+        "100",
+    ]);
+    wait_for(&observer, "route_conflict cleared", |lines| {
+        anomaly_events(lines).contains(&("cleared".into(), "route_conflict".into(), B_IP.into()))
+    });
+    let run = observer.stop();
+    // Exactly these, once each; B (in the allow-set) was never stale.
+    let events: Vec<(String, String, String)> = anomaly_events(&run.lines)
+        .into_iter()
+        .filter(|(_, kind, _)| kind == "stale_route" || kind == "route_conflict")
+        .collect();
+    let e = |state: &str, kind: &str, peer: &str| {
+        (state.to_string(), kind.to_string(), peer.to_string())
+    };
+    assert_eq!(
+        events,
+        vec![
+            e("raised", "stale_route", gone),
+            e("cleared", "stale_route", gone),
+            e("raised", "route_conflict", B_IP),
+            e("cleared", "route_conflict", B_IP),
+        ]
+    );
+}

@@ -576,6 +576,9 @@ impl<'a> Monitor<'a> {
         };
         let changes = self.routes.update(now, &view.blocks);
         self.known.missing_blocks = self.routes.missing();
+        if !changes.changed.is_empty() || !changes.withdrawn.is_empty() {
+            self.known.blocks.clone_from(&view.blocks);
+        }
         let ts = lines::timestamp(SystemTime::now());
         let mut out = Vec::new();
         if !changes.changed.is_empty() || !changes.withdrawn.is_empty() {

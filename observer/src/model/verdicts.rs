@@ -20,7 +20,9 @@ use crate::model::anomalies::{FindingRecord, Kind};
 #[serde(rename_all = "snake_case")]
 pub enum Verdict {
     /// The peer's pod blocks lost their route here, or its BGP session
-    /// went down or flapped (`route_missing`, `bgp_down`, `bgp_flap`).
+    /// went down or flapped, or the routes towards it are wrong
+    /// (`route_missing`, `bgp_down`, `bgp_flap`, `route_conflict`,
+    /// `stale_route`).
     RouteLoss,
     /// Its packets are dropped by policy: Calico's allow-set or a DROP
     /// rule, also after a router rewrote their source (`allow_set_drop`,
@@ -39,7 +41,11 @@ impl Verdict {
     /// The verdict a finding of `kind` supports.
     pub fn of(kind: Kind) -> Verdict {
         match kind {
-            Kind::RouteMissing | Kind::BgpDown | Kind::BgpFlap => Verdict::RouteLoss,
+            Kind::RouteMissing
+            | Kind::BgpDown
+            | Kind::BgpFlap
+            | Kind::RouteConflict
+            | Kind::StaleRoute => Verdict::RouteLoss,
             Kind::AllowSetDrop | Kind::SnatSuspected => Verdict::PolicyDrop,
             Kind::Mtu => Verdict::Mtu,
             Kind::OneWay | Kind::EncapMismatch | Kind::UnknownPeer | Kind::DropSpike => {

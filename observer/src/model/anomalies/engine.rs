@@ -6,7 +6,7 @@
 //! [`MAX_ACTIVE`] are only counted.
 
 use std::{
-    collections::{BTreeMap, VecDeque},
+    collections::{BTreeMap, BTreeSet, VecDeque},
     net::IpAddr,
     time::{Duration, SystemTime},
 };
@@ -19,7 +19,10 @@ use super::{
     collect::{Extra, Part, Totals, tunnel_parts},
     rules::{self, Finding, PeerFacts},
 };
+use ipnet::IpNet;
+
 use crate::model::{
+    dataplane::BlockRoute,
     routes::MissingBlock,
     rows::{DropRow, Row},
 };
@@ -66,6 +69,9 @@ pub struct Engine {
     /// Per BGP neighbor: the session as last read (Established, and BIRD's
     /// `since`), and when it re-established within the flap window.
     bgp_history: BTreeMap<IpAddr, BgpHistory>,
+    /// Since when each route_conflict and stale_route condition has held
+    /// (as many as the nodes the data plane points at).
+    held_since: BTreeMap<ActiveKey, f64>,
 }
 
 /// What the engine remembers of one BGP session for `bgp_flap`.
@@ -99,6 +105,7 @@ impl Engine {
             suppressed: 0,
             bgp_down_since: BTreeMap::new(),
             bgp_history: BTreeMap::new(),
+            held_since: BTreeMap::new(),
         }
     }
 
@@ -170,6 +177,7 @@ impl Engine {
         let mut began = self.bgp_down_conditions(now, known, &mut conditions);
         self.bgp_flap_conditions(now, known, &mut conditions);
         self.route_missing_conditions(now, known, &mut conditions, &mut began);
+        self.data_plane_conditions(now, known, &mut conditions, &mut began);
         self.transition(now, wall, conditions, &began)
     }
 
@@ -272,12 +280,7 @@ impl Engine {
                 continue;
             }
             let session = known.bgp.iter().find(|s| s.neighbor == Some(node));
-            let traffic = Proto::ALL.iter().any(|proto| {
-                self.tracks
-                    .get(&(node, *proto))
-                    .is_some_and(|t| t.last_seen > now - window + EPSILON)
-            });
-            if session.is_none() && !traffic {
+            if session.is_none() && !self.recent_traffic(node, now) {
                 continue;
             }
             let key = (Kind::RouteMissing, node, Proto::Other);
@@ -287,6 +290,82 @@ impl Engine {
             );
             began.insert(key, since);
         }
+    }
+
+    /// Whether `node` exchanged tunnel traffic with this node within the
+    /// window.
+    fn recent_traffic(&self, node: IpAddr, now: f64) -> bool {
+        let window = self.thresholds.window.as_secs_f64();
+        Proto::ALL.iter().any(|proto| {
+            self.tracks
+                .get(&(node, *proto))
+                .is_some_and(|t| t.last_seen > now - window + EPSILON)
+        })
+    }
+
+    /// Adds the conditions on the data plane's own entries that have held
+    /// for a whole window (a route being replaced passes through such
+    /// states): `route_conflict` per node a conflicting block leads to,
+    /// `stale_route` per address the routes, FDB or neighbour entries
+    /// lead to that is no longer a node.
+    fn data_plane_conditions(
+        &mut self,
+        now: f64,
+        known: &Known,
+        conditions: &mut BTreeMap<ActiveKey, Finding>,
+        began: &mut BTreeMap<ActiveKey, f64>,
+    ) {
+        let mut found: BTreeMap<ActiveKey, Finding> = BTreeMap::new();
+        let mut conflicts: BTreeMap<IpAddr, Vec<&BlockRoute>> = BTreeMap::new();
+        let mut pointed: BTreeMap<IpAddr, Vec<IpNet>> = BTreeMap::new();
+        for block in &known.blocks {
+            let nodes: BTreeSet<IpAddr> = block.next_hops.iter().filter_map(|h| h.node).collect();
+            if nodes.len() > 1 || (block.blackhole && !block.next_hops.is_empty()) {
+                for node in &nodes {
+                    conflicts.entry(*node).or_default().push(block);
+                }
+            }
+            for node in nodes {
+                pointed.entry(node).or_default().push(block.block);
+            }
+        }
+        for (node, blocks) in conflicts {
+            found.insert(
+                (Kind::RouteConflict, node, Proto::Other),
+                rules::route_conflict(node, &blocks),
+            );
+        }
+        for node in known.nodes.keys() {
+            pointed.entry(*node).or_default();
+        }
+        for (addr, blocks) in pointed {
+            if known.local.contains(&addr)
+                || known.still_a_node(addr) != Some(false)
+                || self.recent_traffic(addr, now)
+            {
+                continue;
+            }
+            let devices = known
+                .nodes
+                .get(&addr)
+                .map(|n| n.devices.clone())
+                .unwrap_or_default();
+            found.insert(
+                (Kind::StaleRoute, addr, Proto::Other),
+                rules::stale_route(addr, &blocks, &devices, known),
+            );
+        }
+        let window = self.thresholds.window.as_secs_f64();
+        let mut held = BTreeMap::new();
+        for (key, finding) in found {
+            let since = self.held_since.get(&key).copied().unwrap_or(now);
+            held.insert(key, since);
+            if now - since >= window - EPSILON {
+                conditions.insert(key, finding);
+                began.insert(key, since);
+            }
+        }
+        self.held_since = held;
     }
 
     /// Adds one read to the tracks' histories: the packets each tunnel
@@ -825,6 +904,120 @@ mod tests {
             raised(&events).contains(&(Kind::RouteMissing, "10.99.0.2".into())),
             "{events:?}"
         );
+    }
+
+    #[test]
+    fn route_conflict_and_stale_route_hold_a_window_first() {
+        use crate::model::{
+            bgp::testing,
+            dataplane::{BlockRoute, NextHop},
+        };
+        let hop = |node: &str| NextHop {
+            device: "eth0".into(),
+            gateway: Some(node.parse().unwrap()),
+            encap: None,
+            node: Some(node.parse().unwrap()),
+        };
+        let block = |net: &str, blackhole, hops: Vec<NextHop>| BlockRoute {
+            block: net.parse().unwrap(),
+            origin: 12,
+            blackhole,
+            next_hops: hops,
+        };
+        let mut known = known();
+        known.blocks = vec![
+            // Two owners: ECMP to two nodes.
+            block(
+                "10.42.168.192/26",
+                false,
+                vec![hop("10.10.60.127"), hop("10.10.60.209")],
+            ),
+            // A node that left: routed to, in no allow-set, silent.
+            block("10.42.99.0/26", false, vec![hop("10.10.60.99")]),
+            // A blackhole beside a route: our block, or the node's?
+            block("10.42.10.0/26", true, vec![hop("10.10.60.209")]),
+        ];
+        let keys = |events: &[Event]| -> Vec<(Kind, String, &'static str)> {
+            events
+                .iter()
+                .map(|e| match e {
+                    Event::Raised(a) => (a.kind, a.peer.to_string(), "raised"),
+                    Event::Cleared { anomaly, .. } => {
+                        (anomaly.kind, anomaly.peer.to_string(), "cleared")
+                    }
+                })
+                .collect()
+        };
+        let mut e = Engine::new(th(), 0.0);
+        assert_eq!(
+            e.observe(1.0, SystemTime::UNIX_EPOCH, &[], &[], &known),
+            vec![]
+        );
+        assert_eq!(
+            e.observe(5.0, SystemTime::UNIX_EPOCH, &[], &[], &known),
+            vec![]
+        );
+        let events = e.observe(6.0, SystemTime::UNIX_EPOCH, &[], &[], &known);
+        assert_eq!(
+            keys(&events),
+            vec![
+                (Kind::RouteConflict, "10.10.60.127".into(), "raised"),
+                (Kind::RouteConflict, "10.10.60.209".into(), "raised"),
+                (Kind::StaleRoute, "10.10.60.99".into(), "raised"),
+            ]
+        );
+        let Event::Raised(conflict) = &events[1] else {
+            unreachable!()
+        };
+        assert_eq!(
+            conflict.evidence["blocks"],
+            serde_json::json!(["10.42.168.192/26", "10.42.10.0/26"])
+        );
+        let Event::Raised(stale) = &events[2] else {
+            unreachable!()
+        };
+        assert_eq!(
+            stale.evidence["blocks"],
+            serde_json::json!(["10.42.99.0/26"])
+        );
+
+        // BIRD has a session with it: still a node, no longer stale.
+        known.bgp = vec![testing::session("10.10.60.99", "Established")];
+        let events = e.observe(7.0, SystemTime::UNIX_EPOCH, &[], &[], &known);
+        assert_eq!(
+            keys(&events),
+            vec![(Kind::StaleRoute, "10.10.60.99".into(), "cleared")]
+        );
+
+        // Traffic with it also says it is a node; so do no membership
+        // sources at all (nothing to judge by).
+        let mut e = Engine::new(th(), 0.0);
+        known.bgp.clear();
+        let events = drive(&mut e, &known, 8, |t| {
+            (
+                vec![flow(
+                    "10.10.60.99",
+                    Proto::Vxlan,
+                    Direction::Rx,
+                    10 * u64::from(t),
+                )],
+                vec![],
+            )
+        });
+        assert!(
+            !raised(&events).iter().any(|(k, _)| *k == Kind::StaleRoute),
+            "{events:?}"
+        );
+        let mut e = Engine::new(th(), 0.0);
+        known.allow = None;
+        for t in [1.0, 7.0] {
+            let events = e.observe(t, SystemTime::UNIX_EPOCH, &[], &[], &known);
+            assert!(
+                events
+                    .iter()
+                    .all(|ev| !matches!(ev, Event::Raised(a) if a.kind == Kind::StaleRoute))
+            );
+        }
     }
 
     #[test]

@@ -40,6 +40,7 @@ pub use engine::Engine;
 
 use crate::model::{
     bgp::BgpSession,
+    dataplane::BlockRoute,
     facts::{self, ExpectedPeer, SetKind, longest_prefix},
     ports::PortConfig,
     routes::MissingBlock,
@@ -93,11 +94,17 @@ pub enum Kind {
     /// Pod blocks that were routed to a node have no route here, and the
     /// node is still a BGP peer or exchanges traffic with this one.
     RouteMissing,
+    /// One pod block routed via two nodes, or a blackhole beside a route
+    /// for the same block.
+    RouteConflict,
+    /// A route, FDB or neighbour entry towards an address that is no
+    /// longer a node: no BGP peer, not in the allow-set, no traffic.
+    StaleRoute,
 }
 
 impl Kind {
     /// Every kind, in the order findings are listed (most decisive first).
-    pub const ALL: [Kind; 10] = [
+    pub const ALL: [Kind; 12] = [
         Kind::OneWay,
         Kind::SnatSuspected,
         Kind::AllowSetDrop,
@@ -108,6 +115,8 @@ impl Kind {
         Kind::BgpDown,
         Kind::BgpFlap,
         Kind::RouteMissing,
+        Kind::RouteConflict,
+        Kind::StaleRoute,
     ];
 
     /// The name used in JSON and tables.
@@ -123,6 +132,8 @@ impl Kind {
             Kind::BgpDown => "bgp_down",
             Kind::BgpFlap => "bgp_flap",
             Kind::RouteMissing => "route_missing",
+            Kind::RouteConflict => "route_conflict",
+            Kind::StaleRoute => "stale_route",
         }
     }
 
@@ -154,6 +165,12 @@ impl Kind {
             }
             Kind::RouteMissing => {
                 "this node lost its route to the peer's pod blocks: traffic to pods there goes nowhere (or by the default route) until the route returns"
+            }
+            Kind::RouteConflict => {
+                "a pod block has two owners here: its packets go to either node (or are dropped), so its pods answer from one path and are silent on the other"
+            }
+            Kind::StaleRoute => {
+                "the data plane still sends to an address that is no longer a node: traffic for those pods is lost until the entry is removed"
             }
         }
     }
@@ -208,6 +225,8 @@ pub struct Known {
     pub bgp: Vec<BgpSession>,
     /// Pod blocks that were routed to a node and have no route now.
     pub missing_blocks: Vec<MissingBlock>,
+    /// The routes of pod blocks now (from the data-plane view).
+    pub blocks: Vec<BlockRoute>,
 }
 
 impl Known {
@@ -234,6 +253,18 @@ impl Known {
 
     fn is_node(&self, addr: IpAddr) -> bool {
         self.nodes.contains_key(&addr)
+    }
+
+    /// Whether `addr` is still a node by the node's own membership
+    /// sources: `None` when it has none (no BGP sessions read, no active
+    /// allow-set), else whether BIRD has a session with it or an
+    /// allow-set admits it.
+    fn still_a_node(&self, addr: IpAddr) -> Option<bool> {
+        let allowed = [Proto::Vxlan, Proto::Ipip].map(|p| self.allowed(p, addr));
+        if self.bgp.is_empty() && allowed.iter().all(Option::is_none) {
+            return None;
+        }
+        Some(self.bgp.iter().any(|s| s.neighbor == Some(addr)) || allowed.contains(&Some(true)))
     }
 }
 

@@ -13,9 +13,11 @@ use super::{
     Kind, Known, Thresholds,
     collect::{Extra, Totals},
 };
+use ipnet::IpNet;
+
 use crate::model::{
     bgp::{BgpSession, UNKNOWN},
-    dataplane::origin_name,
+    dataplane::{BlockRoute, origin_name},
     facts::SetKind,
     ports::PortConfig,
     routes::MissingBlock,
@@ -90,7 +92,11 @@ fn rule(kind: Kind) -> Option<fn(&PeerFacts<'_>) -> Option<Finding>> {
         Kind::Mtu => mtu,
         Kind::UnknownPeer => unknown_peer,
         Kind::DropSpike => drop_spike,
-        Kind::BgpDown | Kind::BgpFlap | Kind::RouteMissing => return None,
+        Kind::BgpDown
+        | Kind::BgpFlap
+        | Kind::RouteMissing
+        | Kind::RouteConflict
+        | Kind::StaleRoute => return None,
     })
 }
 
@@ -226,6 +232,93 @@ pub(super) fn route_missing(
                 "check that {node} still announces the block and that no import filter drops it (birdc show route all for the block, on both nodes), and the block's owner in Calico IPAM (calicoctl ipam show --show-blocks)"
             ),
         },
+    }
+}
+
+/// `blocks` are routed here both to `node` and elsewhere (another node,
+/// or a blackhole beside the route): two owners for one block.
+pub(super) fn route_conflict(node: IpAddr, blocks: &[&BlockRoute]) -> Finding {
+    let described: Vec<String> = blocks
+        .iter()
+        .take(MAX_BLOCKS_IN_EVIDENCE)
+        .map(|b| {
+            let mut ways: Vec<String> = b
+                .next_hops
+                .iter()
+                .map(|h| match h.node {
+                    Some(n) => format!("via {n} dev {}", h.device),
+                    None => format!("dev {}", h.device),
+                })
+                .collect();
+            if b.blackhole {
+                ways.push("blackhole".into());
+            }
+            format!("{} {}", b.block, ways.join(" and "))
+        })
+        .collect();
+    let names: Vec<String> = blocks
+        .iter()
+        .take(MAX_BLOCKS_IN_EVIDENCE)
+        .map(|b| b.block.to_string())
+        .collect();
+    Finding {
+        evidence: BTreeMap::from([
+            ("blocks", json!(names)),
+            ("blocks_in_conflict", json!(blocks.len())),
+            ("routes", json!(described)),
+        ]),
+        summary: format!(
+            "pod block routed two ways here, one of them to {node}: {}",
+            described.join("; ")
+        ),
+        hint: "find the block's real owner (calicoctl ipam show --show-blocks; birdc show route all for the block) and remove the other route or the stale block affinity; until then its pods answer only on one path".to_string(),
+    }
+}
+
+/// `addr` is pointed at by this node's data plane (`blocks` routed to
+/// it, `devices` with FDB or neighbour entries for it) and is no longer a
+/// node: no BGP session with it, no allow-set admits it, no traffic.
+pub(super) fn stale_route(
+    addr: IpAddr,
+    blocks: &[IpNet],
+    devices: &[String],
+    known: &Known,
+) -> Finding {
+    let names: Vec<String> = blocks
+        .iter()
+        .take(MAX_BLOCKS_IN_EVIDENCE)
+        .map(ToString::to_string)
+        .collect();
+    let pointers = match (names.is_empty(), devices.is_empty()) {
+        (false, true) => format!("routes for {}", names.join(", ")),
+        (true, false) => format!("entries on {}", devices.join(", ")),
+        _ => format!(
+            "routes for {} and entries on {}",
+            names.join(", "),
+            devices.join(", ")
+        ),
+    };
+    Finding {
+        evidence: BTreeMap::from([
+            ("blocks", json!(names)),
+            ("devices", json!(devices)),
+            ("bgp_sessions_read", json!(known.bgp.len())),
+            (
+                "allow_set_active",
+                json!(
+                    known
+                        .allow
+                        .as_ref()
+                        .is_some_and(|a| a.vxlan.active() || a.ipip.active())
+                ),
+            ),
+        ]),
+        summary: format!(
+            "{pointers} still lead to {addr}, which is no longer a node here: no BGP session, not in an allow-set, no traffic"
+        ),
+        hint: format!(
+            "if {addr} was decommissioned, remove what still points at it (ip route / bridge fdb / ip neigh, or the calico Node and its IPAM blocks); if it is a node, see why it has no BGP session or allow-set entry"
+        ),
     }
 }
 
