@@ -118,11 +118,13 @@ fn bird_sessions_are_followed_and_a_lost_peer_is_bgp_down() {
         address: A,
         block: A_BLOCK.into(),
         peers: vec![B],
+        rejects: Vec::new(),
     };
     let node_b = MeshNode {
         address: B,
         block: B_BLOCK.into(),
         peers: vec![A],
+        rejects: Vec::new(),
     };
     let bird_a = Bird::start(&a, &node_a).expect("starting BIRD in a");
     let bird_b = Bird::start(&b, &node_b).expect("starting BIRD in b");

@@ -224,6 +224,51 @@ fn bgp_down_lab_is_named_for_the_right_peer_and_block_on_every_node() {
 }
 
 #[test]
+fn new_node_lab_names_the_filtered_block_on_the_filtering_peer_only() {
+    if !support::have_root("new_node_lab_names_the_filtered_block_on_the_filtering_peer_only") {
+        return;
+    }
+    let (output, lines) = run_lab("new-node", Duration::from_secs(6));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{}\n{stderr}", output.status);
+    let pid = lab_pid(&lines);
+    assert!(leftovers(pid).is_empty(), "{:?}", leftovers(pid));
+    let s = |x: &str| x.to_string();
+    // n1, whose import filter rejects n4's block: route_missing for n4,
+    // still active at the end (the filter stays); nobody else raised
+    // anything.
+    assert_eq!(
+        anomaly_facts(&lines, "n1"),
+        BTreeSet::from([(s("route_missing"), s("10.99.0.4"), vec![], false)])
+    );
+    let n1 = lines
+        .iter()
+        .find(|l| {
+            l["node"] == "n1"
+                && l["type"] == "anomaly"
+                && l["kind"] == "route_missing"
+                && l["state"] == "raised"
+        })
+        .unwrap();
+    assert!(n(&n1["evidence"], "updates_filtered") >= 1, "{n1}");
+    for node in ["n2", "n3", "n4"] {
+        assert!(anomaly_facts(&lines, node).is_empty(), "{node}");
+    }
+    let verdict = |node: &str, peer: &str| {
+        fact(&lines, "verdict", &[("node", node), ("peer", peer)])["verdict"].clone()
+    };
+    assert_eq!(verdict("n1", "10.99.0.4"), "route_loss");
+    assert_eq!(verdict("n1", "10.99.0.2"), "healthy");
+    assert_eq!(verdict("n2", "10.99.0.4"), "healthy");
+    // n4's pings to n1 get no reply (n1 cannot route back); n2's to n4 do.
+    let to_n1 = fact(&lines, "ping", &[("from", "n4"), ("to", "n1")]);
+    assert!(n(to_n1, "transmitted") >= 50, "{to_n1}");
+    assert_eq!(n(to_n1, "received"), 0, "{to_n1}");
+    let n2_n4 = fact(&lines, "ping", &[("from", "n2"), ("to", "n4")]);
+    assert_eq!(n(n2_n4, "received"), n(n2_n4, "transmitted"), "{n2_n4}");
+}
+
+#[test]
 fn udp_block_lab_is_one_way_without_snat() {
     if !support::have_root("udp_block_lab_is_one_way_without_snat") {
         return;

@@ -28,6 +28,9 @@ pub struct MeshNode {
     pub block: String,
     /// The other nodes' addresses.
     pub peers: Vec<Ipv4Addr>,
+    /// Blocks this node's import filter rejects (a peer that filters a
+    /// new node's block); empty: import all.
+    pub rejects: Vec<String>,
 }
 
 impl MeshNode {
@@ -48,11 +51,16 @@ impl MeshNode {
              protocol kernel {{ ipv4 {{ import none; export all; }}; }}\n\
              protocol static blocks {{ ipv4; route {block} blackhole; }}\n\
              template bgp mesh {{\n  local as 64512; direct;\n  \
-             ipv4 {{ import all; export where proto = \"blocks\"; gateway direct; }};\n  \
+             ipv4 {{ import {import}; export where proto = \"blocks\"; gateway direct; }};\n  \
              hold time 6; keepalive time 2; connect retry time 1; error wait time 1, 2;\n}}\n",
             address = self.address,
             log = log.display(),
             block = self.block,
+            import = if self.rejects.is_empty() {
+                "all".to_string()
+            } else {
+                format!("where net !~ [ {} ]", self.rejects.join(", "))
+            },
         );
         for peer in &self.peers {
             text.push_str(&format!(

@@ -511,6 +511,10 @@ pub enum Scenario {
     /// with its own BIRD; BIRD stops on n4, the others lose its block and
     /// pings to it die, then BIRD comes back and so do the routes.
     BgpDown,
+    /// The same mesh, where n1's BIRD import filter rejects the block of
+    /// n4, the newest node: n1 has no route to n4's pods while n2 and n3
+    /// do.
+    NewNode,
 }
 
 /// Output format of `observer lab`.

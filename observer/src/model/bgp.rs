@@ -36,6 +36,9 @@ pub struct BgpSession {
     pub routes_imported: u64,
     /// Routes exported to the neighbor, over all channels.
     pub routes_exported: u64,
+    /// Route updates from the neighbor that the import filter rejected,
+    /// since the session started (BIRD's `Import updates` "filtered").
+    pub updates_filtered: u64,
 }
 
 impl BgpSession {
@@ -112,6 +115,7 @@ pub mod testing {
             last_error: (!established).then(|| "Socket: Connection refused".into()),
             routes_imported: 0,
             routes_exported: 1,
+            updates_filtered: 0,
         }
     }
 }

@@ -155,6 +155,7 @@ pub fn parse_protocols(socket: &str, reply: &[String]) -> Result<Vec<BgpSession>
                     last_error: None,
                     routes_imported: 0,
                     routes_exported: 0,
+                    updates_filtered: 0,
                 });
             }
             1006 if in_bgp => {
@@ -184,6 +185,12 @@ fn detail(session: &mut BgpSession, line: &str) {
         "Neighbor AS" => session.neighbor_as = value.parse().ok(),
         "Local AS" => session.local_as = value.parse().ok(),
         "Last error" => session.last_error = Some(value.to_string()),
+        // Columns: received, rejected, filtered, ignored, accepted ("---"
+        // where a count does not apply); one line per channel.
+        "Import updates" => {
+            let filtered = value.split_whitespace().nth(2);
+            session.updates_filtered += filtered.and_then(|n| n.parse::<u64>().ok()).unwrap_or(0);
+        }
         "Routes" => {
             // "1 imported, 1 exported, 1 preferred" (one line per channel;
             // some versions add "N filtered").
@@ -278,6 +285,27 @@ mod tests {
     }
 
     #[test]
+    fn filtered_updates_are_summed_over_channels() {
+        let reply = lines(
+            "1002-Mesh_10_99_0_4 BGP        ---        up     12:00:01.000  Established\n\
+             1006-  BGP state:          Established\n\
+             \x20   Neighbor address: 10.99.0.4\n\
+             \x20   Routes:         0 imported, 1 exported, 0 preferred\n\
+             \x20   Route change stats:     received   rejected   filtered    ignored   accepted\n\
+             \x20     Import updates:              2          0          2          0          0\n\
+             \x20     Import withdraws:            0          0        ---          0          0\n\
+             \x20     Import updates:              1          0          1          0          0\n\
+             0000 \n",
+        );
+        let sessions = parse_protocols("bird.ctl", &reply).unwrap();
+        assert_eq!(sessions.len(), 1);
+        assert_eq!(
+            (sessions[0].routes_imported, sessions[0].updates_filtered),
+            (0, 3)
+        );
+    }
+
+    #[test]
     fn an_established_session_with_its_routes() {
         let reply = lines(include_str!(
             "../../testdata/bird/show_protocols_all_established.txt"
@@ -297,6 +325,7 @@ mod tests {
                 last_error: None,
                 routes_imported: 1,
                 routes_exported: 1,
+                updates_filtered: 0,
             }]
         );
         assert!(sessions[0].established());
@@ -343,6 +372,7 @@ mod tests {
                 last_error: None,
                 routes_imported: 1,
                 routes_exported: 1,
+                updates_filtered: 0,
             }]
         );
         let down = lines(include_str!(

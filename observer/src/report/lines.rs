@@ -628,7 +628,7 @@ mod tests {
                 "protocol": "Mesh_10_0_0_2", "neighbor": "10.0.0.2", "neighbor_as": 64512,
                 "local_as": 64512, "state": "start", "bgp_state": "Active",
                 "since": "07:40:19.573", "last_error": "Socket: Connection refused",
-                "routes_imported": 0, "routes_exported": 1
+                "routes_imported": 0, "routes_exported": 1, "updates_filtered": 0
             })
         );
         let ifaces = HashMap::new();

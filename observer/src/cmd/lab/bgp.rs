@@ -1,25 +1,25 @@
-//! The BGP scenario (`bgp-down`): Calico's BGP mode without encapsulation
-//! rebuilt in namespaces. Four nodes share one L2 segment (a bridge in a
-//! switch namespace) and each runs its own BIRD in a full iBGP mesh (AS
-//! 64512), announcing its /26 pod block and installing the others' with
-//! `proto bird`; a pod address on each node pings a pod of n4, and n1's
-//! pings n2's as a control. BIRD stops on n4 (`birdc down`): its peers
-//! lose n4's block and the pings to it die; BIRD starts again and the
-//! routes return. This binary observes every node, reading its BIRD's
-//! control socket. The network is [`super::mesh`]; the facts
-//! ([`super::bgp_facts`]) are what each
-//! observer raised and cleared, for which peer and block, and how long
-//! the outages lasted.
+//! The BGP scenarios (`bgp-down`, `new-node`): Calico's BGP mode without
+//! encapsulation rebuilt in namespaces ([`super::mesh`]): four nodes in a
+//! full iBGP mesh, each with its own BIRD; a pod address on each node
+//! pings a pod of n4, and n1's pings n2's as a control. `bgp-down`: BIRD
+//! stops on n4 (`birdc down`), its peers lose n4's block and the pings to
+//! it die; BIRD starts again and the routes return. `new-node`: n1's
+//! import filter rejects the block of n4, the newest node, from the start.
+//! This binary observes every node, reading its BIRD's control socket;
+//! the facts ([`super::bgp_facts`]) are what each observer raised and
+//! cleared, for which peer and block, how long the outages lasted, and
+//! each node's verdict per node pair.
 
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
+use observer_testkit::bird::Bird;
 use serde_json::{Value, json};
 
 use super::{
     bgp_facts::{self, PingCount},
     cleanup::{Cleanup, PREFIX},
-    mesh::{self, DOWN, MESH, SETTLE},
+    mesh::{self, DOWN, FILTERING, MESH, SETTLE},
     observers::{ObserverSpec, Observers},
     traffic::{self, Ping},
     view::View,
@@ -32,9 +32,10 @@ const STEADY: Duration = Duration::from_secs(3);
 /// with SIGINT, on which ping prints its summary.
 const PING_COUNT: u64 = 1_000_000;
 
-/// Runs the BGP scenario `args.scenario`: build, BIRD, observe, stop and
-/// restart n4's BIRD, report, remove.
+/// Runs the BGP scenario `args.scenario`: build, BIRD, observe, the
+/// scenario's event, report, remove.
 pub fn run(args: &LabArgs) -> Result<()> {
+    let scenario = args.scenario;
     let pid = std::process::id();
     let mut view = View::new(
         args.output,
@@ -48,13 +49,13 @@ pub fn run(args: &LabArgs) -> Result<()> {
     let mut lab = Cleanup::default();
     view.note(&format!(
         "scenario {}: {}",
-        args.scenario.name(),
-        args.scenario.about()
+        scenario.name(),
+        scenario.about()
     ))?;
     mesh::build(&mut lab, &names, &switch)?;
     // Dropped before `lab`, which deletes the namespaces: BIRD first.
-    let birds = mesh::start_birds(&names)?;
-    mesh::wait_up(&names, &birds)?;
+    let birds = mesh::start_birds(&names, scenario)?;
+    mesh::wait_up(&names, &birds, scenario)?;
     view.note(&format!(
         "mesh up: {} nodes on {switch}'s bridge, each with its BIRD (AS 64512, full mesh, hold 6 s) announcing its /26 and installing the others' with proto bird",
         MESH.len()
@@ -67,15 +68,15 @@ pub fn run(args: &LabArgs) -> Result<()> {
     namespaces.insert("switch".into(), json!(switch));
     view.lab_line(&json!({
         "fact": "start",
-        "scenario": args.scenario.name(),
-        "about": args.scenario.about(),
+        "scenario": scenario.name(),
+        "about": scenario.about(),
         "namespaces": namespaces,
         "bird_sockets": birds.iter().map(|b| b.socket().display().to_string()).collect::<Vec<_>>(),
-        "mesh": MESH.iter().map(|m| json!({
+        "mesh": MESH.iter().enumerate().map(|(i, m)| json!({
             "node": m.name, "addr": m.addr, "block": m.block, "pod": m.pod,
+            "rejects": mesh::rejects(scenario, i),
         })).collect::<Vec<_>>(),
-        "down": MESH[DOWN].name,
-        "outage_ms": args.duration.as_millis() as u64,
+        "duration_ms": args.duration.as_millis() as u64,
     }))?;
 
     let specs: Vec<ObserverSpec> = MESH
@@ -93,16 +94,63 @@ pub fn run(args: &LabArgs) -> Result<()> {
     view.note("observers starting on n1..n4 (observer diagnose ... --bird-socket ... eth0)")?;
     observers.wait_ready(&mut view, args.attach_timeout)?;
 
-    let pings = start_pings(&mut lab, &names)?;
+    let pings = start_pings(&mut lab, &names, scenario)?;
+    pump_for(&mut observers, &mut view, STEADY)?;
+    let headline = match scenario {
+        Scenario::NewNode => filtered(&mut observers, &mut view, args)?,
+        _ => outage(&mut observers, &mut view, &birds, args)?,
+    };
     pump_for(&mut observers, &mut view, STEADY)?;
 
+    let counts = stop_pings(&mut lab, pings)?;
+    observers.stop(&mut lab);
+    observers.wait_end(&mut lab, &mut view, SETTLE)?;
+    drop(birds);
+    drop(lab);
+
+    let facts = bgp_facts::facts(&observers.lines, &counts);
+    let findings = bgp_facts::findings(&facts);
+    for fact in &facts {
+        view.lab_line(fact)?;
+    }
+    view.lab_line(&json!({
+        "fact": "diagnosis",
+        "scenario": scenario.name(),
+        "findings": findings,
+    }))?;
+    view.text("")?;
+    view.text(&headline)?;
+    view.text(&bgp_facts::write_up(scenario, &findings))?;
+    for (i, member) in MESH.iter().enumerate() {
+        view.text(&format!(
+            "\n== {} {} — {}",
+            member.name,
+            member.addr,
+            observers.command(i)
+        ))?;
+        view.text(
+            super::report::node_writeup(&observers.lines[i])
+                .unwrap_or("  (no diagnosis: the observer ended without one)")
+                .trim_end(),
+        )?;
+    }
+    Ok(())
+}
+
+/// `bgp-down`: n4's BIRD stops for `--duration` (and at least until every
+/// other node's observer named the outage), starts again, and the run
+/// goes on until every anomaly cleared. Returns the headline.
+fn outage(
+    observers: &mut Observers,
+    view: &mut View,
+    birds: &[Bird],
+    args: &LabArgs,
+) -> Result<String> {
     let down = &MESH[DOWN];
     view.note(&format!("stopping BIRD on {} (birdc down)", down.name))?;
     birds[DOWN].stop();
     let stopped = Instant::now();
     view.lab_line(&json!({"fact": "bird_stopped", "node": down.name}))?;
-    // Down for --duration, and at least until every other node's observer
-    // named the outage.
     let named = |lines: &[Vec<Value>]| {
         (0..MESH.len()).filter(|i| *i != DOWN).all(|i| {
             ["bgp_down", "route_missing"]
@@ -110,7 +158,7 @@ pub fn run(args: &LabArgs) -> Result<()> {
                 .all(|kind| bgp_facts::has(&lines[i], kind, down.addr, "raised"))
         })
     };
-    pump_until(&mut observers, &mut view, args.duration + SETTLE, |lines| {
+    pump_until(observers, view, args.duration + SETTLE, |lines| {
         stopped.elapsed() >= args.duration && named(lines)
     })
     .with_context(|| {
@@ -131,52 +179,41 @@ pub fn run(args: &LabArgs) -> Result<()> {
         "node": down.name,
         "down_ms": down_for.as_millis() as u64,
     }))?;
-    pump_until(&mut observers, &mut view, SETTLE, |lines| {
+    pump_until(observers, view, SETTLE, |lines| {
         lines
             .iter()
             .all(|node| bgp_facts::anomalies(node).iter().all(|a| a.cleared))
     })
     .context("the anomalies did not all clear once BIRD was back")?;
-    pump_for(&mut observers, &mut view, STEADY)?;
-
-    let counts = stop_pings(&mut lab, pings)?;
-    observers.stop(&mut lab);
-    observers.wait_end(&mut lab, &mut view, SETTLE)?;
-    drop(birds);
-    drop(lab);
-
-    let facts = bgp_facts::facts(&observers.lines, &counts);
-    let findings = bgp_facts::findings(&facts);
-    for fact in &facts {
-        view.lab_line(fact)?;
-    }
-    view.lab_line(&json!({
-        "fact": "diagnosis",
-        "scenario": Scenario::BgpDown.name(),
-        "findings": findings,
-    }))?;
-    view.text("")?;
-    view.text(&format!(
+    Ok(format!(
         "BIRD on {} {} was down for {:.1} s (birdc down, then started again).",
         down.name,
         down.addr,
         down_for.as_secs_f64()
-    ))?;
-    view.text(&bgp_facts::write_up(&findings))?;
-    for (i, member) in MESH.iter().enumerate() {
-        view.text(&format!(
-            "\n== {} {} — {}",
-            member.name,
-            member.addr,
-            observers.command(i)
-        ))?;
-        view.text(
-            super::report::node_writeup(&observers.lines[i])
-                .unwrap_or("  (no diagnosis: the observer ended without one)")
-                .trim_end(),
-        )?;
-    }
-    Ok(())
+    ))
+}
+
+/// `new-node`: runs `--duration`, and at least until the filtering
+/// node's observer named the block it never routes. Returns the headline.
+fn filtered(observers: &mut Observers, view: &mut View, args: &LabArgs) -> Result<String> {
+    let (filtering, newest) = (&MESH[FILTERING], &MESH[DOWN]);
+    let start = Instant::now();
+    pump_until(observers, view, args.duration + SETTLE, |lines| {
+        start.elapsed() >= args.duration
+            && bgp_facts::has(&lines[FILTERING], "route_missing", newest.addr, "raised")
+    })
+    .with_context(|| {
+        format!(
+            "{}'s observer did not name route_missing for {} within {:?}",
+            filtering.name,
+            newest.addr,
+            args.duration + SETTLE
+        )
+    })?;
+    Ok(format!(
+        "{}'s BIRD import filter rejects {} ({} {}'s block); the other nodes route it.",
+        filtering.name, newest.block, newest.name, newest.addr
+    ))
 }
 
 /// A ping running in the lab: its child, and what it is.
@@ -187,10 +224,17 @@ struct RunningPing {
 }
 
 /// Pings from every other node's pod to n4's, from n4's to n1's, and
-/// n1's to n2's (a pair the outage does not touch).
-fn start_pings(lab: &mut Cleanup, names: &[String]) -> Result<Vec<RunningPing>> {
+/// n1's to n2's (a pair neither scenario touches). In `new-node` n1 has
+/// no route to n4's pods at all (ping would refuse to start): n4's pings
+/// to n1 show it, their replies have no way back.
+fn start_pings(
+    lab: &mut Cleanup,
+    names: &[String],
+    scenario: Scenario,
+) -> Result<Vec<RunningPing>> {
     let mut pairs: Vec<(usize, usize)> = (0..MESH.len())
         .filter(|i| *i != DOWN)
+        .filter(|i| !(scenario == Scenario::NewNode && *i == FILTERING))
         .map(|i| (i, DOWN))
         .collect();
     pairs.extend([(DOWN, 0), (0, 1)]);

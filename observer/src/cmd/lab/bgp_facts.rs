@@ -12,7 +12,7 @@ use std::{
 use serde::Serialize;
 use serde_json::Value;
 
-use super::mesh::MESH;
+use super::{mesh::MESH, scenarios::Scenario};
 
 /// What one ping counted.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -248,9 +248,12 @@ pub fn findings(facts: &[Fact]) -> Vec<String> {
     out
 }
 
-/// The text write-up of the findings.
-pub fn write_up(findings: &[String]) -> String {
-    let mut text = String::from("== lab diagnosis (bgp-down: what each node's observer said)\n");
+/// The text write-up of the findings of `scenario`.
+pub fn write_up(scenario: Scenario, findings: &[String]) -> String {
+    let mut text = format!(
+        "== lab diagnosis ({}: what each node's observer said)\n",
+        scenario.name()
+    );
     for (i, finding) in findings.iter().enumerate() {
         let _ = writeln!(text, "  {}. {finding}", i + 1);
     }

@@ -14,6 +14,7 @@ use observer_testkit::bird::{Bird, MeshNode};
 
 use super::{
     cleanup::{Cleanup, check_interrupted},
+    scenarios::Scenario,
     shell::{in_ns, run_tool},
     topology::UNDERLAY,
 };
@@ -48,7 +49,8 @@ const fn member(name: &'static str, n: u8) -> MeshMember {
     }
 }
 
-/// The node whose BIRD stops.
+/// The node whose BIRD stops in `bgp-down`, and the newest node (whose
+/// block one peer filters) in `new-node`.
 pub const DOWN: usize = 3;
 
 /// Time for the mesh to come up (every session Established, every block
@@ -101,11 +103,26 @@ pub fn build(lab: &mut Cleanup, names: &[String], switch: &str) -> Result<()> {
     Ok(())
 }
 
-/// One BIRD per node, with the mesh's config.
-pub fn start_birds(names: &[String]) -> Result<Vec<Bird>> {
+/// The node whose import filter rejects a block in `new-node`, and the
+/// node whose block it rejects.
+pub const FILTERING: usize = 0;
+
+/// Blocks node `i`'s import filter rejects in `scenario`: in `new-node`,
+/// n1 rejects n4's (the newest node's) block.
+pub fn rejects(scenario: Scenario, i: usize) -> Vec<Ipv4Net> {
+    if scenario == Scenario::NewNode && i == FILTERING {
+        vec![MESH[DOWN].block]
+    } else {
+        Vec::new()
+    }
+}
+
+/// One BIRD per node, with the mesh's config for `scenario`.
+pub fn start_birds(names: &[String], scenario: Scenario) -> Result<Vec<Bird>> {
     MESH.iter()
         .zip(names)
-        .map(|(member, ns)| {
+        .enumerate()
+        .map(|(i, (member, ns))| {
             let node = MeshNode {
                 address: member.addr,
                 block: member.block.to_string(),
@@ -113,6 +130,10 @@ pub fn start_birds(names: &[String]) -> Result<Vec<Bird>> {
                     .iter()
                     .filter(|m| m.addr != member.addr)
                     .map(|m| m.addr)
+                    .collect(),
+                rejects: rejects(scenario, i)
+                    .iter()
+                    .map(ToString::to_string)
                     .collect(),
             };
             Bird::start_in(ns, &node)
@@ -122,14 +143,14 @@ pub fn start_birds(names: &[String]) -> Result<Vec<Bird>> {
 }
 
 /// Waits until every node's BIRD has every session Established and its
-/// kernel table every other node's block (`proto bird`, beside its own
-/// blackhole).
-pub fn wait_up(names: &[String], birds: &[Bird]) -> Result<()> {
+/// kernel table every other node's block it does not reject (`proto
+/// bird`, beside its own blackhole).
+pub fn wait_up(names: &[String], birds: &[Bird], scenario: Scenario) -> Result<()> {
     let deadline = Instant::now() + SETTLE;
     loop {
         check_interrupted()?;
         let mut up = true;
-        for (ns, bird) in names.iter().zip(birds) {
+        for (i, (ns, bird)) in names.iter().zip(birds).enumerate() {
             let sessions = bird
                 .birdc(&["show", "protocols"])
                 .map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -138,7 +159,8 @@ pub fn wait_up(names: &[String], birds: &[Bird]) -> Result<()> {
                 .filter(|l| l.contains("Established"))
                 .count();
             let routes = run_tool("ip", &["-n", ns, "route", "show", "proto", "bird"])?;
-            up &= established == MESH.len() - 1 && routes.lines().count() == MESH.len();
+            let expected = MESH.len() - rejects(scenario, i).len();
+            up &= established == MESH.len() - 1 && routes.lines().count() == expected;
         }
         if up {
             return Ok(());

@@ -307,7 +307,8 @@ impl Engine {
     /// for a whole window (a route being replaced passes through such
     /// states): `route_conflict` per node a conflicting block leads to,
     /// `stale_route` per address the routes, FDB or neighbour entries
-    /// lead to that is no longer a node.
+    /// lead to that is no longer a node, and `route_missing` per BGP
+    /// neighbor whose every route the import filter rejected.
     fn data_plane_conditions(
         &mut self,
         now: f64,
@@ -334,6 +335,17 @@ impl Engine {
                 (Kind::RouteConflict, node, Proto::Other),
                 rules::route_conflict(node, &blocks),
             );
+        }
+        for session in &known.bgp {
+            if let (Some(neighbor), Some(finding)) =
+                (session.neighbor, rules::routes_filtered(session))
+            {
+                let key = (Kind::RouteMissing, neighbor, Proto::Other);
+                // Blocks that went missing say more than a filter count.
+                if !conditions.contains_key(&key) {
+                    found.insert(key, finding);
+                }
+            }
         }
         for node in known.nodes.keys() {
             pointed.entry(*node).or_default();
@@ -902,6 +914,40 @@ mod tests {
         });
         assert!(
             raised(&events).contains(&(Kind::RouteMissing, "10.99.0.2".into())),
+            "{events:?}"
+        );
+    }
+
+    #[test]
+    fn route_missing_when_the_import_filter_rejects_all_a_peer_sends() {
+        use crate::model::bgp::{BgpSession, testing};
+        let filtered = |imported| BgpSession {
+            routes_imported: imported,
+            updates_filtered: 2,
+            ..testing::session("10.99.0.4", "Established")
+        };
+        let mut e = Engine::new(th(), 0.0);
+        let mut known = known();
+        known.bgp = vec![filtered(0)];
+        assert_eq!(
+            e.observe(1.0, SystemTime::UNIX_EPOCH, &[], &[], &known),
+            vec![]
+        );
+        let events = e.observe(6.0, SystemTime::UNIX_EPOCH, &[], &[], &known);
+        let [Event::Raised(missing)] = events.as_slice() else {
+            panic!("{events:?}");
+        };
+        assert_eq!(
+            (missing.kind, missing.peer.to_string()),
+            (Kind::RouteMissing, "10.99.0.4".into())
+        );
+        assert_eq!(missing.evidence["updates_filtered"], 2);
+        assert!(missing.hint.contains("import filter"), "{}", missing.hint);
+        // One route accepted (the filter fixed): cleared.
+        known.bgp = vec![filtered(1)];
+        let events = e.observe(7.0, SystemTime::UNIX_EPOCH, &[], &[], &known);
+        assert!(
+            matches!(events.as_slice(), [Event::Cleared { .. }]),
             "{events:?}"
         );
     }

@@ -235,6 +235,33 @@ pub(super) fn route_missing(
     }
 }
 
+/// An Established BGP session whose every announced route this node's
+/// import filter rejected: the neighbor's blocks are never routed here
+/// (a new node's block filtered by one peer).
+pub(super) fn routes_filtered(session: &BgpSession) -> Option<Finding> {
+    let neighbor = session.neighbor?;
+    if !session.established() || session.routes_imported > 0 || session.updates_filtered == 0 {
+        return None;
+    }
+    Some(Finding {
+        evidence: BTreeMap::from([
+            ("blocks", json!([])),
+            ("updates_filtered", json!(session.updates_filtered)),
+            ("routes_imported", json!(0)),
+            ("bgp_protocol", json!(session.protocol)),
+            ("bgp_state", json!(session.bgp_state)),
+        ]),
+        summary: format!(
+            "BGP session {} with {neighbor} is Established, but this node's import filter rejected all {} route updates it sent: none of its pod blocks is routed here",
+            session.protocol, session.updates_filtered
+        ),
+        hint: format!(
+            "check BIRD's import filter here (birdc -s {} show protocols all {}; Calico: BGPFilter resources, bird.cfg templates) against {neighbor}'s blocks (calicoctl ipam show --show-blocks)",
+            session.socket, session.protocol
+        ),
+    })
+}
+
 /// `blocks` are routed here both to `node` and elsewhere (another node,
 /// or a blackhole beside the route): two owners for one block.
 pub(super) fn route_conflict(node: IpAddr, blocks: &[&BlockRoute]) -> Finding {
