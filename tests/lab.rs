@@ -269,6 +269,54 @@ fn new_node_lab_names_the_filtered_block_on_the_filtering_peer_only() {
 }
 
 #[test]
+fn stale_route_lab_names_the_leftover_route_on_its_node_only() {
+    if !support::have_root("stale_route_lab_names_the_leftover_route_on_its_node_only") {
+        return;
+    }
+    let (output, lines) = run_lab("stale-route", Duration::from_secs(6));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{}\n{stderr}", output.status);
+    let pid = lab_pid(&lines);
+    assert!(leftovers(pid).is_empty(), "{:?}", leftovers(pid));
+    let s = |x: &str| x.to_string();
+    // n1 kept a route to the block of n4, which left: stale_route, with
+    // the block; n2 and n3 dropped n4 cleanly and raise nothing.
+    assert_eq!(
+        anomaly_facts(&lines, "n1"),
+        BTreeSet::from([(
+            s("stale_route"),
+            s("10.99.0.4"),
+            vec![s("10.65.4.0/26")],
+            false
+        )])
+    );
+    for node in ["n2", "n3"] {
+        assert!(anomaly_facts(&lines, node).is_empty(), "{node}");
+    }
+    // n4 itself, whose BIRD stopped and link went down, lost everything.
+    let mut on_n4 = BTreeSet::new();
+    for (peer, block) in [
+        ("10.99.0.1", "10.65.1.0/26"),
+        ("10.99.0.2", "10.65.2.0/26"),
+        ("10.99.0.3", "10.65.3.0/26"),
+    ] {
+        on_n4.insert((s("bgp_down"), s(peer), vec![], false));
+        on_n4.insert((s("route_missing"), s(peer), vec![s(block)], false));
+    }
+    assert_eq!(anomaly_facts(&lines, "n4"), on_n4);
+    let verdict = fact(&lines, "verdict", &[("node", "n1"), ("peer", "10.99.0.4")]);
+    assert_eq!(verdict["verdict"], "route_loss");
+    // n2 no longer counts n4 as a node at all.
+    assert!(
+        facts(&lines, "verdict")
+            .iter()
+            .all(|f| !(f["node"] == "n2" && f["peer"] == "10.99.0.4"))
+    );
+    let left = fact(&lines, "left", &[("node", "n4")]);
+    assert_eq!(left["route"], "10.65.4.0/26 via 10.99.0.4");
+}
+
+#[test]
 fn udp_block_lab_is_one_way_without_snat() {
     if !support::have_root("udp_block_lab_is_one_way_without_snat") {
         return;

@@ -145,6 +145,19 @@ impl Bird {
         )))
     }
 
+    /// Writes `node`'s config and makes the running daemon take it
+    /// (`birdc configure`): protocols gone from it are shut down, as when
+    /// Calico removes a node from the mesh.
+    pub fn reconfigure(&self, node: &MeshNode) -> Result<(), CmdError> {
+        std::fs::write(&self.config, node.config(&self.log))
+            .map_err(|e| CmdError::new(format!("writing {}: {e}", self.config.display())))?;
+        let reply = self.birdc(&["configure"])?;
+        if !reply.contains("Reconfigured") && !reply.contains("Reconfiguration in progress") {
+            return Err(CmdError::new(format!("birdc configure: {}", reply.trim())));
+        }
+        Ok(())
+    }
+
     /// The control socket.
     pub fn socket(&self) -> &Path {
         &self.socket

@@ -86,7 +86,7 @@ enum Task {
     /// (a GPU node behind a NATing router and two control-plane nodes in
     /// network namespaces, VXLAN and IPIP pings, the observer on every node,
     /// and a diagnosis from what they saw). Options after `lab` go to
-    /// `observer lab` (--scenario incident|udp-block|mtu|encap-mismatch|healthy|bgp-down|new-node,
+    /// `observer lab` (--scenario incident|udp-block|mtu|encap-mismatch|healthy|bgp-down|new-node|stale-route,
     /// --duration, --output text|json). Everything is removed at the end,
     /// also on Ctrl-C.
     Lab(lab::LabArgs),

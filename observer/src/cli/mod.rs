@@ -515,6 +515,10 @@ pub enum Scenario {
     /// n4, the newest node: n1 has no route to n4's pods while n2 and n3
     /// do.
     NewNode,
+    /// The same mesh; n4 leaves (its BIRD stops, its link goes down, the
+    /// others drop it from their BIRD configs) but n1 keeps a route to its
+    /// old block.
+    StaleRoute,
 }
 
 /// Output format of `observer lab`.

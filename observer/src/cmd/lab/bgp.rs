@@ -1,10 +1,11 @@
-//! The BGP scenarios (`bgp-down`, `new-node`): Calico's BGP mode without
+//! The BGP scenarios (`bgp-down`, `new-node`, `stale-route`): Calico's BGP mode without
 //! encapsulation rebuilt in namespaces ([`super::mesh`]): four nodes in a
 //! full iBGP mesh, each with its own BIRD; a pod address on each node
 //! pings a pod of n4, and n1's pings n2's as a control. `bgp-down`: BIRD
 //! stops on n4 (`birdc down`), its peers lose n4's block and the pings to
 //! it die; BIRD starts again and the routes return. `new-node`: n1's
 //! import filter rejects the block of n4, the newest node, from the start.
+//! `stale-route`: n4 leaves, n1 keeps a route to its old block.
 //! This binary observes every node, reading its BIRD's control socket;
 //! the facts ([`super::bgp_facts`]) are what each observer raised and
 //! cleared, for which peer and block, how long the outages lasted, and
@@ -21,6 +22,8 @@ use super::{
     cleanup::{Cleanup, PREFIX},
     mesh::{self, DOWN, FILTERING, MESH, SETTLE},
     observers::{ObserverSpec, Observers},
+    shell::run_tool,
+    topology::UNDERLAY,
     traffic::{self, Ping},
     view::View,
 };
@@ -98,6 +101,7 @@ pub fn run(args: &LabArgs) -> Result<()> {
     pump_for(&mut observers, &mut view, STEADY)?;
     let headline = match scenario {
         Scenario::NewNode => filtered(&mut observers, &mut view, args)?,
+        Scenario::StaleRoute => left(&mut observers, &mut view, &birds, &names, args)?,
         _ => outage(&mut observers, &mut view, &birds, args)?,
     };
     pump_for(&mut observers, &mut view, STEADY)?;
@@ -190,6 +194,85 @@ fn outage(
         down.name,
         down.addr,
         down_for.as_secs_f64()
+    ))
+}
+
+/// `stale-route`: n4 leaves (n1..n3 drop it from their BIRD configs, its
+/// BIRD stops, its link goes down) but n1 keeps a route to its old block
+/// (`proto bird`, as a BIRD that was killed leaves its routes behind);
+/// runs `--duration` more, and at least until n1's observer named it.
+/// Returns the headline.
+fn left(
+    observers: &mut Observers,
+    view: &mut View,
+    birds: &[Bird],
+    names: &[String],
+    args: &LabArgs,
+) -> Result<String> {
+    let (keeper, gone) = (&MESH[FILTERING], &MESH[DOWN]);
+    view.note(&format!(
+        "{} leaves: the others drop it from their BIRD configs, its BIRD stops, its link goes down",
+        gone.name
+    ))?;
+    for (i, bird) in birds.iter().enumerate().filter(|(i, _)| *i != DOWN) {
+        bird.reconfigure(&mesh::mesh_node(i, args.scenario, &[DOWN]))
+            .map_err(|e| anyhow::anyhow!("reconfiguring BIRD on {}: {e}", MESH[i].name))?;
+    }
+    birds[DOWN].stop();
+    run_tool("ip", &["-n", &names[DOWN], "link", "set", UNDERLAY, "down"])?;
+    // BIRD withdraws n4's block everywhere; then n1 gets its leftover.
+    let block = gone.block.to_string();
+    let deadline = Instant::now() + SETTLE;
+    while !run_tool("ip", &["-n", &names[FILTERING], "route", "show", &block])?
+        .trim()
+        .is_empty()
+    {
+        if Instant::now() >= deadline {
+            bail!(
+                "{}'s BIRD did not withdraw {block} within {SETTLE:?}",
+                keeper.name
+            );
+        }
+        observers.pump(view)?;
+    }
+    let gateway = gone.addr.to_string();
+    run_tool(
+        "ip",
+        &[
+            "-n",
+            &names[FILTERING],
+            "route",
+            "add",
+            &block,
+            "via",
+            &gateway,
+            "dev",
+            UNDERLAY,
+            "proto",
+            "bird",
+        ],
+    )?;
+    view.note(&format!(
+        "{} keeps a route to {block} via {gateway} (proto bird)",
+        keeper.name
+    ))?;
+    view.lab_line(&json!({"fact": "left", "node": gone.name, "kept_by": keeper.name, "route": format!("{block} via {gateway}")}))?;
+    let start = Instant::now();
+    pump_until(observers, view, args.duration + SETTLE, |lines| {
+        start.elapsed() >= args.duration
+            && bgp_facts::has(&lines[FILTERING], "stale_route", gone.addr, "raised")
+    })
+    .with_context(|| {
+        format!(
+            "{}'s observer did not name stale_route for {} within {:?}",
+            keeper.name,
+            gone.addr,
+            args.duration + SETTLE
+        )
+    })?;
+    Ok(format!(
+        "{} {} left the cluster; {} kept a route to its block {block} via {gateway}.",
+        gone.name, gone.addr, keeper.name
     ))
 }
 

@@ -49,8 +49,9 @@ const fn member(name: &'static str, n: u8) -> MeshMember {
     }
 }
 
-/// The node whose BIRD stops in `bgp-down`, and the newest node (whose
-/// block one peer filters) in `new-node`.
+/// The node whose BIRD stops in `bgp-down`, the newest node (whose block
+/// one peer filters) in `new-node`, the node that leaves in
+/// `stale-route`.
 pub const DOWN: usize = 3;
 
 /// Time for the mesh to come up (every session Established, every block
@@ -103,8 +104,8 @@ pub fn build(lab: &mut Cleanup, names: &[String], switch: &str) -> Result<()> {
     Ok(())
 }
 
-/// The node whose import filter rejects a block in `new-node`, and the
-/// node whose block it rejects.
+/// The node whose import filter rejects n4's block in `new-node`, and
+/// that keeps a route to n4 after it left in `stale-route`.
 pub const FILTERING: usize = 0;
 
 /// Blocks node `i`'s import filter rejects in `scenario`: in `new-node`,
@@ -117,27 +118,31 @@ pub fn rejects(scenario: Scenario, i: usize) -> Vec<Ipv4Net> {
     }
 }
 
+/// Node `i`'s part of the mesh in `scenario`; without the nodes in
+/// `gone` (a node that left: Calico removes it from every BIRD config).
+pub fn mesh_node(i: usize, scenario: Scenario, gone: &[usize]) -> MeshNode {
+    MeshNode {
+        address: MESH[i].addr,
+        block: MESH[i].block.to_string(),
+        peers: (0..MESH.len())
+            .filter(|j| *j != i && !gone.contains(j))
+            .map(|j| MESH[j].addr)
+            .collect(),
+        rejects: rejects(scenario, i)
+            .iter()
+            .map(ToString::to_string)
+            .collect(),
+    }
+}
+
 /// One BIRD per node, with the mesh's config for `scenario`.
 pub fn start_birds(names: &[String], scenario: Scenario) -> Result<Vec<Bird>> {
-    MESH.iter()
-        .zip(names)
+    names
+        .iter()
         .enumerate()
-        .map(|(i, (member, ns))| {
-            let node = MeshNode {
-                address: member.addr,
-                block: member.block.to_string(),
-                peers: MESH
-                    .iter()
-                    .filter(|m| m.addr != member.addr)
-                    .map(|m| m.addr)
-                    .collect(),
-                rejects: rejects(scenario, i)
-                    .iter()
-                    .map(ToString::to_string)
-                    .collect(),
-            };
-            Bird::start_in(ns, &node)
-                .map_err(|e| anyhow::anyhow!("starting BIRD on {}: {e}", member.name))
+        .map(|(i, ns)| {
+            Bird::start_in(ns, &mesh_node(i, scenario, &[]))
+                .map_err(|e| anyhow::anyhow!("starting BIRD on {}: {e}", MESH[i].name))
         })
         .collect()
 }

@@ -45,7 +45,10 @@ impl Scenario {
     /// Whether it is a BGP scenario (its own mesh of nodes with BIRD, in
     /// `lab::bgp`), not the incident's three nodes and router.
     pub fn is_bgp(self) -> bool {
-        matches!(self, Scenario::BgpDown | Scenario::NewNode)
+        matches!(
+            self,
+            Scenario::BgpDown | Scenario::NewNode | Scenario::StaleRoute
+        )
     }
 
     /// Whether the router source-NATs UDP toward the GPU node.
