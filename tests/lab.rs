@@ -88,6 +88,20 @@ fn healthy_lab_delivers_everything_both_ways() {
     assert_eq!(diagnosis["healthy"], true, "{diagnosis}");
 }
 
+/// Runs a BGP scenario for 6 s (root only: `None` without); checks that
+/// it succeeded and left nothing behind; its lines.
+fn run_bgp_lab(test: &str, scenario: &str) -> Option<Vec<Value>> {
+    if !support::have_root(test) {
+        return None;
+    }
+    let (output, lines) = run_lab(scenario, Duration::from_secs(6));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{}\n{stderr}", output.status);
+    let pid = lab_pid(&lines);
+    assert!(leftovers(pid).is_empty(), "{:?}", leftovers(pid));
+    Some(lines)
+}
+
 /// (kind, peer, blocks, cleared) of each anomaly `node`'s observer raised,
 /// from the lab's facts.
 fn anomaly_facts(lines: &[Value], node: &str) -> BTreeSet<(String, String, Vec<String>, bool)> {
@@ -113,14 +127,12 @@ fn anomaly_facts(lines: &[Value], node: &str) -> BTreeSet<(String, String, Vec<S
 
 #[test]
 fn bgp_down_lab_is_named_for_the_right_peer_and_block_on_every_node() {
-    if !support::have_root("bgp_down_lab_is_named_for_the_right_peer_and_block_on_every_node") {
+    let Some(lines) = run_bgp_lab(
+        "bgp_down_lab_is_named_for_the_right_peer_and_block_on_every_node",
+        "bgp-down",
+    ) else {
         return;
-    }
-    let (output, lines) = run_lab("bgp-down", Duration::from_secs(6));
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "{}\n{stderr}", output.status);
-    let pid = lab_pid(&lines);
-    assert!(leftovers(pid).is_empty(), "{:?}", leftovers(pid));
+    };
     // No BIRD left running on the lab's sockets.
     let start = fact(&lines, "start", &[("scenario", "bgp-down")]);
     for socket in start["bird_sockets"].as_array().unwrap() {
@@ -225,14 +237,12 @@ fn bgp_down_lab_is_named_for_the_right_peer_and_block_on_every_node() {
 
 #[test]
 fn new_node_lab_names_the_filtered_block_on_the_filtering_peer_only() {
-    if !support::have_root("new_node_lab_names_the_filtered_block_on_the_filtering_peer_only") {
+    let Some(lines) = run_bgp_lab(
+        "new_node_lab_names_the_filtered_block_on_the_filtering_peer_only",
+        "new-node",
+    ) else {
         return;
-    }
-    let (output, lines) = run_lab("new-node", Duration::from_secs(6));
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "{}\n{stderr}", output.status);
-    let pid = lab_pid(&lines);
-    assert!(leftovers(pid).is_empty(), "{:?}", leftovers(pid));
+    };
     let s = |x: &str| x.to_string();
     // n1, whose import filter rejects n4's block: route_missing for n4,
     // still active at the end (the filter stays); nobody else raised
@@ -270,14 +280,12 @@ fn new_node_lab_names_the_filtered_block_on_the_filtering_peer_only() {
 
 #[test]
 fn stale_route_lab_names_the_leftover_route_on_its_node_only() {
-    if !support::have_root("stale_route_lab_names_the_leftover_route_on_its_node_only") {
+    let Some(lines) = run_bgp_lab(
+        "stale_route_lab_names_the_leftover_route_on_its_node_only",
+        "stale-route",
+    ) else {
         return;
-    }
-    let (output, lines) = run_lab("stale-route", Duration::from_secs(6));
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "{}\n{stderr}", output.status);
-    let pid = lab_pid(&lines);
-    assert!(leftovers(pid).is_empty(), "{:?}", leftovers(pid));
+    };
     let s = |x: &str| x.to_string();
     // n1 kept a route to the block of n4, which left: stale_route, with
     // the block; n2 and n3 dropped n4 cleanly and raise nothing.

@@ -50,11 +50,7 @@ pub fn run(args: &LabArgs) -> Result<()> {
         .collect();
     let switch = format!("{PREFIX}{pid}-switch");
     let mut lab = Cleanup::default();
-    view.note(&format!(
-        "scenario {}: {}",
-        scenario.name(),
-        scenario.about()
-    ))?;
+    view.note_scenario(scenario)?;
     mesh::build(&mut lab, &names, &switch)?;
     // Dropped before `lab`, which deletes the namespaces: BIRD first.
     let birds = mesh::start_birds(&names, scenario)?;

@@ -15,8 +15,8 @@ use observer_testkit::bird::{Bird, MeshNode};
 use super::{
     cleanup::{Cleanup, check_interrupted},
     scenarios::Scenario,
-    shell::{in_ns, run_tool},
-    topology::UNDERLAY,
+    shell::run_tool,
+    topology::{UNDERLAY, add_namespace},
 };
 
 /// One node of the mesh.
@@ -62,19 +62,7 @@ pub const SETTLE: Duration = Duration::from_secs(60);
 /// The namespaces, the bridge, each node's underlay and pod address.
 pub fn build(lab: &mut Cleanup, names: &[String], switch: &str) -> Result<()> {
     for ns in names.iter().map(String::as_str).chain([switch]) {
-        lab.add_namespace(ns)?;
-        // IPv6 off: no router solicitations or MLD in the counters.
-        in_ns(
-            ns,
-            &[
-                "sysctl",
-                "-qw",
-                "net.ipv6.conf.all.disable_ipv6=1",
-                "net.ipv6.conf.default.disable_ipv6=1",
-            ],
-        )?;
-        run_tool("ip", &["-n", ns, "link", "set", "lo", "up"])?;
-        check_interrupted()?;
+        add_namespace(lab, ns, &[])?;
     }
     run_tool(
         "ip",

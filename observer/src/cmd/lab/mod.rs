@@ -75,11 +75,7 @@ pub fn run(args: LabArgs) -> Result<()> {
     let names = Names::new(std::process::id());
     let mut lab = Cleanup::default();
 
-    view.note(&format!(
-        "scenario {}: {}",
-        scenario.name(),
-        scenario.about()
-    ))?;
+    view.note_scenario(scenario)?;
     let ipip = topology::build(&mut lab, &names, scenario)?;
     view.note(&format!(
         "namespaces {} (gpu {}), {} (router), {} (cp1 {}), {} (cp2 {}); tunl0: {}",

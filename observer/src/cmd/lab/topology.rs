@@ -219,23 +219,16 @@ pub enum IpipKind {
 /// `lab`. Returns how tunl0 is provided.
 pub fn build(lab: &mut Cleanup, names: &Names, scenario: Scenario) -> Result<IpipKind> {
     for ns in names.nodes.iter().chain([&names.router]) {
-        lab.add_namespace(ns)?;
-        // IPv6 off before any device exists: no router solicitations or
-        // MLD reports in the counters. rp_filter off: IPIP and VXLAN
-        // replies may come back on another device than the route out.
-        in_ns(
+        // rp_filter off: IPIP and VXLAN replies may come back on another
+        // device than the route out.
+        add_namespace(
+            lab,
             ns,
             &[
-                "sysctl",
-                "-qw",
-                "net.ipv6.conf.all.disable_ipv6=1",
-                "net.ipv6.conf.default.disable_ipv6=1",
                 "net.ipv4.conf.all.rp_filter=0",
                 "net.ipv4.conf.default.rp_filter=0",
             ],
         )?;
-        run_tool("ip", &["-n", ns, "link", "set", "lo", "up"])?;
-        check_interrupted()?;
     }
     router(names, scenario)?;
     check_interrupted()?;
@@ -250,6 +243,23 @@ pub fn build(lab: &mut Cleanup, names: &Names, scenario: Scenario) -> Result<Ipi
         check_interrupted()?;
     }
     Ok(kind)
+}
+
+/// Creates namespace `ns` (owned by `lab`) with IPv6 off before any
+/// device exists (no router solicitations or MLD reports in the counters)
+/// and the `sysctls` given, and its loopback up.
+pub fn add_namespace(lab: &mut Cleanup, ns: &str, sysctls: &[&str]) -> Result<()> {
+    lab.add_namespace(ns)?;
+    let mut argv = vec![
+        "sysctl",
+        "-qw",
+        "net.ipv6.conf.all.disable_ipv6=1",
+        "net.ipv6.conf.default.disable_ipv6=1",
+    ];
+    argv.extend_from_slice(sysctls);
+    in_ns(ns, &argv)?;
+    run_tool("ip", &["-n", ns, "link", "set", "lo", "up"])?;
+    check_interrupted()
 }
 
 /// `ip -n NS args...` with string arguments built by the caller.

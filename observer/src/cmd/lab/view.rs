@@ -88,6 +88,15 @@ impl View {
         }
     }
 
+    /// The note that opens a run: the scenario and what it rebuilds.
+    pub fn note_scenario(&self, scenario: Scenario) -> Result<()> {
+        self.note(&format!(
+            "scenario {}: {}",
+            scenario.name(),
+            scenario.about()
+        ))
+    }
+
     /// A `{"type":"lab",...}` line (JSON only).
     pub fn lab_line(&self, body: &impl Serialize) -> Result<()> {
         if self.format != LabFormat::Json {
