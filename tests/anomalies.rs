@@ -241,15 +241,22 @@ fn stale_route_and_route_conflict_from_the_data_planes_own_entries() {
     }
     let overlay = Pair::new("asr");
     overlay.calico();
-    // A accepts VXLAN only from node B; BIRD left a route to a node that
-    // is gone (on A's link, never answering).
-    calico::ipset_create(&overlay.a, calico::VXLAN_SET, &[B_IP]);
+    // A accepts VXLAN from nodes B and .9; BIRD routes .9's block.
     let gone = "198.18.0.9";
     let gone_block = "10.66.9.0/26";
+    calico::ipset_create(&overlay.a, calico::VXLAN_SET, &[B_IP, gone]);
     overlay.a.exec_ok(&[
         "ip", "route", "add", gone_block, "via", gone, "dev", "va", "proto", "bird",
     ]);
     let observer = observe(&overlay);
+    // The allow-set was read with .9 in it (a node)...
+    wait_for(&observer, "the allow-set read", |lines| {
+        lines
+            .iter()
+            .any(|l| l["type"] == "allow_set" && l["prefixes"] == 2)
+    });
+    // ... then .9 leaves the cluster: out of the allow-set, its route kept.
+    calico::ipset_del(&overlay.a, calico::VXLAN_SET, gone);
     wait_for(&observer, "stale_route raised", |lines| {
         raised_kinds(lines, gone).contains("stale_route")
     });
@@ -257,7 +264,7 @@ fn stale_route_and_route_conflict_from_the_data_planes_own_entries() {
     assert_eq!(stale["evidence"]["blocks"], serde_json::json!([gone_block]));
     assert_eq!(stale["evidence"]["allow_set_active"], true);
 
-    // It is a node after all: in the allow-set, no longer stale.
+    // It is a node again: in the allow-set, no longer stale.
     calico::ipset_add(&overlay.a, calico::VXLAN_SET, gone);
     wait_for(&observer, "stale_route cleared", |lines| {
         anomaly_events(lines).contains(&("cleared".into(), "stale_route".into(), gone.into()))

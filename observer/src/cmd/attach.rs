@@ -594,6 +594,7 @@ impl<'a> Monitor<'a> {
                 withdrawn: &changes.withdrawn,
                 routed: view.blocks.len(),
                 missing: self.known.missing_blocks.len(),
+                forgotten: self.routes.forgotten(),
             }));
         }
         for outage in &changes.outages {

@@ -11,9 +11,10 @@ use serde::Serialize;
 
 use crate::model::dataplane::BlockRoute;
 
-/// Blocks remembered; beyond it the longest-missing ones are forgotten
-/// (and counted). Calico's largest clusters have a few thousand nodes of
-/// a few blocks each; routes come from the node's own routing daemons.
+/// Missing blocks remembered; beyond it the longest-missing ones are
+/// forgotten (and counted). Blocks routed now are always kept: there are
+/// as many as the node's routing table holds, which its own routing
+/// daemons write.
 pub const MAX_BLOCKS: usize = 16_384;
 
 /// A block missing this long is forgotten: its node was most likely
@@ -95,7 +96,7 @@ impl RouteTracker {
             .copied()
             .collect();
         for (block, remembered) in &mut self.routed {
-            let now_via = next.get(block).and_then(BlockRoute::node);
+            let now_via = next.get(block).and_then(BlockRoute::any_node);
             match (remembered.missing_since, now_via) {
                 (None, None) => remembered.missing_since = Some(now),
                 (Some(since), Some(via)) => {
@@ -113,7 +114,9 @@ impl RouteTracker {
             }
         }
         for route in next.values() {
-            let Some(node) = route.node() else { continue };
+            let Some(node) = route.any_node() else {
+                continue;
+            };
             let remembered = self.routed.entry(route.block).or_insert(Remembered {
                 node,
                 route: route.clone(),
@@ -153,20 +156,21 @@ impl RouteTracker {
     }
 
     /// Forgets blocks missing for [`FORGET_AFTER_S`], then the
-    /// longest-missing ones beyond [`MAX_BLOCKS`] (routed ones first stay).
+    /// longest-missing ones beyond [`MAX_BLOCKS`] missing; never a block
+    /// routed now.
     fn forget(&mut self, now: f64) {
         let before = self.routed.len();
         self.routed
             .retain(|_, r| r.missing_since.is_none_or(|s| now - s < FORGET_AFTER_S));
-        let over = self.routed.len().saturating_sub(MAX_BLOCKS);
+        let mut missing: Vec<(f64, IpNet)> = self
+            .routed
+            .iter()
+            .filter_map(|(b, r)| Some((r.missing_since?, *b)))
+            .collect();
+        let over = missing.len().saturating_sub(MAX_BLOCKS);
         if over > 0 {
-            let mut by_age: Vec<(f64, IpNet)> = self
-                .routed
-                .iter()
-                .map(|(b, r)| (r.missing_since.unwrap_or(f64::INFINITY), *b))
-                .collect();
-            by_age.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
-            for (_, block) in by_age.into_iter().take(over) {
+            missing.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+            for (_, block) in missing.into_iter().take(over) {
                 self.routed.remove(&block);
             }
         }
@@ -259,6 +263,18 @@ mod tests {
     }
 
     #[test]
+    fn a_block_routed_to_two_nodes_at_once_is_not_missing() {
+        let mut tracker = RouteTracker::default();
+        tracker.update(0.0, &[via("10.65.2.0/26", "10.99.0.2")]);
+        let mut ecmp = via("10.65.2.0/26", "10.99.0.2");
+        ecmp.next_hops
+            .extend(via("10.65.2.0/26", "10.99.0.3").next_hops);
+        let changes = tracker.update(1.0, &[ecmp]);
+        assert!(changes.outages.is_empty());
+        assert!(tracker.missing().is_empty());
+    }
+
+    #[test]
     fn a_block_that_moves_to_another_node_is_no_outage() {
         let mut tracker = RouteTracker::default();
         tracker.update(0.0, &[via("10.65.2.0/26", "10.99.0.2")]);
@@ -288,9 +304,17 @@ mod tests {
                 via(&format!("{base}/26"), "10.99.0.2")
             })
             .collect();
+        // All routed: all kept, whatever their number.
         tracker.update(10.0, &many);
-        assert_eq!(tracker.forgotten(), 1 + 10);
+        assert_eq!(tracker.forgotten(), 1);
+        // One withdrawn while over the cap: missing, and named.
+        tracker.update(10.5, &many[1..]);
+        assert_eq!(tracker.missing().len(), 1);
+        assert_eq!(tracker.missing()[0].block, many[0].block);
+        // All gone: the cap holds, the longest missing go first.
         tracker.update(11.0, &[]);
         assert_eq!(tracker.missing().len(), MAX_BLOCKS);
+        assert_eq!(tracker.forgotten(), 1 + 10);
+        assert!(!tracker.missing().iter().any(|m| m.block == many[0].block));
     }
 }

@@ -326,6 +326,9 @@ pub struct RoutesLine<'a> {
     pub routed: usize,
     /// Blocks routed to a node before and without a route now.
     pub missing: usize,
+    /// Missing blocks forgotten so far (missing 6 hours, or beyond the
+    /// 16,384 remembered).
+    pub forgotten: u64,
 }
 
 /// `{"type":"route_outage",...}`: a pod block's route came back; how long

@@ -72,6 +72,9 @@ pub struct Engine {
     /// Since when each route_conflict and stale_route condition has held
     /// (as many as the nodes the data plane points at).
     held_since: BTreeMap<ActiveKey, f64>,
+    /// Addresses the data plane points at that were a node here (for
+    /// stale_route: no longer one).
+    was_node: BTreeSet<IpAddr>,
 }
 
 /// What the engine remembers of one BGP session for `bgp_flap`.
@@ -106,6 +109,7 @@ impl Engine {
             bgp_down_since: BTreeMap::new(),
             bgp_history: BTreeMap::new(),
             held_since: BTreeMap::new(),
+            was_node: BTreeSet::new(),
         }
     }
 
@@ -321,7 +325,16 @@ impl Engine {
         let mut pointed: BTreeMap<IpAddr, Vec<IpNet>> = BTreeMap::new();
         for block in &known.blocks {
             let nodes: BTreeSet<IpAddr> = block.next_hops.iter().filter_map(|h| h.node).collect();
-            if nodes.len() > 1 || (block.blackhole && !block.next_hops.is_empty()) {
+            // Through tunnels, a block's next hops are its owner: two of
+            // them are two owners. Direct routes may be ECMP by design
+            // (two ToR switches), so only a blackhole beside one counts.
+            let tunnel_owners: BTreeSet<IpAddr> = block
+                .next_hops
+                .iter()
+                .filter(|h| h.encap.is_some())
+                .filter_map(|h| h.node)
+                .collect();
+            if tunnel_owners.len() > 1 || (block.blackhole && !block.next_hops.is_empty()) {
                 for node in &nodes {
                     conflicts.entry(*node).or_default().push(block);
                 }
@@ -350,13 +363,23 @@ impl Engine {
         for node in known.nodes.keys() {
             pointed.entry(*node).or_default();
         }
+        // "No longer a node": it was one here (a BGP session, an allow-set
+        // entry, traffic) and is not now. A node never seen as one (the
+        // announcing node behind a route reflector) is not judged.
+        let mut was_node = BTreeSet::new();
         for (addr, blocks) in pointed {
-            if known.local.contains(&addr)
-                || known.still_a_node(addr) != Some(false)
-                || self.recent_traffic(addr, now)
-            {
+            if known.local.contains(&addr) {
                 continue;
             }
+            let member = known.still_a_node(addr);
+            if member == Some(true) || self.recent_traffic(addr, now) {
+                was_node.insert(addr);
+                continue;
+            }
+            if member.is_none() || !self.was_node.contains(&addr) {
+                continue;
+            }
+            was_node.insert(addr);
             let devices = known
                 .nodes
                 .get(&addr)
@@ -367,6 +390,8 @@ impl Engine {
                 rules::stale_route(addr, &blocks, &devices, known),
             );
         }
+        // Only addresses the data plane still points at are remembered.
+        self.was_node = was_node;
         let window = self.thresholds.window.as_secs_f64();
         let mut held = BTreeMap::new();
         for (key, finding) in found {
@@ -964,6 +989,11 @@ mod tests {
             encap: None,
             node: Some(node.parse().unwrap()),
         };
+        let tunnel = |hop: NextHop| NextHop {
+            device: "vxlan.calico".into(),
+            encap: Some(Proto::Vxlan),
+            ..hop
+        };
         let block = |net: &str, blackhole, hops: Vec<NextHop>| BlockRoute {
             block: net.parse().unwrap(),
             origin: 12,
@@ -972,9 +1002,16 @@ mod tests {
         };
         let mut known = known();
         known.blocks = vec![
-            // Two owners: ECMP to two nodes.
+            // Two owners: through the vxlan device to two nodes.
             block(
                 "10.42.168.192/26",
+                false,
+                vec![tunnel(hop("10.10.60.127")), tunnel(hop("10.10.60.209"))],
+            ),
+            // ECMP over two direct next hops (two ToR switches, say): by
+            // design, no conflict.
+            block(
+                "10.42.200.0/26",
                 false,
                 vec![hop("10.10.60.127"), hop("10.10.60.209")],
             ),
@@ -995,6 +1032,13 @@ mod tests {
                 .collect()
         };
         let mut e = Engine::new(th(), 0.0);
+        // .99 was a node (a BGP session) at first; then it left.
+        known.bgp = vec![testing::session("10.10.60.99", "Established")];
+        assert_eq!(
+            e.observe(0.5, SystemTime::UNIX_EPOCH, &[], &[], &known),
+            vec![]
+        );
+        known.bgp.clear();
         assert_eq!(
             e.observe(1.0, SystemTime::UNIX_EPOCH, &[], &[], &known),
             vec![]
@@ -1034,6 +1078,18 @@ mod tests {
             keys(&events),
             vec![(Kind::StaleRoute, "10.10.60.99".into(), "cleared")]
         );
+
+        // Never seen as a node here (behind a route reflector): not judged.
+        let mut fresh = Engine::new(th(), 0.0);
+        for t in [1.0, 7.0] {
+            let events = fresh.observe(t, SystemTime::UNIX_EPOCH, &[], &[], &known);
+            assert!(
+                events
+                    .iter()
+                    .all(|ev| !matches!(ev, Event::Raised(a) if a.kind == Kind::StaleRoute)),
+                "{events:?}"
+            );
+        }
 
         // Traffic with it also says it is a node; so do no membership
         // sources at all (nothing to judge by).

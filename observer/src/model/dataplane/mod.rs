@@ -227,14 +227,10 @@ pub struct BlockRoute {
 }
 
 impl BlockRoute {
-    /// The node the block is routed to: the one node of every next hop;
-    /// `None` for a blackhole, unknown hops, or hops to different nodes.
-    pub fn node(&self) -> Option<IpAddr> {
-        let first = self.next_hops.first()?.node?;
-        self.next_hops
-            .iter()
-            .all(|h| h.node == Some(first))
-            .then_some(first)
+    /// A node the block is routed to (the first next hop's that names
+    /// one); `None` for a blackhole or unknown hops.
+    pub fn any_node(&self) -> Option<IpAddr> {
+        self.next_hops.iter().find_map(|h| h.node)
     }
 }
 
@@ -655,7 +651,7 @@ mod tests {
                         format!("{} {node} {encap}", h.device)
                     })
                     .collect();
-                let owner = b.node().map_or("-".into(), |n| n.to_string());
+                let owner = b.any_node().map_or("-".into(), |n| n.to_string());
                 let blackhole = if b.blackhole { " blackhole" } else { "" };
                 format!(
                     "{} {}{blackhole} [{}] {owner}",
@@ -673,8 +669,8 @@ mod tests {
                 "10.42.2.0/26 bird [tunl0 198.18.0.2 ipip] 198.18.0.2",
                 // Unresolved vxlan route: a block whose node is unknown.
                 "10.42.3.0/26 bird [vxlan.calico ? vxlan] -",
-                // Two nodes: no one owner.
-                "10.42.4.0/26 bird [eth0 198.18.0.4 none, eth0 198.18.0.5 none] -",
+                // ECMP to two nodes (or two ToR switches).
+                "10.42.4.0/26 bird [eth0 198.18.0.4 none, eth0 198.18.0.5 none] 198.18.0.4",
             ]
         );
         let json = serde_json::to_value(&view.blocks[0]).unwrap();

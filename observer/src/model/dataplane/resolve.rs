@@ -16,6 +16,9 @@ use super::{
 
 /// rtm_protocol of the routes BIRD installs.
 const ORIGIN_BIRD: u8 = 12;
+/// rtm_protocol of the routes Felix installs (its VXLAN routes, and in
+/// CrossSubnet mode the direct ones to nodes of its own subnet).
+const ORIGIN_FELIX: u8 = 80;
 
 /// VNIs of the vxlan devices, sorted and deduplicated.
 pub(super) fn vxlan_vnis(devices: &[TunnelDevice]) -> Vec<u32> {
@@ -56,8 +59,8 @@ pub(super) fn tunnel_routes(
 }
 
 /// The routes of pod blocks in the main table, by block: blackholes
-/// (Calico's for the blocks this node owns), routes BIRD installed, and
-/// routes through tunnel devices; not default or host routes, which are
+/// (Calico's for the blocks this node owns), routes BIRD or Felix
+/// installed, and routes through tunnel devices; not default or host routes, which are
 /// no blocks. Each next hop with the node it leads to: the tunnel route's
 /// resolved peer, or the gateway of a direct route.
 pub(super) fn blocks(
@@ -74,7 +77,10 @@ pub(super) fn blocks(
         if route.table != MAIN_TABLE
             || route.dst.prefix_len() == 0
             || route.dst.prefix_len() == host_len
-            || !(route.blackhole || route.origin == ORIGIN_BIRD || through_tunnel.is_some())
+            || !(route.blackhole
+                || route.origin == ORIGIN_BIRD
+                || route.origin == ORIGIN_FELIX
+                || through_tunnel.is_some())
         {
             continue;
         }
