@@ -48,32 +48,48 @@ impl BgpSession {
     }
 }
 
-/// Whether two of BIRD's `since` texts name the same instant. BIRD keeps
-/// the time on its monotonic clock and prints it on the wall clock, so
-/// one `since` read twice can differ by a millisecond
-/// (`11:28:31.894`, then `11:28:31.895`): times of day within half a
-/// second are the same; other texts (dates) must be equal.
-pub fn same_since(a: &str, b: &str) -> bool {
-    fn seconds_of_day(text: &str) -> Option<f64> {
-        let mut parts = text.split(':');
-        let (h, m, s) = (parts.next()?, parts.next()?, parts.next()?);
-        if parts.next().is_some() {
-            return None;
-        }
-        let h: u32 = h.parse().ok()?;
-        let m: u32 = m.parse().ok()?;
-        let s: f64 = s.parse().ok()?;
-        Some(f64::from(h * 3600 + m * 60) + s)
+/// Whether BIRD's `since` read as `old`, then as `new`, names the same
+/// instant. BIRD keeps the time on its monotonic clock and prints it on
+/// the wall clock, so one `since` read twice can differ by a millisecond
+/// (`11:28:31.894`, then `11:28:31.895`): times within half a second (on
+/// the same date, when one is printed) are the same. And BIRD prints a
+/// time of day for the last 20 hours and a date before: a time that
+/// became a date is the same instant, aged.
+pub fn same_since(old: &str, new: &str) -> bool {
+    /// (date, seconds of the day) of `HH:MM:SS[.fff]`, `YYYY-MM-DD` or
+    /// `YYYY-MM-DD HH:MM:SS[.fff]`.
+    fn parts(text: &str) -> (Option<&str>, Option<f64>) {
+        let (date, time) = match text.split_once(' ') {
+            Some((date, time)) => (Some(date), Some(time)),
+            None if text.contains(':') => (None, Some(text)),
+            None => (Some(text), None),
+        };
+        let seconds = time.and_then(|time| {
+            let mut fields = time.split(':');
+            let (h, m, s) = (fields.next()?, fields.next()?, fields.next()?);
+            if fields.next().is_some() {
+                return None;
+            }
+            let (h, m, s): (u32, u32, f64) = (h.parse().ok()?, m.parse().ok()?, s.parse().ok()?);
+            Some(f64::from(h * 3600 + m * 60) + s)
+        });
+        (date, seconds)
     }
-    if a == b {
+    if old == new {
         return true;
     }
-    match (seconds_of_day(a), seconds_of_day(b)) {
-        (Some(x), Some(y)) => {
+    match (parts(old), parts(new)) {
+        ((old_date, Some(x)), (new_date, Some(y))) if old_date == new_date => {
             let diff = (x - y).abs();
-            // Across midnight, 23:59:59.999 and 00:00:00.000 are close.
-            diff.min(86_400.0 - diff) < 0.5
+            // Without a date, 23:59:59.999 and 00:00:00.001 are close.
+            let diff = if old_date.is_none() {
+                diff.min(86_400.0 - diff)
+            } else {
+                diff
+            };
+            diff < 0.5
         }
+        ((None, Some(_)), (Some(_), None)) => true,
         _ => false,
     }
 }
@@ -131,6 +147,22 @@ mod tests {
         assert!(!same_since("11:28:31.894", "11:28:33.001"));
         assert!(same_since("2026-12-01", "2026-12-01"));
         assert!(!same_since("2026-12-01", "2026-12-02"));
-        assert!(!same_since("11:28:31.894", "2026-12-02"));
+        // 20 hours on, BIRD prints the date: the same instant, aged; the
+        // other way round it is a new session.
+        assert!(same_since("11:28:31.894", "2026-12-02"));
+        assert!(!same_since("2026-12-01", "11:28:31.894"));
+        // "iso long" formats: a date and a time.
+        assert!(same_since(
+            "2026-12-01 11:28:31.894",
+            "2026-12-01 11:28:31.895"
+        ));
+        assert!(!same_since(
+            "2026-12-01 11:28:31.894",
+            "2026-12-02 11:28:31.894"
+        ));
+        assert!(!same_since(
+            "2026-12-01 23:59:59.999",
+            "2026-12-02 00:00:00.001"
+        ));
     }
 }
