@@ -23,7 +23,7 @@ use ipnet::IpNet;
 
 use crate::model::{
     dataplane::BlockRoute,
-    routes::MissingBlock,
+    routes::{FORGET_AFTER_S, MissingBlock},
     rows::{DropRow, Row},
 };
 
@@ -72,9 +72,12 @@ pub struct Engine {
     /// Since when each route_conflict and stale_route condition has held
     /// (as many as the nodes the data plane points at).
     held_since: BTreeMap<ActiveKey, f64>,
-    /// Addresses the data plane points at that were a node here (for
-    /// stale_route: no longer one).
-    was_node: BTreeSet<IpAddr>,
+    /// Addresses the data plane pointed at while they were a node here,
+    /// and when they last were one (for stale_route: no longer one). Kept
+    /// after the data plane stops pointing at them (a route withdrawn,
+    /// then left behind again), for [`FORGET_AFTER_S`], at most
+    /// [`MAX_TRACKED_PEERS`].
+    was_node: BTreeMap<IpAddr, f64>,
 }
 
 /// What the engine remembers of one BGP session for `bgp_flap`.
@@ -109,7 +112,7 @@ impl Engine {
             bgp_down_since: BTreeMap::new(),
             bgp_history: BTreeMap::new(),
             held_since: BTreeMap::new(),
-            was_node: BTreeSet::new(),
+            was_node: BTreeMap::new(),
         }
     }
 
@@ -366,20 +369,18 @@ impl Engine {
         // "No longer a node": it was one here (a BGP session, an allow-set
         // entry, traffic) and is not now. A node never seen as one (the
         // announcing node behind a route reflector) is not judged.
-        let mut was_node = BTreeSet::new();
         for (addr, blocks) in pointed {
             if known.local.contains(&addr) {
                 continue;
             }
             let member = known.still_a_node(addr);
             if member == Some(true) || self.recent_traffic(addr, now) {
-                was_node.insert(addr);
+                self.was_node.insert(addr, now);
                 continue;
             }
-            if member.is_none() || !self.was_node.contains(&addr) {
+            if member.is_none() || !self.was_node.contains_key(&addr) {
                 continue;
             }
-            was_node.insert(addr);
             let devices = known
                 .nodes
                 .get(&addr)
@@ -390,8 +391,17 @@ impl Engine {
                 rules::stale_route(addr, &blocks, &devices, known),
             );
         }
-        // Only addresses the data plane still points at are remembered.
-        self.was_node = was_node;
+        self.was_node.retain(|_, seen| now - *seen < FORGET_AFTER_S);
+        while self.was_node.len() > MAX_TRACKED_PEERS {
+            let oldest = self
+                .was_node
+                .iter()
+                .min_by(|a, b| a.1.total_cmp(b.1))
+                .map(|(addr, _)| *addr);
+            if let Some(addr) = oldest {
+                self.was_node.remove(&addr);
+            }
+        }
         let window = self.thresholds.window.as_secs_f64();
         let mut held = BTreeMap::new();
         for (key, finding) in found {
@@ -1077,6 +1087,26 @@ mod tests {
         assert_eq!(
             keys(&events),
             vec![(Kind::StaleRoute, "10.10.60.99".into(), "cleared")]
+        );
+
+        // Its route withdrawn, then left behind again: still remembered.
+        let all_blocks = known.blocks.clone();
+        known.bgp = vec![testing::session("10.10.60.99", "Established")];
+        let mut gap = Engine::new(th(), 0.0);
+        gap.observe(0.5, SystemTime::UNIX_EPOCH, &[], &[], &known);
+        known.bgp.clear();
+        known
+            .blocks
+            .retain(|b| b.block.to_string() != "10.42.99.0/26");
+        gap.observe(1.0, SystemTime::UNIX_EPOCH, &[], &[], &known);
+        known.blocks = all_blocks;
+        gap.observe(2.0, SystemTime::UNIX_EPOCH, &[], &[], &known);
+        let events = gap.observe(7.5, SystemTime::UNIX_EPOCH, &[], &[], &known);
+        assert!(
+            events
+                .iter()
+                .any(|ev| matches!(ev, Event::Raised(a) if a.kind == Kind::StaleRoute)),
+            "{events:?}"
         );
 
         // Never seen as a node here (behind a route reflector): not judged.
