@@ -271,18 +271,20 @@ fn stale_route_and_route_conflict_from_the_data_planes_own_entries() {
     });
 
     // A blackhole beside the route of B's block: two owners.
-    let blackhole = [
-        "ip",
-        "route",
-        "add",
-        "blackhole",
-        NODE_B.block,
-        "proto",
-        "bird",
-        "metric",
-        "100",
-    ];
-    overlay.a.exec_ok(&blackhole);
+    let blackhole = |op: &str| {
+        overlay.a.exec_ok(&[
+            "ip",
+            "route",
+            op,
+            "blackhole",
+            NODE_B.block,
+            "proto",
+            "bird",
+            "metric",
+            "100",
+        ]);
+    };
+    blackhole("add");
     wait_for(&observer, "route_conflict raised", |lines| {
         raised_kinds(lines, B_IP).contains("route_conflict")
     });
@@ -291,17 +293,7 @@ fn stale_route_and_route_conflict_from_the_data_planes_own_entries() {
         conflict["evidence"]["blocks"],
         serde_json::json!([NODE_B.block])
     );
-    overlay.a.exec_ok(&[
-        "ip",
-        "route",
-        "del",
-        "blackhole",
-        NODE_B.block,
-        "proto",
-        "bird",
-        "metric",
-        "100",
-    ]);
+    blackhole("del");
     wait_for(&observer, "route_conflict cleared", |lines| {
         anomaly_events(lines).contains(&("cleared".into(), "route_conflict".into(), B_IP.into()))
     });

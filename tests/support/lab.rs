@@ -99,13 +99,17 @@ pub fn leftovers(pid: u32) -> Vec<String> {
     left
 }
 
-/// (kind, peer) of the findings in `node`'s own diagnosis.
-pub fn node_findings(lines: &[Value], node: &str) -> std::collections::BTreeSet<(String, String)> {
-    let own = lines
+/// The `diagnosis` line of `node`'s own observer.
+fn own_diagnosis<'a>(lines: &'a [Value], node: &str) -> &'a Value {
+    lines
         .iter()
         .find(|l| l["node"] == node && l["type"] == "diagnosis")
-        .unwrap_or_else(|| panic!("no diagnosis from {node}"));
-    own["findings"]
+        .unwrap_or_else(|| panic!("no diagnosis from {node}"))
+}
+
+/// (kind, peer) of the findings in `node`'s own diagnosis.
+pub fn node_findings(lines: &[Value], node: &str) -> std::collections::BTreeSet<(String, String)> {
+    own_diagnosis(lines, node)["findings"]
         .as_array()
         .unwrap()
         .iter()
@@ -120,11 +124,7 @@ pub fn node_findings(lines: &[Value], node: &str) -> std::collections::BTreeSet<
 
 /// peer -> verdict of `node`'s own diagnosis (one per node pair).
 pub fn node_verdicts(lines: &[Value], node: &str) -> std::collections::BTreeMap<String, String> {
-    let own = lines
-        .iter()
-        .find(|l| l["node"] == node && l["type"] == "diagnosis")
-        .unwrap_or_else(|| panic!("no diagnosis from {node}"));
-    own["pairs"]
+    own_diagnosis(lines, node)["pairs"]
         .as_array()
         .unwrap()
         .iter()

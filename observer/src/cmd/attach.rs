@@ -415,7 +415,7 @@ impl<'a> Monitor<'a> {
         monitor
             .print_allow_sets(&reports)
             .context("writing output")?;
-        monitor.refresh_dataplane()?;
+        monitor.refresh_dataplane(0.0)?;
         // Baseline of the netfilter counters: the comparison is since attach.
         monitor.checks.netfilter(&[], true);
         monitor.clock.restart(&monitor.runtime, options.duration);
@@ -462,14 +462,19 @@ impl<'a> Monitor<'a> {
     }
 
     /// Re-reads the data plane when netlink says it changed, printing the
-    /// new view as a JSON line and writing this node's VNIs into the
-    /// programs.
-    fn refresh_dataplane(&mut self) -> Result<()> {
+    /// new view as a JSON line, writing this node's VNIs into the programs
+    /// and following its block routes (`now` on the engine's clock);
+    /// returns the route outages that ended.
+    fn refresh_dataplane(&mut self, now: f64) -> Result<Vec<Outage>> {
         if !self.dataplane.refresh() {
-            return Ok(());
+            // Between views only time moves: blocks missing too long go.
+            if self.routes.expire(now) {
+                self.known.missing_blocks = self.routes.missing();
+            }
+            return Ok(Vec::new());
         }
         let Some(view) = self.dataplane.view.as_ref() else {
-            return Ok(());
+            return Ok(Vec::new());
         };
         let expected_peers = view.expected_peers();
         let local = view.local_addresses();
@@ -497,7 +502,7 @@ impl<'a> Monitor<'a> {
             self.observer.apply_local_vnis(&vnis)?;
             self.local_vnis = vnis;
         }
-        Ok(())
+        self.refresh_routes(now).context("writing output")
     }
 
     /// Takes the latest BGP readings into `known` (for `bgp_down`); prints
@@ -567,21 +572,19 @@ impl<'a> Monitor<'a> {
         self.print_lines(&out)
     }
 
-    /// Follows the pod blocks' routes of the current view: `known` learns
-    /// the blocks missing now; prints what changed and the outages that
-    /// ended, and returns those.
+    /// Follows the pod blocks' routes of a new view: `known` learns the
+    /// routes and the blocks missing now; prints what changed and the
+    /// outages that ended, and returns those.
     fn refresh_routes(&mut self, now: f64) -> io::Result<Vec<Outage>> {
         let Some(view) = self.dataplane.view.as_ref() else {
             return Ok(Vec::new());
         };
         let changes = self.routes.update(now, &view.blocks);
         self.known.missing_blocks = self.routes.missing();
-        if !changes.changed.is_empty() || !changes.withdrawn.is_empty() {
-            self.known.blocks.clone_from(&view.blocks);
-        }
         let ts = lines::timestamp(SystemTime::now());
         let mut out = Vec::new();
         if !changes.changed.is_empty() || !changes.withdrawn.is_empty() {
+            self.known.blocks.clone_from(&view.blocks);
             tracing::info!(
                 changed = changes.changed.len(),
                 withdrawn = changes.withdrawn.len(),
@@ -640,9 +643,10 @@ impl<'a> Monitor<'a> {
         self.report_interface_events(&events)
             .context("writing output")?;
         let reports = self.refresh_allow_sets()?;
-        self.refresh_dataplane()?;
+        // One clock reading for the routes and the engine: an outage and
+        // the route_missing it raised count from the same instant.
         let now = self.started.elapsed().as_secs_f64();
-        let route_outages = self.refresh_routes(now).context("writing output")?;
+        let route_outages = self.refresh_dataplane(now)?;
         self.refresh_bgp(is_final).context("writing output")?;
         // Rows go into the aggregator as the map is read: at 100,000 flows
         // a table of the read would be 10 MiB per interval.

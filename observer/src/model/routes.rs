@@ -1,8 +1,9 @@
 //! Pod blocks over time: which blocks this node routed to another node,
 //! which of them lost that route and since when, and how long each outage
-//! lasted. Fed the data-plane view's block routes every interval (times
-//! are inputs); read by the anomaly engine (`route_missing`), the `routes`
-//! and `route_outage` lines and `observer_route_outage_seconds`.
+//! lasted. Fed the data-plane view's block routes whenever the view
+//! changes (times are inputs); read by the anomaly engine
+//! (`route_missing`), the `routes` and `route_outage` lines and
+//! `observer_route_outage_seconds`.
 
 use std::{collections::BTreeMap, net::IpAddr};
 
@@ -79,7 +80,8 @@ struct Remembered {
 }
 
 impl RouteTracker {
-    /// Folds in the block routes of the view at `now`; returns what changed.
+    /// Folds in the block routes of a new view at `now`; returns what
+    /// changed.
     pub fn update(&mut self, now: f64, blocks: &[BlockRoute]) -> RouteChanges {
         let mut changes = RouteChanges::default();
         let next: BTreeMap<IpNet, BlockRoute> =
@@ -125,7 +127,7 @@ impl RouteTracker {
             remembered.node = node;
             remembered.route = route.clone();
         }
-        self.forget(now);
+        self.expire(now);
         self.current = next;
         changes
     }
@@ -157,8 +159,11 @@ impl RouteTracker {
 
     /// Forgets blocks missing for [`FORGET_AFTER_S`], then the
     /// longest-missing ones beyond [`MAX_BLOCKS`] missing; never a block
-    /// routed now.
-    fn forget(&mut self, now: f64) {
+    /// routed now. True when it forgot one. [`RouteTracker::update`] does
+    /// it too; between two views (which come only when the data plane
+    /// changes) the caller runs it alone: one pass over the remembered
+    /// blocks, no copy or comparison of routes.
+    pub fn expire(&mut self, now: f64) -> bool {
         let before = self.routed.len();
         self.routed
             .retain(|_, r| r.missing_since.is_none_or(|s| now - s < FORGET_AFTER_S));
@@ -174,7 +179,9 @@ impl RouteTracker {
                 self.routed.remove(&block);
             }
         }
-        self.forgotten += (before - self.routed.len()) as u64;
+        let forgotten = before - self.routed.len();
+        self.forgotten += forgotten as u64;
+        forgotten > 0
     }
 }
 
