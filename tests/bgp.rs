@@ -9,6 +9,13 @@
 //! route`): b's block withdrawn is a `route_missing` for b naming the
 //! block, cleared when the route is back, with a `route_outage` line of
 //! the same duration.
+//!
+//! BGP at the wire: every TCP/179 segment the programs counted, by flags
+//! and first BGP message, equal to tcpdump's count of the same segments
+//! (its own BPF filters on the raw bytes), over a session's whole life:
+//! up, the peer's BIRD stopped (a NOTIFICATION Cease / Administrative
+//! Shutdown, then refused reconnects: `bgp_down` from the wire alone, no
+//! BIRD socket given), up again (cleared), both stopped.
 
 mod support;
 
@@ -22,7 +29,7 @@ use observer_testkit::{
     netns::{Netns, VethEnd, temp_path, veth_pair},
 };
 use serde_json::Value;
-use support::netns::ObserverProcess;
+use support::netns::{ObserverProcess, Tcpdump};
 
 const A: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 1);
 const B: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 2);
@@ -317,4 +324,133 @@ fn bird_sessions_are_followed_and_a_lost_peer_is_bgp_down() {
         .collect();
     assert_eq!(absent_lines.len(), 1, "{absent_lines:?}");
     assert_eq!(absent_lines[0]["status"], "absent");
+}
+
+/// tcpdump filters on a TCP segment whose payload starts with a BGP
+/// message of type `kind` (the marker's first four bytes all ones, a
+/// whole header in the payload), over IPv4.
+fn first_message_filter(kind: u8) -> String {
+    let payload = "((tcp[12:1] & 0xf0) >> 2)";
+    format!(
+        "ip[2:2] - ((ip[0:1] & 0x0f) << 2) - {payload} >= 19 \
+         and tcp[{payload}:4] = 0xffffffff and tcp[{payload} + 18:1] = {kind}"
+    )
+}
+
+#[test]
+fn bgp_messages_at_the_wire_match_tcpdump_and_a_lost_session_is_bgp_down() {
+    let test = "bgp_messages_at_the_wire_match_tcpdump_and_a_lost_session_is_bgp_down";
+    if !support::have_root(test) {
+        return;
+    }
+    let (a, b) = (Netns::new("bwa"), Netns::new("bwb"));
+    veth_pair(
+        &a,
+        &VethEnd::new("va", "02:00:00:00:64:01", &A.to_string()),
+        &b,
+        &VethEnd::new("vb", "02:00:00:00:64:02", &B.to_string()),
+        24,
+    );
+    let node = |address, block: &str, peer| MeshNode {
+        address,
+        block: block.into(),
+        peers: vec![peer],
+        rejects: Vec::new(),
+    };
+    // The observer and tcpdump first: both see the session from its SYN.
+    // No BIRD socket: the session is judged from the wire alone.
+    let observer = ObserverProcess::start(Some(a.name()), &["va"], &[]);
+    let tcpdump = Tcpdump::start(&a, "va", "tcp port 179");
+    let bird_a = Bird::start(&a, &node(A, A_BLOCK, B)).expect("starting BIRD in a");
+    let bird_b = Bird::start(&b, &node(B, B_BLOCK, A)).expect("starting BIRD in b");
+    let wire = |lines: &[Value], direction: &str| -> Option<Value> {
+        lines
+            .iter()
+            .rfind(|l| {
+                l["type"] == "bgp_wire"
+                    && l["iface"] == "va"
+                    && l["direction"] == direction
+                    && l["peer"] == B.to_string()
+            })
+            .cloned()
+    };
+    // Up: OPENs both ways, then KEEPALIVEs (every 2 s).
+    let up = observer.wait_for_lines(|lines| {
+        wire(lines, "rx").is_some_and(|l| l["open"] == 1 && l["keepalive"].as_u64() >= Some(2))
+    });
+    assert!(
+        up,
+        "no session at the wire: {:?}",
+        wire(&observer.lines(), "rx")
+    );
+
+    // b's BIRD stops: its NOTIFICATION, then a's reconnects refused.
+    bird_b.stop();
+    let down = observer.wait_for_lines(|lines| !bgp_down(lines, B, "raised").is_empty());
+    assert!(down, "no bgp_down from the wire for {B}");
+    let lines = observer.lines();
+    let raised = &bgp_down(&lines, B, "raised")[0];
+    assert_eq!(raised["evidence"]["source"], "wire", "{raised}");
+    assert_eq!(
+        raised["evidence"]["ended_by"], "NOTIFICATION Cease/Administrative Shutdown from the peer",
+        "{raised}"
+    );
+    assert_eq!(raised["evidence"]["hold_time_s"], 6, "both OPENs say 6 s");
+
+    // Back: cleared once the peer is heard again.
+    bird_b.restart().expect("restarting BIRD in b");
+    let cleared = observer.wait_for_lines(|lines| !bgp_down(lines, B, "cleared").is_empty());
+    assert!(cleared, "bgp_down for {B} not cleared");
+
+    // Both stop; nothing moves on TCP/179 after that.
+    bird_a.stop();
+    bird_b.stop();
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    let capture = tcpdump.stop_after(0);
+    let run = observer.stop_ok();
+    assert_eq!(bgp_down(&run.lines, B, "raised").len(), 1);
+
+    for (direction, host) in [
+        ("rx", format!("src host {B}")),
+        ("tx", format!("dst host {B}")),
+    ] {
+        let line = wire(&run.lines, direction).unwrap_or_else(|| panic!("no {direction} line"));
+        let count =
+            |filter: &str| capture.count(&format!("tcp port 179 and {host} and ({filter})"));
+        let mut reference = BTreeMap::new();
+        reference.insert(
+            "segments",
+            capture.count(&format!("tcp port 179 and {host}")),
+        );
+        reference.insert("syn", count("tcp[tcpflags] & tcp-syn != 0"));
+        reference.insert("fin", count("tcp[tcpflags] & tcp-fin != 0"));
+        reference.insert("rst", count("tcp[tcpflags] & tcp-rst != 0"));
+        for (name, kind) in [
+            ("open", 1),
+            ("update", 2),
+            ("notification", 3),
+            ("keepalive", 4),
+            ("route_refresh", 5),
+        ] {
+            reference.insert(name, count(&first_message_filter(kind)));
+        }
+        let observed: BTreeMap<&str, u64> = reference
+            .keys()
+            .map(|k| (*k, line[*k].as_u64().unwrap_or(u64::MAX)))
+            .collect();
+        assert_eq!(
+            observed, reference,
+            "{direction}: observer vs tcpdump; {line}"
+        );
+        // The session went through: opened twice, ended by NOTIFICATIONs.
+        assert_eq!(observed["open"], 2, "{direction}: {line}");
+        assert!(observed["notification"] >= 1, "{direction}: {line}");
+        assert!(observed["keepalive"] >= 2, "{direction}: {line}");
+        assert_eq!(
+            line["last_notification"],
+            serde_json::json!({"code": 6, "subcode": 2, "name": "Cease/Administrative Shutdown"}),
+            "{direction}"
+        );
+        assert_eq!(line["hold_time_s"], 6);
+    }
 }

@@ -2058,3 +2058,134 @@ fn batch_lookups_and_the_walk_read_the_same_rows() {
     assert_eq!(batch.len(), PEERS as usize, "one row per peer");
     assert_eq!(by_peer, sent);
 }
+
+// ------------------------------------------------------ BGP at the wire
+
+/// A BGP message: the 16-byte marker, its length, its type, `body`.
+fn bgp_message(kind: u8, body: &[u8]) -> Vec<u8> {
+    let mut m = vec![0xff; 16];
+    m.extend_from_slice(&((19 + body.len()) as u16).to_be_bytes());
+    m.push(kind);
+    m.extend_from_slice(body);
+    m
+}
+
+/// A TCP frame from `from` to `to` with the flags byte `flags`.
+fn tcp_flags_frame(from: (IpAddr, u16), to: (IpAddr, u16), flags: u8, payload: &[u8]) -> Vec<u8> {
+    let mut frame = tcp_frame(from.0, to.0, from.1, to.1, payload);
+    let ip_len = if from.0.is_ipv4() {
+        IPV4_HLEN
+    } else {
+        IPV6_HLEN
+    };
+    frame[ETH_HLEN + ip_len + 13] = flags;
+    frame
+}
+
+/// Each TCP/179 segment is counted once per hook by its flags and the
+/// first BGP message it starts with, keyed by (interface, direction,
+/// peer); other TCP is not; a NOTIFICATION keeps its code and an OPEN its
+/// hold time; a GSO skb counts its segments.
+#[test]
+fn bgp_segments_are_counted_by_flags_and_first_message() {
+    use observer::model::bgp_wire::{Notification, WireCounters, WireId};
+    let test = "bgp_segments_are_counted_by_flags_and_first_message";
+    if !support::have_root(test) {
+        return;
+    }
+    const ACK: u8 = 0x10;
+    const PSH_ACK: u8 = 0x18;
+    let keepalive = bgp_message(4, &[]);
+    // version 4, AS 64512, hold time 9, BGP identifier, no parameters.
+    let open = bgp_message(1, &[4, 0xfc, 0x00, 0, 9, 10, 99, 0, 4, 0]);
+    let notification = bgp_message(3, &[6, 2]);
+    let update_then_keepalive = [bgp_message(2, &[0, 0, 0, 0]), keepalive.clone()].concat();
+    for (local, remote) in [
+        pair("192.0.2.1", "192.0.2.2"),
+        pair("2001:db8::1", "2001:db8::2"),
+    ] {
+        let mut h = Harness::new(&LoadConfig::default());
+        // Frames as the remote peer sends them; on tc egress the peer is
+        // the destination, so the addresses are swapped there.
+        let segments: Vec<(u8, Vec<u8>)> = vec![
+            (0x02, vec![]),          // SYN
+            (PSH_ACK, open.clone()), // OPEN, hold time 9
+            (PSH_ACK, keepalive.clone()),
+            (PSH_ACK, update_then_keepalive.clone()), // counts as UPDATE
+            (ACK, vec![]),                            // pure ACK: no message
+            (PSH_ACK, vec![0xab; 40]),                // the middle of a message: none
+            (PSH_ACK, keepalive[..18].to_vec()),      // a cut header: none
+            (PSH_ACK, notification.clone()),          // Cease/Administrative Shutdown
+            (0x11, vec![]),                           // FIN
+            (0x04, vec![]),                           // RST
+        ];
+        for hook in HOOKS {
+            let (src, dst) = match direction(hook) {
+                Direction::Rx => (remote, local),
+                Direction::Tx => (local, remote),
+            };
+            for (i, (flags, payload)) in segments.iter().enumerate() {
+                // The peer listens on 179 for some, connects from it for others.
+                let (sport, dport) = if i % 2 == 0 {
+                    (40000, 179)
+                } else {
+                    (179, 40000)
+                };
+                let frame = tcp_flags_frame((src, sport), (dst, dport), *flags, payload);
+                h.run_unchecked(hook, &frame, None, 2)
+                    .expect("the kernel runs TCP frames");
+            }
+            // Not BGP: another port, though it carries a KEEPALIVE.
+            let other = tcp_flags_frame((src, 40000), (dst, 1790), PSH_ACK, &keepalive);
+            h.run_unchecked(hook, &other, None, 5).unwrap();
+            // A GSO skb of 3 segments starting with a KEEPALIVE (tc only).
+            if hook != Hook::Xdp {
+                let frame = tcp_flags_frame((src, 40000), (dst, 179), PSH_ACK, &keepalive);
+                let ctx = skb_gso_ctx(3, 19);
+                h.run_unchecked(hook, &frame, Some(&ctx), 1).unwrap();
+            }
+        }
+        let wire: BTreeMap<WireId, WireCounters> = h
+            .obs
+            .read_bgp_wire()
+            .expect("reading BGP")
+            .into_iter()
+            .collect();
+        let rx = WireId {
+            peer: remote,
+            ifindex: LO_IFINDEX,
+            direction: Direction::Rx,
+        };
+        let tx = WireId {
+            direction: Direction::Tx,
+            ..rx
+        };
+        assert_eq!(
+            wire.keys().copied().collect::<Vec<_>>(),
+            vec![rx, tx],
+            "{test}"
+        );
+        // Rx: XDP and tc ingress each ran every segment twice, tc ingress
+        // the GSO skb once more; tx: tc egress alone.
+        let expected = |hooks: u64, gso: u64| WireCounters {
+            segments: 20 * hooks + 3 * gso,
+            syn: 2 * hooks,
+            fin: 2 * hooks,
+            rst: 2 * hooks,
+            open: 2 * hooks,
+            update: 2 * hooks,
+            notification: 2 * hooks,
+            keepalive: 2 * hooks + gso,
+            route_refresh: 0,
+            last_notification: Some(Notification {
+                code: 6,
+                subcode: 2,
+            }),
+            hold_time_s: Some(9),
+        };
+        assert_eq!(wire[&rx], expected(2, 1), "{test}: rx from {remote}");
+        assert_eq!(wire[&tx], expected(1, 1), "{test}: tx to {remote}");
+        let stats = h.obs.read_stats().unwrap();
+        assert_eq!(stats.bgp_inserts, 2, "{test}: one insert per key");
+    }
+}

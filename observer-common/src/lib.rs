@@ -368,6 +368,81 @@ pub struct PlainCounters {
     pub bytes: u64,
 }
 
+/// Name of the map of BGP traffic (TCP port 179) per peer.
+pub const BGP_MAP: &str = "BGP";
+
+/// TCP port of BGP.
+pub const BGP_PORT: u16 = 179;
+
+/// Keys of [`BGP_MAP`], one per (interface, direction, peer): a node has a
+/// BGP peer per other node (Calico's full mesh) or a few route
+/// reflectors; spoofed TCP/179 sources beyond it evict the idlest (LRU).
+pub const BGP_MAX_KEYS: u32 = 512;
+
+/// BGP message types (RFC 4271 4.1; ROUTE-REFRESH: RFC 2918), the index
+/// of [`BgpCounters::messages`]; 0 counts segments that start no message
+/// (pure ACKs, the rest of a long message).
+pub mod bgp_message {
+    /// No message header at the start of the segment's payload.
+    pub const NONE: u8 = 0;
+    /// OPEN.
+    pub const OPEN: u8 = 1;
+    /// UPDATE.
+    pub const UPDATE: u8 = 2;
+    /// NOTIFICATION (with error code and subcode).
+    pub const NOTIFICATION: u8 = 3;
+    /// KEEPALIVE.
+    pub const KEEPALIVE: u8 = 4;
+    /// ROUTE-REFRESH.
+    pub const ROUTE_REFRESH: u8 = 5;
+    /// Slots of [`super::BgpCounters::messages`]; an unknown type counts
+    /// as [`NONE`].
+    pub const SLOTS: usize = 6;
+}
+
+/// Key of [`BGP_MAP`]: the other end of a TCP/179 connection as seen on
+/// one interface in one direction.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct BgpKey {
+    /// Peer address (source on rx, destination on tx), as [`FlowKey::peer`].
+    pub peer: [u32; 4],
+    /// Interface index.
+    pub ifindex: u32,
+    /// [`Direction`] as u8.
+    pub direction: u8,
+    /// [`family`] of `peer`.
+    pub peer_family: u8,
+    /// Zero.
+    pub _pad: [u8; 2],
+}
+
+/// Per-CPU counters of one [`BgpKey`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct BgpCounters {
+    /// TCP segments as on the wire (a GSO skb counts its segments).
+    pub segments: u64,
+    /// Segments with SYN set.
+    pub syn: u64,
+    /// Segments with FIN set.
+    pub fin: u64,
+    /// Segments with RST set.
+    pub rst: u64,
+    /// Segments by the type of the BGP message that starts their payload
+    /// (index: [`bgp_message`]).
+    pub messages: [u64; bgp_message::SLOTS],
+    /// `code << 8 | subcode` of this CPU's latest NOTIFICATION.
+    pub last_notification: u64,
+    /// When it was seen (`bpf_ktime_get_ns`; 0: none on this CPU), to pick
+    /// the latest over CPUs.
+    pub last_notification_ns: u64,
+    /// The hold time (seconds) proposed by this CPU's latest OPEN.
+    pub hold_time: u64,
+    /// When it was seen, as `last_notification_ns`.
+    pub hold_time_ns: u64,
+}
+
 /// Indexes of the per-CPU [`STATS_MAP`] counters.
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -382,10 +457,13 @@ pub enum Stat {
     /// Packets whose cache slot held another key, so they were counted in
     /// [`FLOWS_MAP`] (the slower path; counts stay exact).
     FlowCacheCollisions = 3,
+    /// New keys inserted into [`BGP_MAP`] (minus its live entries: its
+    /// LRU evictions).
+    BgpInserts = 4,
 }
 
 /// Number of slots in [`STATS_MAP`].
-pub const STAT_COUNT: u32 = 4;
+pub const STAT_COUNT: u32 = 5;
 
 /// Proves at compile time, on both sides, that a map type has no padding:
 /// its size is the sum of its fields' sizes and its last field ends it.
@@ -456,6 +534,30 @@ assert_no_padding!(
 );
 assert_no_padding!(DropValue { packets, bytes }, bytes);
 assert_no_padding!(PlainCounters { packets, bytes }, bytes);
+assert_no_padding!(
+    BgpKey {
+        peer,
+        ifindex,
+        direction,
+        peer_family,
+        _pad
+    },
+    _pad
+);
+assert_no_padding!(
+    BgpCounters {
+        segments,
+        syn,
+        fin,
+        rst,
+        messages,
+        last_notification,
+        last_notification_ns,
+        hold_time,
+        hold_time_ns
+    },
+    hold_time_ns
+);
 assert_no_padding!(WatchedIface { netns, ifindex }, ifindex);
 assert_no_padding!(
     SkbLayout {
@@ -484,6 +586,8 @@ mod pod {
     unsafe impl aya::Pod for super::DropKey {}
     unsafe impl aya::Pod for super::DropValue {}
     unsafe impl aya::Pod for super::PlainCounters {}
+    unsafe impl aya::Pod for super::BgpKey {}
+    unsafe impl aya::Pod for super::BgpCounters {}
     unsafe impl aya::Pod for super::WatchedIface {}
     unsafe impl aya::Pod for super::SkbLayout {}
 }
@@ -523,6 +627,10 @@ pub const WATCHED_BITS_MAP: &str = "WATCHED_BITS";
 pub const WATCHED_BITS: u32 = 65536;
 /// Name of the program array tc ingress tail-calls its drop checks from.
 pub const CHECKS_MAP: &str = "CHECKS";
+/// Name of the program array both tc hooks tail-call BGP counting from.
+pub const BGP_PROG_MAP: &str = "BGP_PROG";
+/// Name of the program array XDP tail-calls BGP counting from.
+pub const XDP_BGP_PROG_MAP: &str = "XDP_BGP_PROG";
 /// Name of the global holding the [`SkbLayout`].
 pub const SKB_LAYOUT_GLOBAL: &str = "SKB_LAYOUT";
 

@@ -72,6 +72,8 @@ unsafe impl Plain for u16 {}
 unsafe impl<const N: usize> Plain for [u8; N] {}
 // SAFETY: as above.
 unsafe impl<const N: usize> Plain for [u16; N] {}
+// SAFETY: as above.
+unsafe impl<const N: usize> Plain for [u32; N] {}
 // SAFETY: repr(C) structs of integers and integer arrays, no padding.
 unsafe impl Plain for Ipv4Hdr {}
 // SAFETY: as above.
@@ -474,6 +476,129 @@ pub fn classify<F: Frame, P: PortTable>(f: &F, direction: Direction, ports: &P) 
     c
 }
 
+/// TCP flags the BGP counters follow.
+pub const TCP_FIN: u8 = 0x01;
+/// SYN.
+pub const TCP_SYN: u8 = 0x02;
+/// RST.
+pub const TCP_RST: u8 = 0x04;
+
+/// What one TCP/179 segment says: its peer, its flags, and the BGP
+/// message that starts its payload.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct BgpSegment {
+    /// The other end (source on rx, destination on tx).
+    pub peer: [u32; 4],
+    /// [`family`] of `peer`.
+    pub peer_family: u8,
+    /// The TCP flags byte.
+    pub flags: u8,
+    /// The type of the BGP message at the start of the payload
+    /// ([`crate::bgp_message`]; `NONE` when none starts there).
+    pub message: u8,
+    /// `code << 8 | subcode` of a NOTIFICATION.
+    pub notification: u16,
+    /// The hold time (seconds) an OPEN proposes.
+    pub hold_time: u16,
+}
+
+/// The BGP facts of a frame to or from TCP port 179; `None` for any other
+/// frame. Only the first message header of the segment is read: a segment
+/// may carry several messages, or the middle of one.
+///
+/// A parse of its own, not a step after [`classify`]: run after it, its
+/// variable offsets were verified once per state `classify` ends in, which
+/// the verifier refused as too large; at a hook's start it is verified
+/// once. It reads untagged Ethernet, IPv4 (not fragments after the first)
+/// and IPv6 without extension headers: how BGP sessions between nodes
+/// travel.
+#[inline(always)]
+pub fn bgp_segment<F: Frame>(f: &F, direction: Direction) -> Option<BgpSegment> {
+    let eth_type = f.read::<[u8; 2]>(12)?;
+    let mut seg = BgpSegment {
+        peer: [0; 4],
+        peer_family: family::NONE,
+        flags: 0,
+        message: crate::bgp_message::NONE,
+        notification: 0,
+        hold_time: 0,
+    };
+    let (l4_off, ip_end) = match u16::from_be_bytes(eth_type) {
+        ETH_P_IP => {
+            let h = f.read::<[u32; 5]>(ETH_HLEN)?;
+            let b = h[0].to_ne_bytes();
+            let (ihl, total_len) = (
+                ((b[0] & 0x0f) as usize) * 4,
+                u16::from_be_bytes([b[2], b[3]]),
+            );
+            let proto = h[2].to_ne_bytes()[1];
+            let frag_off = u16::from_be_bytes([h[1].to_ne_bytes()[2], h[1].to_ne_bytes()[3]]);
+            if proto != IPPROTO_TCP || ihl < 20 || frag_off & 0x1fff != 0 {
+                return None;
+            }
+            seg.peer[0] = match direction {
+                Direction::Rx => h[3],
+                Direction::Tx => h[4],
+            };
+            seg.peer_family = family::V4;
+            (ETH_HLEN + ihl, ETH_HLEN + total_len as usize)
+        }
+        ETH_P_IPV6 => {
+            let h = f.read::<[u32; 10]>(ETH_HLEN)?;
+            let b = h[1].to_ne_bytes();
+            if b[2] != IPPROTO_TCP {
+                return None;
+            }
+            seg.peer = match direction {
+                Direction::Rx => [h[2], h[3], h[4], h[5]],
+                Direction::Tx => [h[6], h[7], h[8], h[9]],
+            };
+            seg.peer_family = family::V6;
+            let payload = u16::from_be_bytes([b[0], b[1]]) as usize;
+            (ETH_HLEN + 40, ETH_HLEN + 40 + payload)
+        }
+        _ => return None,
+    };
+    let tcp = f.read::<[u8; 14]>(l4_off)?;
+    let (source, destination) = (
+        u16::from_be_bytes([tcp[0], tcp[1]]),
+        u16::from_be_bytes([tcp[2], tcp[3]]),
+    );
+    if source != crate::BGP_PORT && destination != crate::BGP_PORT {
+        return None;
+    }
+    seg.flags = tcp[13];
+    let data_offset = ((tcp[12] >> 4) as usize) * 4;
+    let message = l4_off + data_offset;
+    // A header is 19 bytes: a marker of 16 all-ones bytes, the length, the
+    // type.
+    if data_offset < 20 || message + 19 > ip_end {
+        return Some(seg);
+    }
+    let Some(marker) = f.read::<[u32; 4]>(message) else {
+        return Some(seg);
+    };
+    if marker != [u32::MAX; 4] {
+        return Some(seg);
+    }
+    let Some(header) = f.read::<[u8; 3]>(message + 16) else {
+        return Some(seg);
+    };
+    seg.message = header[2];
+    // After the header: a NOTIFICATION's code and subcode; an OPEN's
+    // version (1 byte), AS (2) and hold time (2).
+    if seg.message == crate::bgp_message::NOTIFICATION
+        && let Some(code) = f.read::<[u8; 2]>(message + 19)
+    {
+        seg.notification = u16::from_be_bytes(code);
+    } else if seg.message == crate::bgp_message::OPEN
+        && let Some(hold) = f.read::<[u8; 2]>(message + 22)
+    {
+        seg.hold_time = u16::from_be_bytes(hold);
+    }
+    Some(seg)
+}
+
 /// End of the IP packet whose length field says `len` bytes after `start`.
 /// A zero length (BIG TCP, IPv6 jumbograms) means "larger than the field
 /// can say": the end is reported beyond any linear buffer.
@@ -680,6 +805,15 @@ pub fn needs_checks(c: &Classified) -> bool {
         || (c.reason == Unclassified::None
             && c.l4_off != 0
             && (c.l4_proto == IPPROTO_ICMP || c.l4_proto == IPPROTO_ICMPV6))
+}
+
+/// Plain (not tunnelled) TCP: the frames the BGP counters look at.
+#[inline(always)]
+pub fn plain_tcp(c: &Classified) -> bool {
+    c.proto == Proto::Other
+        && c.reason == Unclassified::None
+        && c.l4_off != 0
+        && c.l4_proto == IPPROTO_TCP
 }
 
 /// Length of all headers up to the innermost L4 payload, used to count the

@@ -124,8 +124,9 @@ fn record_in_map(key: &FlowKey, c: &Classified, packets: u64, bytes: u64) {
     }
 }
 
+/// Adds one to this CPU's `stat`.
 #[inline(always)]
-fn bump(stat: Stat) {
+pub fn bump(stat: Stat) {
     if let Some(counter) = STATS.get_ptr_mut(stat as u32) {
         // SAFETY: per-CPU slot of this CPU.
         unsafe { *counter += 1 };

@@ -6,14 +6,17 @@
 
 use observer_common::parse;
 
+mod bgp;
 mod count;
 mod drops;
 mod kfree_skb;
 mod maps;
+mod tc_bgp;
 mod tc_checks;
 mod tc_egress;
 mod tc_ingress;
 mod tc_skb;
+mod xdp_bgp;
 mod xdp_ingress;
 
 #[cfg(target_arch = "bpf")]

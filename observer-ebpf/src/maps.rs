@@ -7,9 +7,10 @@ use aya_ebpf::{
 };
 use observer_common::parse::{Classified, PortTable, Scratch};
 use observer_common::{
-    ALLOW_SET_MAX_PREFIXES, DEFAULT_MAX_FLOWS, DropKey, DropValue, FLOW_CACHE_SLOTS, FlowCacheSlot,
-    FlowKey, FlowValue, LOCAL_VNIS_MAX, PLAIN_SLOTS, PlainCounters, STAT_COUNT, SkbLayout,
-    WATCHED_BITS as WATCHED_BITS_COUNT, WATCHED_MAX, WatchedIface, config,
+    ALLOW_SET_MAX_PREFIXES, BGP_MAX_KEYS, BgpCounters, BgpKey, DEFAULT_MAX_FLOWS, DropKey,
+    DropValue, FLOW_CACHE_SLOTS, FlowCacheSlot, FlowKey, FlowValue, LOCAL_VNIS_MAX, PLAIN_SLOTS,
+    PlainCounters, STAT_COUNT, SkbLayout, WATCHED_BITS as WATCHED_BITS_COUNT, WATCHED_MAX,
+    WatchedIface, config,
 };
 
 /// Per (interface, direction, protocol, peer, VNI) packet and byte counters.
@@ -45,6 +46,22 @@ impl PortTable for MapPorts {
         UDP_PORTS.get(port as u32).copied().unwrap_or(0)
     }
 }
+
+/// TCP/179 segments per (interface, direction, peer): flags and the BGP
+/// message each starts with. LRU: spoofed peers cannot grow it.
+#[map(name = "BGP")]
+pub static BGP: LruPerCpuHashMap<BgpKey, BgpCounters> =
+    LruPerCpuHashMap::with_max_entries(BGP_MAX_KEYS, 0);
+
+/// The BGP counting program (slot 0), tail-called by both tc hooks for
+/// plain TCP: verified alone, it does not multiply the states of theirs.
+#[map(name = "BGP_PROG")]
+pub static BGP_PROG: ProgramArray = ProgramArray::with_max_entries(1, 0);
+
+/// XDP's BGP counting program (slot 0; the variant matching XDP's, since
+/// the kernel refuses a tail call between multi- and single-buffer XDP).
+#[map(name = "XDP_BGP_PROG")]
+pub static XDP_BGP_PROG: ProgramArray = ProgramArray::with_max_entries(1, 0);
 
 /// Self counters indexed by `observer_common::Stat`.
 #[map(name = "STATS")]
@@ -142,6 +159,10 @@ pub struct Pending {
     pub ifindex: u32,
     /// Bytes copied into the tc scratch buffer; 0: read the packet directly.
     pub copied: u32,
+    /// GSO segments of the skb (0 or 1: one segment).
+    pub segments: u64,
+    /// `Direction` of the hook, as u8.
+    pub direction: u8,
 }
 
 /// The [`Pending`] slot of each CPU.

@@ -7,7 +7,7 @@ use observer_common::{Direction, FlowKey};
 
 use crate::{
     count,
-    maps::{CHECKS, MapPorts, PENDING, Pending, SCRATCH, SCRATCH_TC},
+    maps::{BGP_PROG, CHECKS, MapPorts, PENDING, Pending, SCRATCH, SCRATCH_TC},
     parse::{self, CopiedFrame, Frame, HEADER_WINDOW, PacketFrame},
 };
 
@@ -39,7 +39,7 @@ pub fn observe(ctx: &TcContext, direction: Direction) {
     };
     if direct.end - direct.start >= window {
         let c = count_frame(&direct, direction, ifindex, len as u64, segs);
-        hand_over(ctx, direction, &c, ifindex, len as u64, 0);
+        hand_over(ctx, direction, &c, ifindex, (len as u64, segs), 0);
         return;
     }
     let Some(copy) = parse::copy_len(window) else {
@@ -56,40 +56,51 @@ pub fn observe(ctx: &TcContext, direction: Direction) {
     }
     let copied = CopiedFrame { buf, len: copy };
     let c = count_frame(&copied, direction, ifindex, len as u64, segs);
-    hand_over(ctx, direction, &c, ifindex, len as u64, copy as u32);
+    hand_over(ctx, direction, &c, ifindex, (len as u64, segs), copy as u32);
 }
 
-/// On ingress, passes a frame the drop checks concern (a tunnel packet, or
-/// ICMP that may quote one) to the checks program. Why a second program:
-/// verified together with the classifier and the GSO accounting, the
-/// checks made tc ingress exceed the verifier's 1M-instruction limit;
-/// verified alone, from values read out of a map, they are cheap.
+/// Passes a frame to a second program when it needs more than counting:
+/// on ingress, a frame the drop checks concern (a tunnel packet, or ICMP
+/// that may quote one) goes to the checks program; in both directions,
+/// plain TCP goes to the BGP program, which counts it if it is TCP/179.
+/// Why second programs: verified together with the classifier and the GSO
+/// accounting, the checks made tc ingress exceed the verifier's
+/// 1M-instruction limit, and so did the BGP parse; verified alone, from
+/// values read out of a map, they are cheap.
 #[inline(always)]
 fn hand_over(
     ctx: &TcContext,
     direction: Direction,
     c: &parse::Classified,
     ifindex: u32,
-    len: u64,
+    (len, segments): (u64, u64),
     copied: u32,
 ) {
-    if direction != Direction::Rx || !parse::needs_checks(c) {
+    let checks = direction == Direction::Rx && parse::needs_checks(c);
+    if !checks && !parse::plain_tcp(c) {
         return;
     }
     let Some(pending) = PENDING.get_ptr_mut(0) else {
         return;
     };
-    // SAFETY: this CPU's slot; the checks program reads it right after,
-    // on the same CPU, before anything else can run here.
+    // SAFETY: this CPU's slot; the next program reads it right after, on
+    // the same CPU, before anything else can run here.
     unsafe {
         *pending = Pending {
             classified: *c,
             wire_len: len,
             ifindex,
             copied,
+            segments,
+            direction: direction as u8,
         };
-        // Returns only when the slot is empty (no checks program loaded).
-        CHECKS.tail_call(ctx, 0);
+        // A tail call returns only when the slot is empty (that program
+        // did not load).
+        if checks {
+            CHECKS.tail_call(ctx, 0);
+        } else {
+            BGP_PROG.tail_call(ctx, 0);
+        }
     }
 }
 

@@ -7,7 +7,11 @@ use aya_ebpf::{
 };
 use observer_common::{Direction, FlowKey};
 
-use crate::{count, drops, maps::MapPorts, parse};
+use crate::{
+    count, drops,
+    maps::{MapPorts, XDP_BGP_PROG},
+    parse,
+};
 
 /// Entry point on kernels with multi-buffer XDP (5.18+): `frags` so that it
 /// also attaches to jumbo-MTU devices, where only the first buffer is
@@ -59,9 +63,15 @@ fn try_observer_xdp(ctx: &XdpContext, buffers: Buffers) {
     };
     let ifindex = ctx.ingress_ifindex() as u32;
     let slot = count::record(&FlowKey::of(ifindex, Direction::Rx, &c), &c, 1, bytes);
-    // Plain traffic (most packets on many nodes) ends here.
     if parse::needs_checks(&c) {
         drops::classifier_checks(ifindex, &c, bytes, slot.map(|s| &mut s.allow_verdict));
         drops::path_mtu_checks(&frame, ifindex, &c, bytes);
+    } else if parse::plain_tcp(&c) {
+        // BGP at the wire is its own program (`xdp_bgp`): parsed here, it
+        // tripled this program's verification (964k of the 1M
+        // instructions on 6.18). Returns only when the slot is empty.
+        // SAFETY: a tail call with the program's own context.
+        unsafe { XDP_BGP_PROG.tail_call(ctx, 0) };
     }
+    // Other plain traffic (most packets on many nodes) ends here.
 }

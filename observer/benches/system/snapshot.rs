@@ -86,6 +86,7 @@ pub fn run(vxlan: &[u8]) -> anyhow::Result<()> {
                 anomalies: &engine.active(),
                 anomalies_raised: engine.raised(),
                 bgp: &[],
+                bgp_wire: &[],
                 bird_sockets: &[],
                 events: &[],
                 route_outages: &[],

@@ -140,6 +140,15 @@ impl XdpProgram {
             XdpProgram::SingleBuffer => "observer_xdp_sb",
         }
     }
+
+    /// Name of its BGP program (tail-called; the same variant, since the
+    /// kernel refuses a tail call between the two).
+    pub fn bgp_program_name(self) -> &'static str {
+        match self {
+            XdpProgram::MultiBuffer => "observer_xdp_bgp",
+            XdpProgram::SingleBuffer => "observer_xdp_bgp_sb",
+        }
+    }
 }
 
 /// Which kfree_skb program variant to load.

@@ -14,7 +14,9 @@ use aya::{
     maps::{Array, MapData, ProgramArray},
     programs::{BtfTracePoint, ProgramError},
 };
-use observer_common::{FLOWS_MAP, SKB_LAYOUT_GLOBAL, SkbLayout, UDP_PORTS_MAP};
+use observer_common::{
+    BGP_PROG_MAP, FLOWS_MAP, SKB_LAYOUT_GLOBAL, SkbLayout, UDP_PORTS_MAP, XDP_BGP_PROG_MAP,
+};
 
 use super::{
     DropHook, EBPF_OBJECT, Hook, LoadConfig, Observer,
@@ -71,6 +73,23 @@ impl Observer {
             let loaded = load_program(&mut ebpf, name, &features.release);
             note_failure(&mut load_failures, hook, name, loaded)?;
         }
+        let bgp_unavailable = |hook: &str, e: &anyhow::Error| {
+            tracing::warn!(
+                error = %format!("{e:#}"),
+                "BGP at the wire unavailable on {hook} (TCP/179 is not counted there)"
+            )
+        };
+        let tc_bgp = load_tail_program(&mut ebpf, TC_BGP_PROGRAM, BGP_PROG_MAP, &features.release)
+            .inspect_err(|e| bgp_unavailable("tc", e))
+            .ok();
+        let xdp_bgp = if load_failures.iter().any(|(h, _)| *h == Hook::Xdp) {
+            None
+        } else {
+            let name = plan.xdp.bgp_program_name();
+            load_tail_program(&mut ebpf, name, XDP_BGP_PROG_MAP, &features.release)
+                .inspect_err(|e| bgp_unavailable("XDP", e))
+                .ok()
+        };
         // tc ingress now unless deferred; and always when XDP cannot count.
         let xdp_failed = load_failures.iter().any(|(h, _)| *h == Hook::Xdp);
         let tc_ingress_loaded = !config.defer_tc_ingress || xdp_failed;
@@ -111,6 +130,8 @@ impl Observer {
             load_failures,
             tc_ingress_loaded,
             tc_checks,
+            tc_bgp,
+            xdp_bgp,
             attachments: Vec::new(),
             links: Vec::new(),
             kernel_reasons: KernelReasons {
@@ -198,13 +219,28 @@ impl Observer {
     /// Kernel info of tc ingress's checks program (tail-called; never
     /// attached).
     pub fn tc_checks_info(&self) -> Result<aya::programs::ProgramInfo> {
-        if self.tc_checks.is_none() {
-            bail!("{TC_CHECKS_PROGRAM} is not loaded");
+        self.tail_program_info(TC_CHECKS_PROGRAM, self.tc_checks.is_some())
+    }
+
+    /// Kernel info of the tc hooks' BGP program (tail-called; never
+    /// attached).
+    pub fn tc_bgp_info(&self) -> Result<aya::programs::ProgramInfo> {
+        self.tail_program_info(TC_BGP_PROGRAM, self.tc_bgp.is_some())
+    }
+
+    /// Kernel info of XDP's BGP program (tail-called; never attached).
+    pub fn xdp_bgp_info(&self) -> Result<aya::programs::ProgramInfo> {
+        self.tail_program_info(self.plan.xdp.bgp_program_name(), self.xdp_bgp.is_some())
+    }
+
+    fn tail_program_info(&self, name: &str, loaded: bool) -> Result<aya::programs::ProgramInfo> {
+        if !loaded {
+            bail!("{name} is not loaded");
         }
         let program = self
             .ebpf
-            .program(TC_CHECKS_PROGRAM)
-            .with_context(|| format!("{TC_CHECKS_PROGRAM} missing"))?;
+            .program(name)
+            .with_context(|| format!("{name} missing"))?;
         Ok(program.info()?)
     }
 
@@ -231,6 +267,9 @@ impl Observer {
 
 /// tc ingress's drop checks, reached by a tail call.
 pub const TC_CHECKS_PROGRAM: &str = "observer_tc_chk";
+
+/// Both tc hooks' BGP counting, reached by a tail call.
+pub const TC_BGP_PROGRAM: &str = "observer_tc_bgp";
 
 /// Name of the program of `hook` under `plan`.
 fn program_name(plan: &Plan, hook: Hook) -> &'static str {
@@ -308,22 +347,38 @@ const fn program_name_tc_ingress() -> &'static str {
     "observer_tc_in"
 }
 
-/// Loads tc ingress's checks program and puts it into the CHECKS program
-/// array, where tc ingress tail-calls it. The caller keeps the array: the
-/// kernel empties a program array when userspace closes its last fd.
+/// Loads tc ingress's checks program into the CHECKS program array.
 fn load_tc_checks(ebpf: &mut Ebpf, release: &str) -> Result<ProgramArray<MapData>> {
-    load_program(ebpf, TC_CHECKS_PROGRAM, release)?;
-    let mut checks: ProgramArray<MapData> = ProgramArray::try_from(
-        ebpf.take_map(observer_common::CHECKS_MAP)
-            .context("CHECKS map missing")?,
+    load_tail_program(
+        ebpf,
+        TC_CHECKS_PROGRAM,
+        observer_common::CHECKS_MAP,
+        release,
+    )
+}
+
+/// Loads the tail-call target `name` and puts it into slot 0 of the
+/// program array `map`, where a hook tail-calls it. The caller keeps the
+/// array: the kernel empties a program array when userspace closes its
+/// last fd.
+fn load_tail_program(
+    ebpf: &mut Ebpf,
+    name: &'static str,
+    map: &str,
+    release: &str,
+) -> Result<ProgramArray<MapData>> {
+    load_program(ebpf, name, release)?;
+    let mut array: ProgramArray<MapData> = ProgramArray::try_from(
+        ebpf.take_map(map)
+            .with_context(|| format!("{map} map missing"))?,
     )?;
     let program = ebpf
-        .program(TC_CHECKS_PROGRAM)
-        .with_context(|| format!("{TC_CHECKS_PROGRAM} missing"))?;
-    checks
+        .program(name)
+        .with_context(|| format!("{name} missing"))?;
+    array
         .set(0, program.fd()?, 0)
-        .context("writing the checks program into CHECKS")?;
-    Ok(checks)
+        .with_context(|| format!("writing {name} into {map}"))?;
+    Ok(array)
 }
 
 /// Turns a program load error into one a person can act on: the program,

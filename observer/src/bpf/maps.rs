@@ -1,7 +1,7 @@
 //! The maps: one typed reader per map the programs write (flows, drops,
-//! self counters), and the writes userspace makes while attached (MTUs,
+//! BGP at the wire, self counters), and the writes userspace makes while attached (MTUs,
 //! watched interfaces, allow-sets, local VNIs, check switches). The port
-//! table and the CHECKS program array are written once, by `load`.
+//! table and the program arrays are written once, by `load`.
 
 use std::{
     collections::{BTreeSet, HashSet},
@@ -20,14 +20,16 @@ use aya::{
 use foldhash::HashMap as FastMap;
 use ipnet::IpNet;
 use observer_common::{
-    CONFIG_MAP, DROPS_MAP, DropKey, DropValue, FLOW_CACHE_MAP, FLOW_CACHE_SLOTS, FLOWS_MAP,
-    FlowCacheSlot, FlowKey, FlowValue, IFACE_MTU_MAP, IPIP_ALLOW_V4_MAP, IPIP_ALLOW_V6_MAP,
-    LOCAL_VNIS_MAP, PLAIN_MAP, PLAIN_SLOTS, PlainCounters, STATS_MAP, Stat, VXLAN_ALLOW_V4_MAP,
-    VXLAN_ALLOW_V6_MAP, WATCHED_BITS, WATCHED_BITS_MAP, WATCHED_MAP, WatchedIface, config,
+    BGP_MAP, BgpCounters, BgpKey, CONFIG_MAP, DROPS_MAP, DropKey, DropValue, FLOW_CACHE_MAP,
+    FLOW_CACHE_SLOTS, FLOWS_MAP, FlowCacheSlot, FlowKey, FlowValue, IFACE_MTU_MAP,
+    IPIP_ALLOW_V4_MAP, IPIP_ALLOW_V6_MAP, LOCAL_VNIS_MAP, PLAIN_MAP, PLAIN_SLOTS, PlainCounters,
+    STATS_MAP, Stat, VXLAN_ALLOW_V4_MAP, VXLAN_ALLOW_V6_MAP, WATCHED_BITS, WATCHED_BITS_MAP,
+    WATCHED_MAP, WatchedIface, config,
 };
 
 use super::{Observer, batch};
 use crate::{
+    model::bgp_wire::{WireCounters, WireId},
     model::facts::{AllowSets, SetKind},
     model::rows::{DropCounters, DropId, FlowCounters, FlowId, KernelStats},
     node::localnet,
@@ -213,6 +215,21 @@ impl Observer {
         read_percpu_hash(&map, DROPS_MAP, MapRead::Batch, decode)
     }
 
+    /// Reads every key of the BGP map (TCP/179 per interface, direction
+    /// and peer), summed over CPUs.
+    pub fn read_bgp_wire(&self) -> Result<Vec<(WireId, WireCounters)>> {
+        let map: PerCpuHashMap<&MapData, BgpKey, BgpCounters> =
+            PerCpuHashMap::try_from(self.ebpf.map(BGP_MAP).context("BGP map missing")?)?;
+        let decode = |key: &BgpKey, values: &[BgpCounters]| {
+            (WireId::from_key(key), WireCounters::from_percpu(values))
+        };
+        let rows = read_percpu_hash(&map, BGP_MAP, MapRead::Batch, decode)?;
+        Ok(rows
+            .into_iter()
+            .filter_map(|(id, counters)| Some((id?, counters)))
+            .collect())
+    }
+
     /// Reads the kernel self counters (walks the flow map to count its
     /// entries; a caller that just read the rows uses [`Observer::stats_for`]).
     pub fn read_stats(&self) -> Result<KernelStats> {
@@ -236,6 +253,7 @@ impl Observer {
             flow_insert_failures: read(Stat::FlowInsertFailures)?,
             flow_cache_slots: read(Stat::FlowCacheClaims)?,
             flow_cache_collisions: read(Stat::FlowCacheCollisions)?,
+            bgp_inserts: read(Stat::BgpInserts)?,
         })
     }
 }

@@ -21,7 +21,7 @@ pub mod verifier_stats;
 
 pub use crate::model::hooks::{AttachedWith, Attachment};
 pub use attach::ifindex;
-pub use load::TC_CHECKS_PROGRAM;
+pub use load::{TC_BGP_PROGRAM, TC_CHECKS_PROGRAM};
 
 use crate::{
     bpf::features::{Features, Plan},
@@ -153,6 +153,11 @@ pub struct Observer {
     /// The CHECKS program array with tc ingress's checks program, held
     /// open (see `load_tc_checks`); `None` when it did not load.
     tc_checks: Option<ProgramArray<MapData>>,
+    /// The BGP_PROG program array with the tc hooks' BGP program, held
+    /// open likewise; `None` when it did not load.
+    tc_bgp: Option<ProgramArray<MapData>>,
+    /// The XDP_BGP_PROG program array with XDP's BGP program, likewise.
+    xdp_bgp: Option<ProgramArray<MapData>>,
     attachments: Vec<Attachment>,
     /// Links of each attachment, same order.
     links: Vec<Links>,

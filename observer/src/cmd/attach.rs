@@ -27,6 +27,7 @@ use crate::{
     cmd::checks::NodeChecks,
     model::aggregate::{Aggregator, DropAggregator},
     model::anomalies::{Anomaly, Engine, Event, Known},
+    model::bgp_wire::{WireRow, WireTracker},
     model::crosscheck::NetfilterCheck,
     model::dataplane::{DataPlane, DeclaredTunnel},
     model::hooks::{AttachedWith, Attachment},
@@ -108,6 +109,15 @@ pub struct Interval<'m> {
     pub active: Vec<&'m Anomaly>,
     /// Route outages of pod blocks that ended in this read.
     pub route_outages: Vec<Outage>,
+}
+
+/// What one interval read, as the textfile exports it.
+struct Read<'r> {
+    rows: &'r [Row],
+    drops: &'r [DropRow],
+    bgp_wire: &'r [WireRow],
+    events: &'r [Event],
+    route_outages: &'r [Outage],
 }
 
 /// What a finished run leaves, as [`Monitor::finish`] returns it.
@@ -252,6 +262,8 @@ pub struct Monitor<'a> {
     bgp: BgpFollower,
     /// The pod blocks' routes over time (from the data-plane view).
     routes: RouteTracker,
+    /// BGP at the wire (the programs' TCP/179 counters) over time.
+    wire: WireTracker,
     clock: Clock,
     // Last: the timers and signals above go before the runtime.
     runtime: Runtime,
@@ -407,6 +419,7 @@ impl<'a> Monitor<'a> {
             netfilter: Vec::new(),
             bgp: BgpFollower::start(settings_bird_sockets, settings_interval),
             routes: RouteTracker::default(),
+            wire: WireTracker::default(),
             clock,
             runtime,
         };
@@ -657,6 +670,7 @@ impl<'a> Monitor<'a> {
             .for_each_flow(MapRead::Batch, |id, counters| aggregator.add(id, counters))?;
         self.aggregator.end_read();
         self.drop_aggregator.update(&self.observer.read_drops()?);
+        let bgp_wire = self.refresh_bgp_wire(now)?;
         let rows = self.aggregator.finish_interval(seconds);
         let drop_rows = self.checks.drop_rows(
             self.observer.kernel_reasons(),
@@ -674,7 +688,17 @@ impl<'a> Monitor<'a> {
         for event in &events {
             log_event(event);
         }
-        self.export(&rows, &drop_rows, &events, &route_outages, stats, at);
+        self.export(
+            &Read {
+                rows: &rows,
+                drops: &drop_rows,
+                bgp_wire: &bgp_wire,
+                events: &events,
+                route_outages: &route_outages,
+            },
+            stats,
+            at,
+        );
         let active = self.engine.active();
         if self.print {
             let snapshot = Snapshot {
@@ -695,6 +719,7 @@ impl<'a> Monitor<'a> {
                 anomaly_events: &events,
                 anomalies: &active,
                 bgp: &self.known.bgp,
+                bgp_wire: &bgp_wire,
             };
             self.print_allow_sets(&reports)
                 .and_then(|()| {
@@ -767,22 +792,24 @@ impl<'a> Monitor<'a> {
         self.print_lines(&lines)
     }
 
+    /// Reads BGP at the wire; `known` learns what it says of each peer's
+    /// session when something moved.
+    fn refresh_bgp_wire(&mut self, now: f64) -> Result<Vec<WireRow>> {
+        let rows = self.wire.update(now, &self.observer.read_bgp_wire()?);
+        if rows.iter().any(|r| r.changed) || self.known.bgp_wire.len() != self.wire.peers().len() {
+            self.known.bgp_wire.clone_from(self.wire.peers());
+        }
+        Ok(rows)
+    }
+
     /// Writes the textfile; a failure is counted and logged, never fatal.
-    fn export(
-        &mut self,
-        rows: &[Row],
-        drops: &[DropRow],
-        events: &[Event],
-        route_outages: &[Outage],
-        stats: KernelStats,
-        at: SystemTime,
-    ) {
+    fn export(&mut self, read: &Read<'_>, stats: KernelStats, at: SystemTime) {
         let Some(dir) = self.settings.textfile_dir.clone() else {
             return;
         };
         let input = ExportInput {
-            rows,
-            drops,
+            rows: read.rows,
+            drops: read.drops,
             ifaces: &self.ifaces,
             stats,
             programs_attached: self.observer.programs_attached(),
@@ -791,9 +818,10 @@ impl<'a> Monitor<'a> {
             anomalies: &self.engine.active(),
             anomalies_raised: self.engine.raised(),
             bgp: &self.known.bgp,
+            bgp_wire: read.bgp_wire,
             bird_sockets: &self.bgp.socket_status(),
-            events,
-            route_outages,
+            events: read.events,
+            route_outages: read.route_outages,
             blocks_missing: self.known.missing_blocks.len(),
         };
         let families = self.exporter.families(&input);

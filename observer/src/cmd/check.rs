@@ -48,7 +48,7 @@ impl Verdict {
 /// One program `attach` would load.
 #[derive(Debug, Clone, Serialize)]
 pub struct ProgramCheck {
-    /// `xdp`, `tc_ingress`, `tc_checks`, `tc_egress`, `kernel_drops`.
+    /// `xdp`, `tc_ingress`, `tc_checks`, `tc_bgp`, `xdp_bgp`, `tc_egress`, `kernel_drops`.
     pub hook: &'static str,
     /// Program name.
     pub program: &'static str,
@@ -178,6 +178,12 @@ pub fn check() -> Report {
         "tc_checks",
         crate::bpf::TC_CHECKS_PROGRAM,
         observer.tc_checks_info(),
+    ));
+    loaded.push(("tc_bgp", crate::bpf::TC_BGP_PROGRAM, observer.tc_bgp_info()));
+    loaded.push((
+        "xdp_bgp",
+        observer.plan().xdp.bgp_program_name(),
+        observer.xdp_bgp_info(),
     ));
     if let Some(program) = observer.plan().drops.program_name() {
         loaded.push(("kernel_drops", program, observer.load_drop_program()));

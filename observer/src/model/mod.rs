@@ -5,6 +5,7 @@
 pub mod aggregate;
 pub mod anomalies;
 pub mod bgp;
+pub mod bgp_wire;
 pub mod crosscheck;
 pub mod dataplane;
 pub mod facts;

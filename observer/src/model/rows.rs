@@ -348,6 +348,16 @@ pub struct KernelStats {
     /// Packets counted in the LRU map because their cache slot held
     /// another key.
     pub flow_cache_collisions: u64,
+    /// Keys ever inserted into the BGP map.
+    pub bgp_inserts: u64,
+}
+
+impl KernelStats {
+    /// Keys the BGP map's LRU evicted, given its live keys (nothing else
+    /// deletes them).
+    pub fn bgp_evictions(&self, bgp_entries: usize) -> u64 {
+        self.bgp_inserts.saturating_sub(bgp_entries as u64)
+    }
 }
 
 /// Name of a direction in JSON, labels and the table.

@@ -17,6 +17,7 @@ use crate::{
     model::anomalies::FindingRecord,
     model::anomalies::{Anomaly, Event},
     model::bgp::BgpSession,
+    model::bgp_wire::WireRow,
     model::crosscheck::NetfilterCheck,
     model::dataplane::{BlockRoute, ExpectedPeer, TunnelDevice, TunnelRoute, UnderlayInterface},
     model::hooks::Attachment,
@@ -193,6 +194,9 @@ pub struct Snapshot<'a> {
     /// BGP sessions of the node's BIRD (table; JSON prints `bgp` lines
     /// when they change).
     pub bgp: &'a [BgpSession],
+    /// BGP at the wire, totals since attach per (interface, direction,
+    /// peer).
+    pub bgp_wire: &'a [WireRow],
 }
 
 /// `{"type":"anomaly",...}`: an anomaly raised (`state` "raised") or
@@ -312,6 +316,68 @@ pub struct BgpLine<'a> {
     /// session as last read, printed once.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub removed: bool,
+}
+
+/// `{"type":"bgp_wire",...}`: the TCP/179 segments of one (interface,
+/// direction, peer) since attach, printed when they changed (every key
+/// at the end): TCP flags, the BGP message each segment starts with, the
+/// latest NOTIFICATION and the hold time the latest OPEN proposed.
+#[derive(Serialize)]
+pub struct BgpWireLine<'a> {
+    pub ts: &'a str,
+    pub iface: &'a str,
+    pub ifindex: u32,
+    pub direction: &'static str,
+    pub peer: IpAddr,
+    pub segments: u64,
+    pub syn: u64,
+    pub fin: u64,
+    pub rst: u64,
+    pub open: u64,
+    pub update: u64,
+    pub notification: u64,
+    pub keepalive: u64,
+    pub route_refresh: u64,
+    pub last_notification: Option<NotificationFacts>,
+    pub hold_time_s: Option<u16>,
+}
+
+/// A NOTIFICATION in a `bgp_wire` line.
+#[derive(Serialize)]
+pub struct NotificationFacts {
+    pub code: u8,
+    pub subcode: u8,
+    /// `Cease/Administrative Shutdown`.
+    pub name: String,
+}
+
+impl<'a> BgpWireLine<'a> {
+    /// The line of `row`.
+    pub fn new(ts: &'a str, iface: &'a str, row: &WireRow) -> BgpWireLine<'a> {
+        let t = &row.total;
+        BgpWireLine {
+            ts,
+            iface,
+            ifindex: row.id.ifindex,
+            direction: direction_name(row.id.direction),
+            peer: row.id.peer,
+            segments: t.segments,
+            syn: t.syn,
+            fin: t.fin,
+            rst: t.rst,
+            open: t.open,
+            update: t.update,
+            notification: t.notification,
+            keepalive: t.keepalive,
+            route_refresh: t.route_refresh,
+            last_notification: t.last_notification.map(|n| NotificationFacts {
+                code: n.code,
+                subcode: n.subcode,
+                name: n.name(),
+            }),
+            hold_time_s: t.hold_time_s,
+        }
+    }
 }
 
 /// `{"type":"routes",...}`: the routes of pod blocks (main table) that
@@ -452,6 +518,8 @@ pub enum Line<'a> {
     RouteOutage(RouteOutageLine<'a>),
     /// Counters of one (iface, direction, proto, peer, vni).
     Peer(PeerLine<'a>),
+    /// BGP at the wire: TCP/179 of one (iface, direction, peer).
+    BgpWire(BgpWireLine<'a>),
     /// Frames that could not be parsed, by reason.
     Unclassified(UnclassifiedLine<'a>),
     /// One drop row.
@@ -553,6 +621,10 @@ pub fn write_json(out: &mut impl Write, snap: &Snapshot<'_>) -> io::Result<()> {
             };
             write_line(out, &Line::DropSummary(line))?;
         }
+    }
+    for row in snap.bgp_wire.iter().filter(|r| r.changed || snap.is_final) {
+        let iface = iface_name(snap.ifaces, row.id.ifindex);
+        write_line(out, &Line::BgpWire(BgpWireLine::new(&ts, &iface, row)))?;
     }
     for event in snap.anomaly_events {
         write_line(out, &Line::Anomaly(AnomalyLine::new(event, &ts)))?;
@@ -675,6 +747,7 @@ mod tests {
             anomaly_events: &[],
             anomalies: &[],
             bgp,
+            bgp_wire: &[],
         }
     }
 
@@ -812,6 +885,60 @@ mod tests {
         assert!(
             text.contains("579 VXLAN packets from 10.10.10.244 dropped"),
             "{text}"
+        );
+    }
+
+    #[test]
+    fn bgp_wire_lines_carry_the_counts_and_the_named_notification() {
+        use crate::model::bgp_wire::{Notification, WireCounters, WireId, WireRow};
+        let row = |changed| WireRow {
+            id: WireId {
+                peer: "10.99.0.4".parse().unwrap(),
+                ifindex: 7,
+                direction: Direction::Tx,
+            },
+            total: WireCounters {
+                segments: 4,
+                fin: 1,
+                keepalive: 2,
+                notification: 1,
+                last_notification: Some(Notification {
+                    code: 6,
+                    subcode: 2,
+                }),
+                hold_time_s: Some(6),
+                ..WireCounters::default()
+            },
+            changed,
+        };
+        let ifaces = HashMap::from([(7, "eth0".to_string())]);
+        let lines = |rows: &[WireRow], is_final| {
+            let mut snap = snapshot(&[], &ifaces, &[], is_final);
+            snap.bgp_wire = rows;
+            let mut out = Vec::new();
+            write_json(&mut out, &snap).unwrap();
+            String::from_utf8(out)
+                .unwrap()
+                .lines()
+                .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+                .filter(|l| l["type"] == "bgp_wire")
+                .collect::<Vec<_>>()
+        };
+        assert!(
+            lines(&[row(false)], false).is_empty(),
+            "unchanged: not printed"
+        );
+        assert_eq!(lines(&[row(false)], true).len(), 1, "every key at the end");
+        let line = &lines(&[row(true)], false)[0];
+        assert_eq!(
+            *line,
+            serde_json::json!({
+                "type": "bgp_wire", "ts": line["ts"], "iface": "eth0", "ifindex": 7,
+                "direction": "tx", "peer": "10.99.0.4", "segments": 4, "syn": 0, "fin": 1,
+                "rst": 0, "open": 0, "update": 0, "notification": 1, "keepalive": 2,
+                "route_refresh": 0, "hold_time_s": 6,
+                "last_notification": {"code": 6, "subcode": 2, "name": "Cease/Administrative Shutdown"}
+            })
         );
     }
 

@@ -187,6 +187,42 @@ pub fn write_table(out: &mut impl Write, snap: &Snapshot<'_>, clear: bool) -> io
             )?;
         }
     }
+    if !snap.bgp_wire.is_empty() {
+        writeln!(
+            out,
+            "\nBGP AT THE WIRE (TCP/179 since attach)\n  {:<10} {:<3} {:<39} {:>8} {:>4} {:>4} {:>4} {:>5} {:>7} {:>6} {:>9}  LAST NOTIFICATION",
+            "IFACE",
+            "DIR",
+            "PEER",
+            "SEGMENTS",
+            "SYN",
+            "FIN",
+            "RST",
+            "OPEN",
+            "UPDATE",
+            "NOTIF",
+            "KEEPALIVE"
+        )?;
+        for row in snap.bgp_wire {
+            let t = &row.total;
+            writeln!(
+                out,
+                "  {:<10} {:<3} {:<39} {:>8} {:>4} {:>4} {:>4} {:>5} {:>7} {:>6} {:>9}  {}",
+                iface_name(snap.ifaces, row.id.ifindex),
+                direction_name(row.id.direction),
+                row.id.peer,
+                t.segments,
+                t.syn,
+                t.fin,
+                t.rst,
+                t.open,
+                t.update,
+                t.notification,
+                t.keepalive,
+                t.last_notification.map(|n| n.name()).unwrap_or_default()
+            )?;
+        }
+    }
     write_anomalies(out, snap.anomalies)?;
     writeln!(
         out,

@@ -28,13 +28,15 @@ use prometheus::{
 
 use observer_common::{Direction, Proto, Unclassified};
 
+use super::lines::iface_name;
 use crate::{
     model::anomalies::{Anomaly, Event, Kind},
     model::bgp::BgpSession,
+    model::bgp_wire::{WireCounters, WireRow},
     model::routes::Outage,
     model::rows::DropRow,
-    model::rows::KernelStats,
     model::rows::Row,
+    model::rows::{KernelStats, direction_name},
 };
 
 /// Name of the file written in the textfile directory.
@@ -246,6 +248,8 @@ pub struct ExportInput<'a> {
     pub anomalies_raised: &'a BTreeMap<Kind, u64>,
     /// BGP sessions of the node's BIRD, as last read.
     pub bgp: &'a [BgpSession],
+    /// BGP at the wire, totals since attach.
+    pub bgp_wire: &'a [WireRow],
     /// Each BIRD control socket followed, and whether it answered.
     pub bird_sockets: &'a [(String, bool)],
     /// Anomalies raised and cleared since the previous export: the cleared
@@ -608,6 +612,34 @@ impl Exporter {
                 bgp_samples(input.bgp, |s| s.routes_exported as f64),
             ),
             family(
+                "observer_bgp_wire_segments_total",
+                "TCP segments to or from port 179 (BGP) since attach, per interface, direction and peer, as the programs counted them at the wire.",
+                MetricType::COUNTER,
+                wire_samples(input, |t| vec![(None, t.segments)]),
+            ),
+            family(
+                "observer_bgp_wire_tcp_flags_total",
+                "TCP/179 segments with SYN, FIN or RST since attach (connection attempts and ends of BGP sessions), per interface, direction and peer.",
+                MetricType::COUNTER,
+                wire_samples(input, |t| {
+                    vec![(Some(("flag", "syn")), t.syn), (Some(("flag", "fin")), t.fin), (Some(("flag", "rst")), t.rst)]
+                }),
+            ),
+            family(
+                "observer_bgp_wire_messages_total",
+                "TCP/179 segments by the type of the BGP message they start with (open, update, notification, keepalive, route_refresh) since attach, per interface, direction and peer. A NOTIFICATION ends a session; its code is in the bgp_wire line.",
+                MetricType::COUNTER,
+                wire_samples(input, |t| {
+                    vec![
+                        (Some(("type", "open")), t.open),
+                        (Some(("type", "update")), t.update),
+                        (Some(("type", "notification")), t.notification),
+                        (Some(("type", "keepalive")), t.keepalive),
+                        (Some(("type", "route_refresh")), t.route_refresh),
+                    ]
+                }),
+            ),
+            family(
                 "observer_programs_attached",
                 "eBPF programs the observer has attached (XDP or tc ingress, and tc egress, per interface).",
                 MetricType::GAUGE,
@@ -635,7 +667,13 @@ impl Exporter {
                 "observer_map_evictions_total",
                 "Entries the kernel flow map evicted because it was full (raise --max-flows).",
                 MetricType::COUNTER,
-                vec![(vec![("map", "flows".to_string())], evictions as f64)],
+                vec![
+                    (vec![("map", "flows".to_string())], evictions as f64),
+                    (
+                        vec![("map", "bgp".to_string())],
+                        input.stats.bgp_evictions(input.bgp_wire.len()) as f64,
+                    ),
+                ],
             ),
             family(
                 "observer_lost_events_total",
@@ -683,6 +721,31 @@ fn bgp_samples(sessions: &[BgpSession], value: impl Fn(&BgpSession) -> f64) -> V
             (labels, value(s))
         })
         .collect()
+}
+
+/// Samples of a BGP-at-the-wire family: per key, the values `split`
+/// returns, each with its extra label; zero values of an extra label are
+/// left out (a key is mostly KEEPALIVEs).
+fn wire_samples(
+    input: &ExportInput<'_>,
+    split: impl Fn(&WireCounters) -> Vec<(Option<(&'static str, &'static str)>, u64)>,
+) -> Vec<(Labels, f64)> {
+    let mut samples = Vec::new();
+    for row in input.bgp_wire {
+        for (extra, value) in split(&row.total) {
+            if extra.is_some() && value == 0 {
+                continue;
+            }
+            let mut labels = vec![
+                ("iface", iface_name(input.ifaces, row.id.ifindex)),
+                ("direction", direction_name(row.id.direction).to_string()),
+                ("peer", row.id.peer.to_string()),
+            ];
+            labels.extend(extra.map(|(k, v)| (k, v.to_string())));
+            samples.push((labels, value as f64));
+        }
+    }
+    samples
 }
 
 /// `peer` label value of a series with its own peer.
@@ -779,13 +842,6 @@ impl<K: SeriesKey, const N: usize> SplitFamily<K, N> {
 /// Adds `values` to `sums`, column by column.
 fn add<const N: usize>(sums: &mut [u64; N], values: &[u64; N]) {
     sums.iter_mut().zip(values).for_each(|(s, v)| *s += v);
-}
-
-fn direction_name(direction: Direction) -> &'static str {
-    match direction {
-        Direction::Rx => "rx",
-        Direction::Tx => "tx",
-    }
 }
 
 /// Samples of one counter family, summed per label set.
@@ -921,6 +977,7 @@ mod tests {
             anomalies: &[],
             anomalies_raised: raised,
             bgp: &[],
+            bgp_wire: &[],
             bird_sockets: &[],
             events: &[],
             route_outages: &[],
@@ -944,6 +1001,64 @@ mod tests {
         text.lines()
             .find(|l| l.starts_with(series) && l[series.len()..].starts_with(' '))
             .map(|l| l.rsplit(' ').next().unwrap().parse().unwrap())
+    }
+
+    #[test]
+    fn bgp_at_the_wire_is_series_per_interface_direction_and_peer() {
+        use crate::model::bgp_wire::{WireCounters, WireId, WireRow};
+        let row = WireRow {
+            id: WireId {
+                peer: "10.99.0.4".parse().unwrap(),
+                ifindex: 2,
+                direction: Direction::Rx,
+            },
+            total: WireCounters {
+                segments: 9,
+                syn: 1,
+                open: 1,
+                keepalive: 6,
+                notification: 1,
+                ..WireCounters::default()
+            },
+            changed: true,
+        };
+        let (ifaces, raised) = (HashMap::from([(2, "eth0".to_string())]), BTreeMap::new());
+        let input = ExportInput {
+            bgp_wire: std::slice::from_ref(&row),
+            stats: KernelStats {
+                bgp_inserts: 3,
+                ..KernelStats::default()
+            },
+            ..empty_input(&ifaces, &raised)
+        };
+        let text = encode(&Exporter::new(10).families(&input)).unwrap();
+        let key = "iface=\"eth0\",direction=\"rx\",peer=\"10.99.0.4\"";
+        let series = |name: &str, extra: &str| value(&text, &format!("{name}{{{key}{extra}}}"));
+        assert_eq!(series("observer_bgp_wire_segments_total", ""), Some(9.0));
+        assert_eq!(
+            series("observer_bgp_wire_tcp_flags_total", ",flag=\"syn\""),
+            Some(1.0)
+        );
+        assert_eq!(
+            series("observer_bgp_wire_tcp_flags_total", ",flag=\"rst\""),
+            None,
+            "zero flags are left out"
+        );
+        for (kind, n) in [("open", 1.0), ("keepalive", 6.0), ("notification", 1.0)] {
+            assert_eq!(
+                series(
+                    "observer_bgp_wire_messages_total",
+                    &format!(",type=\"{kind}\"")
+                ),
+                Some(n),
+                "{kind}"
+            );
+        }
+        assert_eq!(
+            value(&text, "observer_map_evictions_total{map=\"bgp\"}"),
+            Some(2.0),
+            "three keys inserted, one live"
+        );
     }
 
     #[test]

@@ -159,6 +159,8 @@ fn replay(args: &ReplayArgs) -> Result<u8> {
         anomaly_events: &[],
         anomalies: &[],
         bgp: &[],
+        // BGP at the wire is counted per interface, not per capture.
+        bgp_wire: &[],
     };
     // A closed stdout ends here (see `cmd::pipe`).
     print(format, &reports, engine.name(), &replayed, &snapshot).context("writing output")?;

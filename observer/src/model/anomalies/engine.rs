@@ -22,6 +22,7 @@ use super::{
 use ipnet::IpNet;
 
 use crate::model::{
+    bgp_wire,
     dataplane::BlockRoute,
     routes::{FORGET_AFTER_S, MissingBlock},
     rows::{DropRow, Row},
@@ -191,7 +192,10 @@ impl Engine {
     /// Adds a `bgp_down` condition for each BGP session down for a whole
     /// window (a session that is still coming up, at BIRD's start or a new
     /// node's, is not yet a problem); returns when each began: when its
-    /// session was first seen down, a window before it is raised.
+    /// session was first seen down, a window before it is raised. BIRD's
+    /// sessions first; for a peer BIRD did not report, the wire's view
+    /// (a NOTIFICATION, RST or FIN and nothing heard since, or silence
+    /// beyond the hold time).
     fn bgp_down_conditions(
         &mut self,
         now: f64,
@@ -216,6 +220,20 @@ impl Engine {
             }
         }
         self.bgp_down_since = down;
+        // Peers BIRD did not report: the wire's view of their session.
+        for (peer, wire) in &known.bgp_wire {
+            if known.bgp.iter().any(|s| s.neighbor == Some(*peer)) {
+                continue;
+            }
+            if let Some((since, why)) = bgp_wire::down_at_wire(wire, now)
+                && now - since >= window - EPSILON
+            {
+                let key = (Kind::BgpDown, *peer, Proto::Other);
+                let finding = rules::bgp_down_at_wire(*peer, wire, &why, now, now - since);
+                conditions.insert(key, finding);
+                began.insert(key, since);
+            }
+        }
         began
     }
 
@@ -795,6 +813,63 @@ mod tests {
             ..session("Active")
         }];
         for t in [13.0, 20.0] {
+            assert_eq!(
+                e.observe(t, SystemTime::UNIX_EPOCH, &[], &[], &known),
+                vec![]
+            );
+        }
+    }
+
+    #[test]
+    fn bgp_down_at_the_wire_when_bird_does_not_report_the_peer() {
+        use crate::model::bgp::testing;
+        use crate::model::bgp_wire::WirePeer;
+        let peer: IpAddr = "10.0.0.2".parse().unwrap();
+        let mut e = Engine::new(th(), 0.0);
+        let mut known = known();
+        let ended = WirePeer {
+            heard_s: Some(1.0),
+            down_since_s: Some(2.0),
+            ended_by: Some("NOTIFICATION Cease/Administrative Shutdown from the peer".into()),
+            hold_time_s: (Some(6), Some(6)),
+        };
+        known.bgp_wire.insert(peer, ended.clone());
+        // Within the window (5 s) of the end: not yet.
+        assert_eq!(
+            e.observe(6.0, SystemTime::UNIX_EPOCH, &[], &[], &known),
+            vec![]
+        );
+        let events = e.observe(7.0, SystemTime::UNIX_EPOCH, &[], &[], &known);
+        let [Event::Raised(raised)] = events.as_slice() else {
+            panic!("{events:?}");
+        };
+        assert_eq!((raised.kind, raised.peer), (Kind::BgpDown, peer));
+        assert_eq!(raised.evidence["source"], "wire");
+        assert_eq!(raised.evidence["down_for_s"], 5.0);
+        assert!(
+            raised.summary.contains("Cease/Administrative Shutdown"),
+            "{}",
+            raised.summary
+        );
+        // BIRD reports the session: BIRD's view wins (Established here).
+        known.bgp = vec![testing::session("10.0.0.2", "Established")];
+        let events = e.observe(8.0, SystemTime::UNIX_EPOCH, &[], &[], &known);
+        assert!(
+            matches!(events.as_slice(), [Event::Cleared { .. }]),
+            "{events:?}"
+        );
+        // Without BIRD again, a new session: up.
+        known.bgp.clear();
+        known.bgp_wire.insert(
+            peer,
+            WirePeer {
+                heard_s: Some(9.0),
+                down_since_s: None,
+                ended_by: None,
+                ..ended
+            },
+        );
+        for t in [9.0, 15.0] {
             assert_eq!(
                 e.observe(t, SystemTime::UNIX_EPOCH, &[], &[], &known),
                 vec![]

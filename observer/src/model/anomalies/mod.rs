@@ -40,6 +40,7 @@ pub use engine::Engine;
 
 use crate::model::{
     bgp::BgpSession,
+    bgp_wire::WirePeer,
     dataplane::BlockRoute,
     facts::{self, ExpectedPeer, SetKind, longest_prefix},
     ports::PortConfig,
@@ -223,6 +224,8 @@ pub struct Known {
     pub ports: PortConfig,
     /// The BGP sessions of the node's BIRD, as last read.
     pub bgp: Vec<BgpSession>,
+    /// What the wire says of each BGP peer's session.
+    pub bgp_wire: BTreeMap<IpAddr, WirePeer>,
     /// Pod blocks that were routed to a node and have no route now.
     pub missing_blocks: Vec<MissingBlock>,
     /// The routes of pod blocks now (from the data-plane view).

@@ -17,6 +17,7 @@ use ipnet::IpNet;
 
 use crate::model::{
     bgp::{BgpSession, UNKNOWN},
+    bgp_wire::WirePeer,
     dataplane::{BlockRoute, origin_name},
     facts::SetKind,
     ports::PortConfig,
@@ -171,6 +172,34 @@ pub(super) fn bgp_down(session: &BgpSession, down_for: f64) -> Option<Finding> {
             )
         },
     })
+}
+
+/// The BGP session with `peer`, which this node's BIRD did not report,
+/// has been down at the wire for `down_for` seconds, for the reason `why`
+/// (`bgp_wire::down_at_wire`).
+pub(super) fn bgp_down_at_wire(
+    peer: IpAddr,
+    wire: &WirePeer,
+    why: &str,
+    now: f64,
+    down_for: f64,
+) -> Finding {
+    Finding {
+        evidence: BTreeMap::from([
+            ("source", json!("wire")),
+            ("ended_by", json!(wire.ended_by)),
+            (
+                "heard_s_ago",
+                json!(wire.heard_s.map(|h| (now - h).round())),
+            ),
+            ("hold_time_s", json!(wire.hold_time_s())),
+            ("down_for_s", json!(down_for.round())),
+        ]),
+        summary: format!("BGP session with {peer} is down at the wire ({down_for:.0} s): {why}"),
+        hint: format!(
+            "this node's BIRD reported no session with {peer} (see --bird-socket): check BIRD on both nodes and TCP port 179 between them; while it is down, this node has no route to the pod blocks {peer} announces"
+        ),
+    }
 }
 
 /// `blocks` (all routed to `node`, none empty) have had no route for
