@@ -238,18 +238,14 @@ impl WirePeer {
         // end: a session that ends does not open again). The first end
         // counts: the reconnects the peer then refuses (an RST each) are
         // not new ends.
-        match read.end {
-            Some((_, by)) if !read.opened => {
-                if self.down_since_s.is_none() {
-                    self.down_since_s = Some(now);
-                    self.ended_by = Some(by);
-                }
+        if let Some((_, by)) = read.end.filter(|_| !read.opened) {
+            if self.down_since_s.is_none() {
+                self.down_since_s = Some(now);
+                self.ended_by = Some(by);
             }
-            _ if read.heard => {
-                self.down_since_s = None;
-                self.ended_by = None;
-            }
-            _ => {}
+        } else if read.heard {
+            self.down_since_s = None;
+            self.ended_by = None;
         }
     }
 }
