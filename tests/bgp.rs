@@ -29,7 +29,10 @@ use observer_testkit::{
     netns::{Netns, VethEnd, temp_path, veth_pair},
 };
 use serde_json::Value;
-use support::netns::{ObserverProcess, Tcpdump};
+use support::{
+    bgp_wire,
+    netns::{ObserverProcess, Tcpdump},
+};
 
 const A: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 1);
 const B: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 2);
@@ -326,17 +329,6 @@ fn bird_sessions_are_followed_and_a_lost_peer_is_bgp_down() {
     assert_eq!(absent_lines[0]["status"], "absent");
 }
 
-/// tcpdump filters on a TCP segment whose payload starts with a BGP
-/// message of type `kind` (the marker's first four bytes all ones, a
-/// whole header in the payload), over IPv4.
-fn first_message_filter(kind: u8) -> String {
-    let payload = "((tcp[12:1] & 0xf0) >> 2)";
-    format!(
-        "ip[2:2] - ((ip[0:1] & 0x0f) << 2) - {payload} >= 19 \
-         and tcp[{payload}:4] = 0xffffffff and tcp[{payload} + 18:1] = {kind}"
-    )
-}
-
 #[test]
 fn bgp_messages_at_the_wire_match_tcpdump_and_a_lost_session_is_bgp_down() {
     let test = "bgp_messages_at_the_wire_match_tcpdump_and_a_lost_session_is_bgp_down";
@@ -363,17 +355,8 @@ fn bgp_messages_at_the_wire_match_tcpdump_and_a_lost_session_is_bgp_down() {
     let tcpdump = Tcpdump::start(&a, "va", "tcp port 179");
     let bird_a = Bird::start(&a, &node(A, A_BLOCK, B)).expect("starting BIRD in a");
     let bird_b = Bird::start(&b, &node(B, B_BLOCK, A)).expect("starting BIRD in b");
-    let wire = |lines: &[Value], direction: &str| -> Option<Value> {
-        lines
-            .iter()
-            .rfind(|l| {
-                l["type"] == "bgp_wire"
-                    && l["iface"] == "va"
-                    && l["direction"] == direction
-                    && l["peer"] == B.to_string()
-            })
-            .cloned()
-    };
+    let wire =
+        |lines: &[Value], direction: &str| bgp_wire::last_line(lines, "va", direction, B.into());
     // Up: OPENs both ways, then KEEPALIVEs (every 2 s).
     let up = observer.wait_for_lines(|lines| {
         wire(lines, "rx").is_some_and(|l| l["open"] == 1 && l["keepalive"].as_u64() >= Some(2))
@@ -415,25 +398,8 @@ fn bgp_messages_at_the_wire_match_tcpdump_and_a_lost_session_is_bgp_down() {
         ("tx", format!("dst host {B}")),
     ] {
         let line = wire(&run.lines, direction).unwrap_or_else(|| panic!("no {direction} line"));
-        let count =
-            |filter: &str| capture.count(&format!("tcp port 179 and {host} and ({filter})"));
-        let mut reference = BTreeMap::new();
-        reference.insert(
-            "segments",
-            capture.count(&format!("tcp port 179 and {host}")),
-        );
-        reference.insert("syn", count("tcp[tcpflags] & tcp-syn != 0"));
-        reference.insert("fin", count("tcp[tcpflags] & tcp-fin != 0"));
-        reference.insert("rst", count("tcp[tcpflags] & tcp-rst != 0"));
-        for (name, kind) in [
-            ("open", 1),
-            ("update", 2),
-            ("notification", 3),
-            ("keepalive", 4),
-            ("route_refresh", 5),
-        ] {
-            reference.insert(name, count(&first_message_filter(kind)));
-        }
+        let reference: BTreeMap<&str, u64> =
+            bgp_wire::reference(&capture, &host).into_iter().collect();
         let observed: BTreeMap<&str, u64> = reference
             .keys()
             .map(|k| (*k, line[*k].as_u64().unwrap_or(u64::MAX)))

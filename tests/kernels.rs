@@ -5,7 +5,8 @@
 //! host kernel lacks. Every check records its figures for the kernel
 //! matrix (support/kernel_suite.rs), and compares with an outside
 //! reference: tcpdump on the same interface, iptables' rule counters, the
-//! kernel's own SNMP counters and `ip -d link`.
+//! kernel's own SNMP counters and `ip -d link`; a scripted BGP session
+//! counted at the wire like tcpdump counts it.
 
 mod support;
 
@@ -16,6 +17,7 @@ use std::{
 
 use serde_json::Value;
 use support::{
+    bgp_wire,
     calico::{self, HOSTS_SET, IPIP_DROP_RULE},
     have_root,
     kernel_suite::{self, Checks},
@@ -148,6 +150,7 @@ fn every_tunnel_kind_counts_like_tcpdump() {
         "-c",
         &format!("for i in $(seq {DATAGRAMS}); do printf x > /dev/udp/{B4}/9; done"),
     ]);
+    bgp_wire::exchange(&tunnels.a, &tunnels.b, B4.parse().unwrap());
     tunnels.quiesce();
     // Replies are in flight for a moment; neither side may stop earlier.
     std::thread::sleep(Duration::from_millis(500));
@@ -248,7 +251,47 @@ fn every_tunnel_kind_counts_like_tcpdump() {
         ),
     );
     dataplane_checks(&mut checks, &tunnels, &run, &routes);
+    bgp_wire_checks(&mut checks, &run, &capture);
     checks.finish();
+}
+
+/// The scripted BGP session from A: each `bgp_wire` counter of B's
+/// underlay, per direction, equal to tcpdump's count of the same TCP/179
+/// segments (by flag, by first BGP message).
+fn bgp_wire_checks(checks: &mut Checks, run: &ObserverRun, capture: &support::netns::Capture) {
+    let lines = &run.lines;
+    let a: std::net::IpAddr = A4.parse().unwrap();
+    for (direction, host) in [
+        ("rx", format!("src host {A4}")),
+        ("tx", format!("dst host {A4}")),
+    ] {
+        let line = bgp_wire::last_line(lines, B_IFACE, direction, a).unwrap_or_default();
+        let reference = bgp_wire::reference(capture, &host);
+        let observed: Vec<(&str, u64)> = reference
+            .iter()
+            .map(|(name, _)| (*name, line[*name].as_u64().unwrap_or(u64::MAX)))
+            .collect();
+        let segments = |counts: &[(&str, u64)]| counts[0].1;
+        checks.compare(
+            &format!("bgp_wire_{direction}_segments"),
+            segments(&observed),
+            segments(&reference),
+            "tcpdump",
+        );
+        let detail = observed
+            .iter()
+            .zip(&reference)
+            .filter(|(o, _)| o.1 > 0)
+            .map(|(o, r)| format!("{} {}/{}", o.0, o.1, r.1))
+            .collect::<Vec<_>>()
+            .join(", ");
+        checks.holds(
+            &format!("bgp_wire_{direction}_messages"),
+            observed == reference && segments(&reference) > 0,
+            None,
+            &format!("observer/tcpdump: {detail}"),
+        );
+    }
 }
 
 /// A pod block routed through each L3 and fixed-remote L2 device on B

@@ -23,7 +23,7 @@ use observer::{
     model::rows::{FlowCounters, FlowId},
 };
 use observer_common::{Direction, Proto, Unclassified};
-use support::frames::*;
+use support::{bgp_wire, frames::*};
 
 const XDP_PASS: u32 = 2;
 /// TC_ACT_UNSPEC (-1) as the u32 the test run reports.
@@ -2061,15 +2061,6 @@ fn batch_lookups_and_the_walk_read_the_same_rows() {
 
 // ------------------------------------------------------ BGP at the wire
 
-/// A BGP message: the 16-byte marker, its length, its type, `body`.
-fn bgp_message(kind: u8, body: &[u8]) -> Vec<u8> {
-    let mut m = vec![0xff; 16];
-    m.extend_from_slice(&((19 + body.len()) as u16).to_be_bytes());
-    m.push(kind);
-    m.extend_from_slice(body);
-    m
-}
-
 /// A TCP frame from `from` to `to` with the flags byte `flags`.
 fn tcp_flags_frame(from: (IpAddr, u16), to: (IpAddr, u16), flags: u8, payload: &[u8]) -> Vec<u8> {
     let mut frame = tcp_frame(from.0, to.0, from.1, to.1, payload);
@@ -2095,11 +2086,10 @@ fn bgp_segments_are_counted_by_flags_and_first_message() {
     }
     const ACK: u8 = 0x10;
     const PSH_ACK: u8 = 0x18;
-    let keepalive = bgp_message(4, &[]);
-    // version 4, AS 64512, hold time 9, BGP identifier, no parameters.
-    let open = bgp_message(1, &[4, 0xfc, 0x00, 0, 9, 10, 99, 0, 4, 0]);
-    let notification = bgp_message(3, &[6, 2]);
-    let update_then_keepalive = [bgp_message(2, &[0, 0, 0, 0]), keepalive.clone()].concat();
+    let keepalive = bgp_wire::keepalive();
+    let open = bgp_wire::open(9);
+    let notification = bgp_wire::cease();
+    let update_then_keepalive = [bgp_wire::message(2, &[0, 0, 0, 0]), keepalive.clone()].concat();
     for (local, remote) in [
         pair("192.0.2.1", "192.0.2.2"),
         pair("2001:db8::1", "2001:db8::2"),

@@ -4,6 +4,7 @@
 //! crate (`observer_testkit::pair`), shared with the benches and xtask.
 #![allow(dead_code)]
 
+pub mod bgp_wire;
 pub mod calico;
 pub mod differential;
 pub mod exporter;
