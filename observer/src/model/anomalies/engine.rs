@@ -220,13 +220,19 @@ impl Engine {
             }
         }
         self.bgp_down_since = down;
-        // Peers BIRD did not report: the wire's view of their session.
-        for (peer, wire) in &known.bgp_wire {
-            if known.bgp.iter().any(|s| s.neighbor == Some(*peer)) {
-                continue;
-            }
+        // Without BIRD's sessions (no socket read), the wire's view. With
+        // them, a peer BIRD has no session with is no peer any more (a
+        // decommissioned node): its ended session is not an outage. An
+        // ended session not back after 6 hours is forgotten likewise.
+        let wire = if known.bgp.is_empty() {
+            known.bgp_wire.iter()
+        } else {
+            Default::default()
+        };
+        for (peer, wire) in wire {
             if let Some((since, why)) = bgp_wire::down_at_wire(wire, now)
                 && now - since >= window - EPSILON
+                && now - since < FORGET_AFTER_S
             {
                 let key = (Kind::BgpDown, *peer, Proto::Other);
                 let finding = rules::bgp_down_at_wire(*peer, wire, &why, now, now - since);
@@ -858,8 +864,7 @@ mod tests {
             matches!(events.as_slice(), [Event::Cleared { .. }]),
             "{events:?}"
         );
-        // Without BIRD again, a new session: up.
-        known.bgp.clear();
+        // A new session: up.
         known.bgp_wire.insert(
             peer,
             WirePeer {

@@ -174,8 +174,8 @@ pub(super) fn bgp_down(session: &BgpSession, down_for: f64) -> Option<Finding> {
     })
 }
 
-/// The BGP session with `peer`, which this node's BIRD did not report,
-/// has been down at the wire for `down_for` seconds, for the reason `why`
+/// The BGP session with `peer` has been down at the wire (no BIRD
+/// socket answered here) for `down_for` seconds, for the reason `why`
 /// (`bgp_wire::down_at_wire`).
 pub(super) fn bgp_down_at_wire(
     peer: IpAddr,
@@ -197,7 +197,7 @@ pub(super) fn bgp_down_at_wire(
         ]),
         summary: format!("BGP session with {peer} is down at the wire ({down_for:.0} s): {why}"),
         hint: format!(
-            "this node's BIRD reported no session with {peer} (see --bird-socket): check BIRD on both nodes and TCP port 179 between them; while it is down, this node has no route to the pod blocks {peer} announces"
+            "no BIRD control socket answered here (--bird-socket), so this is the wire's view: check BIRD on both nodes (birdc show protocols all) and TCP port 179 between them; while it is down, this node has no route to the pod blocks {peer} announces"
         ),
     }
 }
