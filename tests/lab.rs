@@ -233,6 +233,22 @@ fn bgp_down_lab_is_named_for_the_right_peer_and_block_on_every_node() {
     );
     let stopped = fact(&lines, "bird_started", &[("node", "n4")]);
     assert!(n(stopped, "down_ms") >= 6000, "{stopped}");
+    // At the wire: each peer saw n4's session end (its NOTIFICATION as
+    // BIRD shut down, then RSTs to the reconnects) and open again.
+    for node in ["n1", "n2", "n3"] {
+        let wire = fact(&lines, "wire", &[("node", node), ("peer", "10.99.0.4")]);
+        assert!(
+            n(wire, "open") >= 1 && n(wire, "notification") + n(wire, "rst") >= 1,
+            "{wire}"
+        );
+    }
+    assert!(
+        facts(&lines, "wire")
+            .iter()
+            .any(|f| f["last_notification"] == "Cease/Administrative Shutdown"),
+        "{:?}",
+        facts(&lines, "wire")
+    );
 }
 
 #[test]

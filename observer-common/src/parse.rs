@@ -807,13 +807,22 @@ pub fn needs_checks(c: &Classified) -> bool {
             && (c.l4_proto == IPPROTO_ICMP || c.l4_proto == IPPROTO_ICMPV6))
 }
 
-/// Plain (not tunnelled) TCP: the frames the BGP counters look at.
+/// Plain (not tunnelled) TCP from or to port 179: the frames the BGP
+/// program counts. Only the ports are read here (in the hook, where every
+/// read is verified once per state the classifier ends in); the BGP
+/// program parses the rest.
 #[inline(always)]
-pub fn plain_tcp(c: &Classified) -> bool {
-    c.proto == Proto::Other
-        && c.reason == Unclassified::None
-        && c.l4_off != 0
-        && c.l4_proto == IPPROTO_TCP
+pub fn plain_bgp<F: Frame>(f: &F, c: &Classified) -> bool {
+    if c.proto != Proto::Other
+        || c.reason != Unclassified::None
+        || c.l4_off == 0
+        || c.l4_proto != IPPROTO_TCP
+    {
+        return false;
+    }
+    let bgp = crate::BGP_PORT.to_be_bytes();
+    f.read::<[u8; 4]>(c.l4_off)
+        .is_some_and(|ports| ports[..2] == bgp || ports[2..] == bgp)
 }
 
 /// Length of all headers up to the innermost L4 payload, used to count the

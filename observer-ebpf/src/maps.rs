@@ -54,7 +54,7 @@ pub static BGP: LruPerCpuHashMap<BgpKey, BgpCounters> =
     LruPerCpuHashMap::with_max_entries(BGP_MAX_KEYS, 0);
 
 /// The BGP counting program (slot 0), tail-called by both tc hooks for
-/// plain TCP: verified alone, it does not multiply the states of theirs.
+/// TCP/179: verified alone, it does not multiply the states of theirs.
 #[map(name = "BGP_PROG")]
 pub static BGP_PROG: ProgramArray = ProgramArray::with_max_entries(1, 0);
 

@@ -1,6 +1,6 @@
-//! tc, both directions, second part: BGP at the wire. A plain TCP frame
+//! tc, both directions, second part: BGP at the wire. A TCP/179 frame
 //! `tc_skb::observe` counted arrives here by a tail call, with the hook's
-//! facts in the per-CPU `PENDING` slot; a TCP/179 segment is added to its
+//! facts in the per-CPU `PENDING` slot; the segment is added to its
 //! peer's BGP counters. Always returns the pass verdict.
 
 use aya_ebpf::{helpers::generated::bpf_skb_load_bytes, macros::classifier, programs::TcContext};

@@ -39,7 +39,8 @@ pub fn observe(ctx: &TcContext, direction: Direction) {
     };
     if direct.end - direct.start >= window {
         let c = count_frame(&direct, direction, ifindex, len as u64, segs);
-        hand_over(ctx, direction, &c, ifindex, (len as u64, segs), 0);
+        let bgp = parse::plain_bgp(&direct, &c);
+        hand_over(ctx, direction, &c, bgp, ifindex, (len as u64, segs), 0);
         return;
     }
     let Some(copy) = parse::copy_len(window) else {
@@ -56,13 +57,22 @@ pub fn observe(ctx: &TcContext, direction: Direction) {
     }
     let copied = CopiedFrame { buf, len: copy };
     let c = count_frame(&copied, direction, ifindex, len as u64, segs);
-    hand_over(ctx, direction, &c, ifindex, (len as u64, segs), copy as u32);
+    let bgp = parse::plain_bgp(&copied, &c);
+    hand_over(
+        ctx,
+        direction,
+        &c,
+        bgp,
+        ifindex,
+        (len as u64, segs),
+        copy as u32,
+    );
 }
 
 /// Passes a frame to a second program when it needs more than counting:
 /// on ingress, a frame the drop checks concern (a tunnel packet, or ICMP
 /// that may quote one) goes to the checks program; in both directions,
-/// plain TCP goes to the BGP program, which counts it if it is TCP/179.
+/// TCP/179 (`bgp`) goes to the BGP program.
 /// Why second programs: verified together with the classifier and the GSO
 /// accounting, the checks made tc ingress exceed the verifier's
 /// 1M-instruction limit, and so did the BGP parse; verified alone, from
@@ -72,12 +82,13 @@ fn hand_over(
     ctx: &TcContext,
     direction: Direction,
     c: &parse::Classified,
+    bgp: bool,
     ifindex: u32,
     (len, segments): (u64, u64),
     copied: u32,
 ) {
     let checks = direction == Direction::Rx && parse::needs_checks(c);
-    if !checks && !parse::plain_tcp(c) {
+    if !checks && !bgp {
         return;
     }
     let Some(pending) = PENDING.get_ptr_mut(0) else {

@@ -1,5 +1,5 @@
-//! XDP on ingress, second part: BGP at the wire. A plain TCP frame
-//! `xdp_ingress` counted arrives here by a tail call; a TCP/179 segment is
+//! XDP on ingress, second part: BGP at the wire. A TCP/179 frame
+//! `xdp_ingress` counted arrives here by a tail call; the segment is
 //! added to its peer's BGP counters. Only the first buffer is read: the
 //! headers and the first message header of a segment are there. Always
 //! returns XDP_PASS.

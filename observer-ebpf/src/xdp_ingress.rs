@@ -66,7 +66,7 @@ fn try_observer_xdp(ctx: &XdpContext, buffers: Buffers) {
     if parse::needs_checks(&c) {
         drops::classifier_checks(ifindex, &c, bytes, slot.map(|s| &mut s.allow_verdict));
         drops::path_mtu_checks(&frame, ifindex, &c, bytes);
-    } else if parse::plain_tcp(&c) {
+    } else if parse::plain_bgp(&frame, &c) {
         // BGP at the wire is its own program (`xdp_bgp`): parsed here, it
         // tripled this program's verification (964k of the 1M
         // instructions on 6.18). Returns only when the slot is empty.

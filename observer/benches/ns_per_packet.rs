@@ -123,6 +123,18 @@ fn run() -> anyhow::Result<()> {
             expect: Some((Proto::Other, Unclassified::None)),
         },
         Case {
+            name: "plain_tcp",
+            frame: frames::plain_tcp(),
+            baseline: false,
+            expect: Some((Proto::Other, Unclassified::None)),
+        },
+        Case {
+            name: "bgp",
+            frame: frames::bgp_keepalive(),
+            baseline: false,
+            expect: Some((Proto::Other, Unclassified::None)),
+        },
+        Case {
             // Ethernet + IPv4 + half a UDP header.
             name: "malformed",
             frame: vxlan[..14 + 20 + 4].to_vec(),
@@ -187,6 +199,8 @@ fn run() -> anyhow::Result<()> {
     };
     system::report("vxlan_over_pass", over_pass("vxlan"), "ns/pkt");
     system::report("plain_over_pass", over_pass("plain"), "ns/pkt");
+    system::report("plain_tcp_over_pass", over_pass("plain_tcp"), "ns/pkt");
+    system::report("bgp_over_pass", over_pass("bgp"), "ns/pkt");
     let plain = cases.iter().find(|c| c.name == "plain").expect("a case");
     system::maptypes::plain_floor(&plain.frame, pass.as_fd(), REPEAT, ROUNDS)?;
     // Context for the figures above: what one lookup in each map type
@@ -403,6 +417,18 @@ mod frames {
         p
     }
 
+    /// A TCP segment, PSH|ACK, no options (the checksum is not read).
+    fn tcp(sport: u16, dport: u16, payload: &[u8]) -> Vec<u8> {
+        let mut p = Vec::new();
+        p.extend_from_slice(&sport.to_be_bytes());
+        p.extend_from_slice(&dport.to_be_bytes());
+        p.extend_from_slice(&[
+            0, 0, 0x10, 0, 0, 0, 0x20, 0, 0x50, 0x18, 0xfa, 0xf0, 0, 0, 0, 0,
+        ]);
+        p.extend_from_slice(payload);
+        p
+    }
+
     fn udp(sport: u16, dport: u16, payload: &[u8]) -> Vec<u8> {
         let mut p = Vec::new();
         p.extend_from_slice(&sport.to_be_bytes());
@@ -451,6 +477,25 @@ mod frames {
         eth(
             ETH_P_IP,
             &ipv4(17, UNDERLAY_SRC, UNDERLAY_DST, &udp(49152, 6081, &encap)),
+        )
+    }
+
+    /// Plain TCP (HTTPS port), not a tunnel: the frames that go on to
+    /// the BGP program only when they are TCP/179.
+    pub fn plain_tcp() -> Vec<u8> {
+        eth(
+            ETH_P_IP,
+            &ipv4(6, UNDERLAY_SRC, UNDERLAY_DST, &tcp(53000, 443, &[0xab; 64])),
+        )
+    }
+
+    /// A BGP KEEPALIVE (TCP/179), counted by the BGP program too.
+    pub fn bgp_keepalive() -> Vec<u8> {
+        let mut keepalive = vec![0xff; 16];
+        keepalive.extend_from_slice(&[0, 19, 4]);
+        eth(
+            ETH_P_IP,
+            &ipv4(6, UNDERLAY_SRC, UNDERLAY_DST, &tcp(53000, 179, &keepalive)),
         )
     }
 

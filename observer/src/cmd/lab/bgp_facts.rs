@@ -1,7 +1,8 @@
 //! What the BGP scenario's observers printed, as facts: per node, each
 //! anomaly it raised (kind, peer, blocks) and whether and after how long
-//! it cleared, each route outage it measured, and what the pings counted;
-//! then the findings and the write-up. Pure: JSON lines in, facts out.
+//! it cleared, each route outage it measured, the BGP messages it saw
+//! arrive from each peer at the wire, and what the pings counted; then
+//! the findings and the write-up. Pure: JSON lines in, facts out.
 
 use std::{
     collections::BTreeMap,
@@ -77,8 +78,48 @@ pub enum Fact {
         /// `route_loss`, `policy_drop`, `mtu`, `other` or `healthy`.
         verdict: String,
     },
+    /// The BGP segments a node's observer saw arrive from a peer that
+    /// ended a session at the wire (a NOTIFICATION or an RST).
+    Wire {
+        /// The receiving node.
+        node: &'static str,
+        /// The sending peer.
+        peer: String,
+        /// Segments starting with an OPEN.
+        open: u64,
+        /// Segments starting with a NOTIFICATION.
+        notification: u64,
+        /// Segments with RST.
+        rst: u64,
+        /// The latest NOTIFICATION's name.
+        last_notification: Option<String>,
+    },
     /// What a ping counted.
     Ping(PingCount),
+}
+
+/// The [`Fact::Wire`]s of one node's lines: the last `bgp_wire` line
+/// received from each peer, when it holds an end.
+fn wire(node: &'static str, lines: &[Value]) -> Vec<Fact> {
+    let mut last: BTreeMap<String, &Value> = BTreeMap::new();
+    for line in lines
+        .iter()
+        .filter(|l| l["type"] == "bgp_wire" && l["direction"] == "rx")
+    {
+        last.insert(text(&line["peer"]), line);
+    }
+    let count = |line: &Value, key: &str| line[key].as_u64().unwrap_or(0);
+    last.into_iter()
+        .filter(|(_, l)| count(l, "notification") + count(l, "rst") > 0)
+        .map(|(peer, l)| Fact::Wire {
+            node,
+            peer,
+            open: count(l, "open"),
+            notification: count(l, "notification"),
+            rst: count(l, "rst"),
+            last_notification: l["last_notification"]["name"].as_str().map(String::from),
+        })
+        .collect()
 }
 
 /// The anomalies in one observer's lines, in the order raised; a cleared
@@ -146,6 +187,7 @@ pub fn facts(lines: &[Vec<Value>], pings: &[PingCount]) -> Vec<Fact> {
             peer: text(&pair["peer"]),
             verdict: text(&pair["verdict"]),
         }));
+        facts.extend(wire(member.name, lines));
     }
     facts.extend(pings.iter().cloned().map(Fact::Ping));
     facts
@@ -173,7 +215,7 @@ pub fn findings(facts: &[Fact]) -> Vec<String> {
                 .entry((block, via))
                 .or_default()
                 .push((node, *duration_s)),
-            Fact::Verdict { .. } | Fact::Ping(_) => {}
+            Fact::Verdict { .. } | Fact::Wire { .. } | Fact::Ping(_) => {}
         }
     }
     for ((kind, peer), seen) in &by_anomaly {
@@ -230,6 +272,33 @@ pub fn findings(facts: &[Fact]) -> Vec<String> {
     }
     for (node, said) in verdicts {
         out.push(format!("{node}'s verdicts: {}", said.join(", ")));
+    }
+    let mut wire: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+    for fact in facts {
+        if let Fact::Wire {
+            node,
+            peer,
+            open,
+            notification,
+            rst,
+            last_notification,
+        } = fact
+        {
+            let name = last_notification
+                .as_deref()
+                .map(|n| format!(" (latest {n})"))
+                .unwrap_or_default();
+            wire.entry(peer).or_default().push(format!(
+                "{node} {notification} NOTIFICATION{name}, {rst} RST, {open} OPEN"
+            ));
+        }
+    }
+    for (peer, on) in wire {
+        out.push(format!(
+            "BGP at the wire from {}: {}",
+            named(peer),
+            on.join("; ")
+        ));
     }
     for fact in facts {
         if let Fact::Ping(p) = fact {
@@ -297,6 +366,11 @@ mod tests {
             anomaly("raised", "bgp_down", "10.99.0.4", None),
             anomaly("raised", "route_missing", "10.99.0.4", None),
             json!({"type":"route_outage","block":"10.65.4.0/26","node":"10.99.0.4","duration_s":12.34}),
+            json!({"type":"bgp_wire","direction":"rx","peer":"10.99.0.4","open":1,"notification":0,"rst":0}),
+            json!({"type":"bgp_wire","direction":"rx","peer":"10.99.0.2","open":1,"notification":0,"rst":0}),
+            json!({"type":"bgp_wire","direction":"tx","peer":"10.99.0.4","open":2,"notification":1,"rst":0}),
+            json!({"type":"bgp_wire","direction":"rx","peer":"10.99.0.4","open":2,"notification":1,"rst":3,
+                   "last_notification":{"code":6,"subcode":2,"name":"Cease/Administrative Shutdown"}}),
             anomaly("cleared", "route_missing", "10.99.0.4", Some(12.3)),
             anomaly("cleared", "bgp_down", "10.99.0.4", Some(13.0)),
         ];
@@ -341,6 +415,7 @@ mod tests {
                 "route_missing for n4 10.99.0.4 (block 10.65.4.0/26): raised on n1 cleared after 12.3 s",
                 "route outage of 10.65.4.0/26 (routed to n4 10.99.0.4): n1 12.3 s",
                 "n2's verdicts: n1 10.99.0.1 healthy, n4 10.99.0.4 route loss",
+                "BGP at the wire from n4 10.99.0.4: n1 1 NOTIFICATION (latest Cease/Administrative Shutdown), 3 RST, 2 OPEN",
                 "ping n1 10.65.1.1 -> n4 10.65.4.1: 80 of 200 answered, 120 lost",
             ]
         );
