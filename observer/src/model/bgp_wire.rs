@@ -41,8 +41,9 @@ impl WireId {
     }
 }
 
-/// A NOTIFICATION's error code and subcode (RFC 4271 4.5).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+/// A NOTIFICATION's error code and subcode (RFC 4271 4.5); serialized
+/// with its [`Notification::name`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Notification {
     /// Error code.
     pub code: u8,
@@ -91,7 +92,19 @@ impl Notification {
     }
 }
 
-/// Counters of one [`WireId`], summed over CPUs.
+impl Serialize for Notification {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut s = serializer.serialize_struct("Notification", 3)?;
+        s.serialize_field("code", &self.code)?;
+        s.serialize_field("subcode", &self.subcode)?;
+        s.serialize_field("name", &self.name())?;
+        s.end()
+    }
+}
+
+/// Counters of one [`WireId`], summed over CPUs: the counter fields of a
+/// `bgp_wire` line.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct WireCounters {
     /// TCP segments.

@@ -17,7 +17,7 @@ use crate::{
     model::anomalies::FindingRecord,
     model::anomalies::{Anomaly, Event},
     model::bgp::BgpSession,
-    model::bgp_wire::WireRow,
+    model::bgp_wire::{WireCounters, WireRow},
     model::crosscheck::NetfilterCheck,
     model::dataplane::{BlockRoute, ExpectedPeer, TunnelDevice, TunnelRoute, UnderlayInterface},
     model::hooks::Attachment,
@@ -329,53 +329,20 @@ pub struct BgpWireLine<'a> {
     pub ifindex: u32,
     pub direction: &'static str,
     pub peer: IpAddr,
-    pub segments: u64,
-    pub syn: u64,
-    pub fin: u64,
-    pub rst: u64,
-    pub open: u64,
-    pub update: u64,
-    pub notification: u64,
-    pub keepalive: u64,
-    pub route_refresh: u64,
-    pub last_notification: Option<NotificationFacts>,
-    pub hold_time_s: Option<u16>,
-}
-
-/// A NOTIFICATION in a `bgp_wire` line.
-#[derive(Serialize)]
-pub struct NotificationFacts {
-    pub code: u8,
-    pub subcode: u8,
-    /// `Cease/Administrative Shutdown`.
-    pub name: String,
+    #[serde(flatten)]
+    pub counters: &'a WireCounters,
 }
 
 impl<'a> BgpWireLine<'a> {
     /// The line of `row`.
-    pub fn new(ts: &'a str, iface: &'a str, row: &WireRow) -> BgpWireLine<'a> {
-        let t = &row.total;
+    pub fn new(ts: &'a str, iface: &'a str, row: &'a WireRow) -> BgpWireLine<'a> {
         BgpWireLine {
             ts,
             iface,
             ifindex: row.id.ifindex,
             direction: direction_name(row.id.direction),
             peer: row.id.peer,
-            segments: t.segments,
-            syn: t.syn,
-            fin: t.fin,
-            rst: t.rst,
-            open: t.open,
-            update: t.update,
-            notification: t.notification,
-            keepalive: t.keepalive,
-            route_refresh: t.route_refresh,
-            last_notification: t.last_notification.map(|n| NotificationFacts {
-                code: n.code,
-                subcode: n.subcode,
-                name: n.name(),
-            }),
-            hold_time_s: t.hold_time_s,
+            counters: &row.total,
         }
     }
 }
