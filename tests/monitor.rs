@@ -30,6 +30,7 @@ use std::{collections::BTreeSet, net::Ipv4Addr, path::Path};
 use observer_testkit::pair::{A_IP, B_INNER, B_IP, B_MAC_BYTES, Lower, Pair};
 use serde_json::Value;
 use support::{
+    bgp_wire,
     exporter::{
         Exposition, FileWatcher, NODE_EXPORTER, NodeExporter, PROMTOOL, ReadOnlyBind, RssSampler,
         TempDir, decreased, have_tool, promtool_check_metrics, rss_kib, send_storm, wait_for_file,
@@ -186,7 +187,7 @@ fn final_snapshot(run: &ObserverRun) -> Vec<&Value> {
 
 /// The real node_exporter (textfile collector only) serves what the
 /// observer counted: the scraped series equal the observer's JSON totals
-/// and the pings, node_exporter reports no textfile error, and promtool
+/// and the pings (and a BGP session's segments at the wire), node_exporter reports no textfile error, and promtool
 /// finds nothing to say about the scrape nor about the file.
 #[test]
 fn node_exporter_serves_the_exact_counts() {
@@ -206,9 +207,40 @@ fn node_exporter_serves_the_exact_counts() {
     let node_exporter = NodeExporter::start(&pair.a, dir.path());
 
     ping(&pair, N);
+    // And a BGP session from B to A's port 179, counted at the wire.
+    bgp_wire::exchange(&pair.b, &pair.a, A_IP.parse().unwrap());
     let n = f64::from(N);
-    let written = wait_for_file(&file, "showing the pings", |e| {
-        packets(e, "rx", "vxlan", B_IP) == Some(n) && packets(e, "tx", "vxlan", B_IP) == Some(n)
+    let bgp = |e: &Exposition, name: &str, direction: &str, extra: (&str, &str)| {
+        let labels = [
+            ("iface", "va"),
+            ("direction", direction),
+            ("peer", B_IP),
+            extra,
+        ];
+        e.value(
+            name,
+            if extra.0.is_empty() {
+                &labels[..3]
+            } else {
+                &labels
+            },
+        )
+    };
+    let written = wait_for_file(&file, "showing the pings and the BGP session", |e| {
+        packets(e, "rx", "vxlan", B_IP) == Some(n)
+            && packets(e, "tx", "vxlan", B_IP) == Some(n)
+            && bgp(
+                e,
+                "observer_bgp_wire_tcp_flags_total",
+                "rx",
+                ("flag", "fin"),
+            ) == Some(1.0)
+            && bgp(
+                e,
+                "observer_bgp_wire_tcp_flags_total",
+                "tx",
+                ("flag", "fin"),
+            ) == Some(1.0)
     });
     wait_json_both_ways(&observer, u64::from(N));
     let lines = observer.lines();
@@ -238,8 +270,82 @@ fn node_exporter_serves_the_exact_counts() {
             "{direction} bytes: scrape vs JSON\n{body}"
         );
     }
-    // Nothing else was counted: one rx and one tx series, no drops.
-    assert_eq!(scraped.select(PACKETS, &[]).count(), 2, "{body}");
+    // BGP at the wire: the scrape says what a bgp_wire line of the same
+    // interval says (waited for: the line follows the file's write).
+    let scraped_bgp = |direction: &str, key: &str| -> u64 {
+        let value = match key {
+            "segments" => bgp(
+                &scraped,
+                "observer_bgp_wire_segments_total",
+                direction,
+                ("", ""),
+            ),
+            "syn" | "fin" | "rst" => bgp(
+                &scraped,
+                "observer_bgp_wire_tcp_flags_total",
+                direction,
+                ("flag", key),
+            ),
+            _ => bgp(
+                &scraped,
+                "observer_bgp_wire_messages_total",
+                direction,
+                ("type", key),
+            ),
+        };
+        value.unwrap_or(0.0) as u64
+    };
+    let same_as_scrape = |line: &Value, direction: &str| {
+        line["type"] == "bgp_wire"
+            && line["iface"] == "va"
+            && line["direction"] == direction
+            && line["peer"] == B_IP
+            && bgp_wire::COUNTERS
+                .iter()
+                .all(|key| line[*key].as_u64() == Some(scraped_bgp(direction, key)))
+    };
+    assert!(
+        observer.wait_for_lines(|lines| ["rx", "tx"]
+            .iter()
+            .all(|d| lines.iter().any(|l| same_as_scrape(l, d)))),
+        "no bgp_wire lines equal to the scrape\n{body}\n{:?}",
+        observer
+            .lines()
+            .iter()
+            .filter(|l| l["type"] == "bgp_wire")
+            .collect::<Vec<_>>()
+    );
+    // The session as scripted: B's OPEN and KEEPALIVE in, A's OPEN and
+    // NOTIFICATION out.
+    for (direction, kind) in [
+        ("rx", "open"),
+        ("rx", "keepalive"),
+        ("tx", "open"),
+        ("tx", "notification"),
+    ] {
+        assert_eq!(
+            bgp(
+                &scraped,
+                "observer_bgp_wire_messages_total",
+                direction,
+                ("type", kind)
+            ),
+            Some(1.0),
+            "{direction} {kind}\n{body}"
+        );
+    }
+    // No other tunnel was counted: one rx and one tx VXLAN series (BGP is
+    // plain traffic, `proto="other"`), no drops.
+    assert_eq!(
+        scraped.select(PACKETS, &[("proto", "vxlan")]).count(),
+        2,
+        "{body}"
+    );
+    assert_eq!(
+        scraped.label_values(PACKETS, "proto"),
+        BTreeSet::from(["other".to_string(), "vxlan".to_string()]),
+        "{body}"
+    );
     assert_eq!(scraped.select(DROPS, &[]).count(), 0, "{body}");
     assert_eq!(
         scraped.value("node_textfile_scrape_error", &[]),
