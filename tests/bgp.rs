@@ -8,7 +8,9 @@
 //! is reported once. The pod blocks' routes follow (checked against `ip
 //! route`): b's block withdrawn is a `route_missing` for b naming the
 //! block, cleared when the route is back, with a `route_outage` line of
-//! the same duration.
+//! the same duration; both durations, as the real node_exporter serves
+//! the histograms `observer_anomaly_duration_seconds` and
+//! `observer_route_outage_seconds`, equal to the JSON lines'.
 //!
 //! BGP at the wire: every TCP/179 segment the programs counted, by flags
 //! and first BGP message, equal to tcpdump's count of the same segments
@@ -31,6 +33,7 @@ use observer_testkit::{
 use serde_json::Value;
 use support::{
     bgp_wire,
+    exporter::{Exposition, NODE_EXPORTER, NodeExporter, TempDir, have_tool},
     netns::{ObserverProcess, Tcpdump},
 };
 
@@ -113,7 +116,7 @@ fn birdc_view(bird: &Bird, protocol: &str) -> (String, u64) {
 #[test]
 fn bird_sessions_are_followed_and_a_lost_peer_is_bgp_down() {
     let test = "bird_sessions_are_followed_and_a_lost_peer_is_bgp_down";
-    if !support::have_root(test) {
+    if !support::have_root(test) || !have_tool(test, NODE_EXPORTER, "prometheus-node-exporter") {
         return;
     }
     let (a, b) = (Netns::new("bga"), Netns::new("bgb"));
@@ -141,6 +144,7 @@ fn bird_sessions_are_followed_and_a_lost_peer_is_bgp_down() {
     let protocol = MeshNode::protocol_name(B);
     let absent = temp_path("nobird", "ctl");
     let socket = bird_a.socket().display().to_string();
+    let textfile_dir = TempDir::new("bgp");
     let observer = ObserverProcess::start(
         Some(a.name()),
         &["va"],
@@ -152,8 +156,11 @@ fn bird_sessions_are_followed_and_a_lost_peer_is_bgp_down() {
             // Any re-establishment is a flap here: b's restart is one.
             "--bgp-flaps",
             "0",
+            "--textfile-dir",
+            &textfile_dir.path().display().to_string(),
         ],
     );
+    let node_exporter = NodeExporter::start(&a, textfile_dir.path());
 
     // Established, with the one route b announces, in the kernel.
     let up = observer.wait_for_lines(|lines| {
@@ -249,11 +256,71 @@ fn bird_sessions_are_followed_and_a_lost_peer_is_bgp_down() {
                 .last()
                 .is_some_and(|l| l["bgp_state"] == "Established" && l["routes_imported"] == 1)
     });
-    let run = observer.stop_ok();
     assert!(
         cleared,
         "bgp_down for {B} not cleared, or b's route not back"
     );
+    // The recovery times as the real node_exporter serves them: the
+    // histograms hold the outage the JSON lines report (waited for: the
+    // file is written with the interval's lines).
+    let histograms_scraped = || {
+        let lines = observer.lines();
+        let cleared = bgp_down(&lines, B, "cleared");
+        let outage = lines.iter().find(|l| l["type"] == "route_outage");
+        let (Some(cleared), Some(outage)) = (cleared.first(), outage) else {
+            return Err("no cleared bgp_down or route_outage line yet".to_string());
+        };
+        let body = node_exporter.scrape();
+        let scraped = Exposition::parse(&body);
+        let bgp_down = [("kind", "bgp_down")];
+        // The lines round to 10 ms (anomalies) and 1 ms (outages).
+        let round = |v: Option<f64>, per_s: f64| v.map(|v| (v * per_s).round() / per_s);
+        let got = (
+            scraped.value("observer_anomaly_duration_seconds_count", &bgp_down),
+            round(
+                scraped.value("observer_anomaly_duration_seconds_sum", &bgp_down),
+                100.0,
+            ),
+            scraped.value("observer_route_outage_seconds_count", &[]),
+            round(
+                scraped.value("observer_route_outage_seconds_sum", &[]),
+                1000.0,
+            ),
+            scraped.value(
+                "observer_anomaly_duration_seconds_bucket",
+                &[("kind", "bgp_down"), ("le", "5")],
+            ),
+            scraped.value(
+                "observer_anomaly_duration_seconds_bucket",
+                &[("kind", "bgp_down"), ("le", "60")],
+            ),
+        );
+        let want = (
+            Some(1.0),
+            cleared["duration_s"].as_f64(),
+            Some(1.0),
+            outage["duration_s"].as_f64(),
+            // Raised after a whole window (5 s), it lasted longer.
+            Some(0.0),
+            Some(1.0),
+        );
+        if got == want {
+            Ok(())
+        } else {
+            Err(format!("scraped {got:?}, JSON says {want:?}\n{body}"))
+        }
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let mut last = histograms_scraped();
+    while last.is_err() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        last = histograms_scraped();
+    }
+    if let Err(e) = last {
+        panic!("the histograms as node_exporter serves them: {e}");
+    }
+    drop(node_exporter);
+    let run = observer.stop_ok();
     let cleared = bgp_down(&run.lines, B, "cleared");
     assert_eq!(cleared.len(), 1, "{cleared:?}");
     assert_eq!(bgp_down(&run.lines, B, "raised").len(), 1);
