@@ -426,7 +426,8 @@ fn bgp_messages_at_the_wire_match_tcpdump_and_a_lost_session_is_bgp_down() {
         |lines: &[Value], direction: &str| bgp_wire::last_line(lines, "va", direction, B.into());
     // Up: OPENs both ways, then KEEPALIVEs (every 2 s).
     let up = observer.wait_for_lines(|lines| {
-        wire(lines, "rx").is_some_and(|l| l["open"] == 1 && l["keepalive"].as_u64() >= Some(2))
+        wire(lines, "rx")
+            .is_some_and(|l| l["open"].as_u64() >= Some(1) && l["keepalive"].as_u64() >= Some(2))
     });
     assert!(
         up,
@@ -486,8 +487,9 @@ fn bgp_messages_at_the_wire_match_tcpdump_and_a_lost_session_is_bgp_down() {
             observed, reference,
             "{direction}: observer vs tcpdump; {line}"
         );
-        // The session went through: opened twice, KEEPALIVEs between.
-        assert_eq!(observed["open"], 2, "{direction}: {line}");
+        // The session went through: opened twice (more when the two BIRDs'
+        // connections collided), KEEPALIVEs between.
+        assert!(observed["open"] >= 2, "{direction}: {line}");
         assert!(observed["keepalive"] >= 2, "{direction}: {line}");
         // b's stop ended it with a NOTIFICATION in a segment of its own
         // (the wire's bgp_down above named it). a's may follow a KEEPALIVE

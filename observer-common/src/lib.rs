@@ -368,15 +368,25 @@ pub struct PlainCounters {
     pub bytes: u64,
 }
 
-/// Name of the map of BGP traffic (TCP port 179) per peer.
+/// Name of the map of BGP traffic (TCP port 179) per peer. Userspace
+/// loads it with [`BGP_MAX_KEYS`] plus [`LRU_LOCAL_FREE`] per possible CPU
+/// entries: the kernel's common LRU hands each CPU that inserts a batch of
+/// free entries, and evicts live keys once the batches have taken them
+/// all (before 6.16), so a map of 512 on a 64-CPU node would evict peers
+/// while far from full.
 pub const BGP_MAP: &str = "BGP";
+
+/// Free entries the kernel's common LRU moves to a CPU's local list at a
+/// time (`LOCAL_FREE_TARGET` in kernel/bpf/bpf_lru_list.h).
+pub const LRU_LOCAL_FREE: u32 = 128;
 
 /// TCP port of BGP.
 pub const BGP_PORT: u16 = 179;
 
-/// Keys of [`BGP_MAP`], one per (interface, direction, peer): a node has a
-/// BGP peer per other node (Calico's full mesh) or a few route
-/// reflectors; spoofed TCP/179 sources beyond it evict the idlest (LRU).
+/// Keys of [`BGP_MAP`] kept without eviction, one per (interface,
+/// direction, peer): a node has a BGP peer per other node (Calico's full
+/// mesh) or a few route reflectors; spoofed TCP/179 sources beyond it
+/// evict the idlest (LRU).
 pub const BGP_MAX_KEYS: u32 = 512;
 
 /// BGP message types (RFC 4271 4.1; ROUTE-REFRESH: RFC 2918), the index
@@ -417,10 +427,14 @@ pub struct BgpKey {
     pub _pad: [u8; 2],
 }
 
-/// Per-CPU counters of one [`BgpKey`].
+/// Counters of one [`BgpKey`] (shared by the CPUs; atomic adds).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct BgpCounters {
+    /// When the key was inserted (`bpf_ktime_get_ns`): a key the LRU
+    /// evicted and inserted again between two reads starts from zero, which
+    /// userspace tells by this changing.
+    pub created_ns: u64,
     /// TCP segments as on the wire (a GSO skb counts its segments).
     pub segments: u64,
     /// Segments with SYN set.
@@ -432,12 +446,11 @@ pub struct BgpCounters {
     /// Segments by the type of the BGP message that starts their payload
     /// (index: [`bgp_message`]).
     pub messages: [u64; bgp_message::SLOTS],
-    /// `code << 8 | subcode` of this CPU's latest NOTIFICATION.
+    /// `code << 8 | subcode` of the latest NOTIFICATION.
     pub last_notification: u64,
-    /// When it was seen (`bpf_ktime_get_ns`; 0: none on this CPU), to pick
-    /// the latest over CPUs.
+    /// When it was seen (`bpf_ktime_get_ns`; 0: none yet).
     pub last_notification_ns: u64,
-    /// The hold time (seconds) proposed by this CPU's latest OPEN.
+    /// The hold time (seconds) proposed by the latest OPEN.
     pub hold_time: u64,
     /// When it was seen, as `last_notification_ns`.
     pub hold_time_ns: u64,
@@ -546,6 +559,7 @@ assert_no_padding!(
 );
 assert_no_padding!(
     BgpCounters {
+        created_ns,
         segments,
         syn,
         fin,

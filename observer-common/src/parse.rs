@@ -541,7 +541,7 @@ pub fn bgp_segment<F: Frame>(f: &F, direction: Direction) -> Option<BgpSegment> 
                 Direction::Tx => h[4],
             };
             seg.peer_family = family::V4;
-            (ETH_HLEN + ihl, ETH_HLEN + total_len as usize)
+            (ETH_HLEN + ihl, ip_end(ETH_HLEN, total_len as usize))
         }
         ETH_P_IPV6 => {
             let h = f.read::<[u32; 10]>(ETH_HLEN)?;
@@ -555,7 +555,7 @@ pub fn bgp_segment<F: Frame>(f: &F, direction: Direction) -> Option<BgpSegment> 
             };
             seg.peer_family = family::V6;
             let payload = u16::from_be_bytes([b[0], b[1]]) as usize;
-            (ETH_HLEN + 40, ETH_HLEN + 40 + payload)
+            (ETH_HLEN + 40, ip_end(ETH_HLEN + 40, payload))
         }
         _ => return None,
     };

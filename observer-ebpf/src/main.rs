@@ -3,6 +3,9 @@
 //! (shared with userspace, which runs it natively on capture files).
 #![cfg_attr(target_arch = "bpf", no_std)]
 #![cfg_attr(target_arch = "bpf", no_main)]
+// For the atomic add of the shared BGP counters (`bgp::add_u64`).
+#![cfg_attr(target_arch = "bpf", feature(core_intrinsics))]
+#![cfg_attr(target_arch = "bpf", allow(internal_features))]
 
 use observer_common::parse;
 

@@ -3,7 +3,7 @@
 use aya_ebpf::{
     bindings::BPF_F_NO_PREALLOC,
     macros::map,
-    maps::{Array, HashMap, LpmTrie, LruPerCpuHashMap, PerCpuArray, ProgramArray},
+    maps::{Array, HashMap, LpmTrie, LruHashMap, LruPerCpuHashMap, PerCpuArray, ProgramArray},
 };
 use observer_common::parse::{Classified, PortTable, Scratch};
 use observer_common::{
@@ -48,10 +48,11 @@ impl PortTable for MapPorts {
 }
 
 /// TCP/179 segments per (interface, direction, peer): flags and the BGP
-/// message each starts with. LRU: spoofed peers cannot grow it.
+/// message each starts with. LRU: spoofed peers cannot grow it. Shared,
+/// not per-CPU, with atomic adds: BGP is a few segments a second, and
+/// userspace sizes the map by the CPU count (see `observer_common::BGP_MAP`).
 #[map(name = "BGP")]
-pub static BGP: LruPerCpuHashMap<BgpKey, BgpCounters> =
-    LruPerCpuHashMap::with_max_entries(BGP_MAX_KEYS, 0);
+pub static BGP: LruHashMap<BgpKey, BgpCounters> = LruHashMap::with_max_entries(BGP_MAX_KEYS, 0);
 
 /// The BGP counting program (slot 0), tail-called by both tc hooks for
 /// TCP/179: verified alone, it does not multiply the states of theirs.

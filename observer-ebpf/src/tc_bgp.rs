@@ -3,13 +3,13 @@
 //! facts in the per-CPU `PENDING` slot; the segment is added to its
 //! peer's BGP counters. Always returns the pass verdict.
 
-use aya_ebpf::{helpers::generated::bpf_skb_load_bytes, macros::classifier, programs::TcContext};
+use aya_ebpf::{macros::classifier, programs::TcContext};
 use observer_common::Direction;
 
 use crate::{
     bgp,
     maps::{PENDING, SCRATCH, SCRATCH_TC},
-    parse::{self, CopiedFrame, PacketFrame},
+    parse::{CopiedFrame, HEADER_WINDOW, PacketFrame},
     tc_skb::TC_PASS,
 };
 
@@ -30,31 +30,22 @@ fn try_bgp(ctx: &TcContext) -> Option<()> {
         Direction::Rx
     };
     let segments = pending.segments.max(1);
-    let direct = PacketFrame {
-        start: ctx.data(),
-        end: ctx.data_end(),
-    };
-    let seg = parse::bgp_segment(&direct, direction)?;
-    // The headers are in the linear part (the stack builds them there);
-    // the BGP message may start in fragments: then the segment's first
-    // bytes are copied to read it.
-    let linear = direct.end - direct.start;
-    let wire_len = pending.wire_len as usize;
-    if linear >= wire_len || linear >= bgp::MESSAGE_WINDOW {
-        bgp::add(&seg, pending.ifindex, direction, segments);
-        return Some(());
+    // Where the caller read the frame: directly when the linear part held
+    // its header window (all of it, or 512 bytes: the first BGP message
+    // header is within), else its copy of that window, still in this
+    // CPU's scratch buffer.
+    if pending.copied == 0 {
+        let frame = PacketFrame {
+            start: ctx.data(),
+            end: ctx.data_end(),
+        };
+        bgp::record(&frame, pending.ifindex, direction, segments);
+    } else {
+        let frame = CopiedFrame {
+            buf: SCRATCH.get_ptr(SCRATCH_TC)?,
+            len: (pending.copied as usize).min(HEADER_WINDOW),
+        };
+        bgp::record(&frame, pending.ifindex, direction, segments);
     }
-    let copy = parse::copy_len(wire_len.min(bgp::MESSAGE_WINDOW))?;
-    let buf = SCRATCH.get_ptr_mut(SCRATCH_TC)?;
-    let skb = ctx.skb.skb;
-    // SAFETY: the helper writes `copy` (at most HEADER_WINDOW) bytes into
-    // the scratch buffer, which holds more.
-    let ret = unsafe { bpf_skb_load_bytes(skb as *const _, 0, buf as *mut _, copy as u32) };
-    let copied = CopiedFrame { buf, len: copy };
-    let seg = match parse::bgp_segment(&copied, direction) {
-        Some(whole) if ret == 0 => whole,
-        _ => seg,
-    };
-    bgp::add(&seg, pending.ifindex, direction, segments);
     Some(())
 }

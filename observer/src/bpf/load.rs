@@ -64,6 +64,7 @@ impl Observer {
         let mut ebpf = EbpfLoader::new()
             .map_max_entries(FLOWS_MAP, config.max_flows)
             .map_max_entries(observer_common::DROPS_MAP, config.max_flows)
+            .map_max_entries(observer_common::BGP_MAP, bgp_map_entries()?)
             .override_global(SKB_LAYOUT_GLOBAL, &layout, true)
             .load(EBPF_OBJECT)
             .map_err(|e| explain_load_error(anyhow::Error::new(e), &features.release))?;
@@ -310,6 +311,13 @@ fn note_failure(
         failures.push((hook, format!("{e:#}")));
     }
     Ok(())
+}
+
+/// Entries of the BGP map: its keys plus the free entries the kernel's
+/// common LRU may hold on each CPU (see `observer_common::BGP_MAP`).
+fn bgp_map_entries() -> Result<u32> {
+    let cpus = aya::util::nr_cpus().map_err(|(path, e)| anyhow!("reading {path}: {e}"))?;
+    Ok(observer_common::BGP_MAX_KEYS + observer_common::LRU_LOCAL_FREE * cpus as u32)
 }
 
 /// Hands the memory the loader freed back to the system. Loading parses

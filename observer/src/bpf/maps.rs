@@ -216,14 +216,14 @@ impl Observer {
     }
 
     /// Reads every key of the BGP map (TCP/179 per interface, direction
-    /// and peer), summed over CPUs.
+    /// and peer).
     pub fn read_bgp_wire(&self) -> Result<Vec<(WireId, WireCounters)>> {
-        let map: PerCpuHashMap<&MapData, BgpKey, BgpCounters> =
-            PerCpuHashMap::try_from(self.ebpf.map(BGP_MAP).context("BGP map missing")?)?;
-        let decode = |key: &BgpKey, values: &[BgpCounters]| {
-            (WireId::from_key(key), WireCounters::from_percpu(values))
-        };
-        let rows = read_percpu_hash(&map, BGP_MAP, MapRead::Batch, decode)?;
+        let map: BpfHashMap<&MapData, BgpKey, BgpCounters> =
+            BpfHashMap::try_from(self.ebpf.map(BGP_MAP).context("BGP map missing")?)?;
+        let rows = dedup_listing(map.iter(), |key, counters| {
+            (WireId::from_key(key), WireCounters::from_value(counters))
+        })
+        .with_context(|| format!("reading the {BGP_MAP} map"))?;
         Ok(rows
             .into_iter()
             .filter_map(|(id, counters)| Some((id?, counters)))

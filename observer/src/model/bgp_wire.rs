@@ -103,10 +103,13 @@ impl Serialize for Notification {
     }
 }
 
-/// Counters of one [`WireId`], summed over CPUs: the counter fields of a
-/// `bgp_wire` line.
+/// Counters of one [`WireId`]: the counter fields of a `bgp_wire` line.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct WireCounters {
+    /// When the kernel created the key (not printed): tells a key the LRU
+    /// evicted and created again.
+    #[serde(skip)]
+    pub created_ns: u64,
     /// TCP segments.
     pub segments: u64,
     /// Segments with SYN.
@@ -132,40 +135,33 @@ pub struct WireCounters {
 }
 
 impl WireCounters {
-    /// Sums one key's per-CPU values; the latest NOTIFICATION and OPEN
-    /// over all CPUs win.
-    pub fn from_percpu(values: &[BgpCounters]) -> WireCounters {
-        let mut total = WireCounters::default();
-        let (mut notification_ns, mut open_ns) = (0, 0);
-        for v in values {
-            total.segments += v.segments;
-            total.syn += v.syn;
-            total.fin += v.fin;
-            total.rst += v.rst;
-            total.open += v.messages[bgp_message::OPEN as usize];
-            total.update += v.messages[bgp_message::UPDATE as usize];
-            total.notification += v.messages[bgp_message::NOTIFICATION as usize];
-            total.keepalive += v.messages[bgp_message::KEEPALIVE as usize];
-            total.route_refresh += v.messages[bgp_message::ROUTE_REFRESH as usize];
-            if v.last_notification_ns > notification_ns {
-                notification_ns = v.last_notification_ns;
-                total.last_notification = Some(Notification::from_word(v.last_notification));
-            }
-            if v.hold_time_ns > open_ns {
-                open_ns = v.hold_time_ns;
-                total.hold_time_s = Some(v.hold_time as u16);
-            }
+    /// Decodes one key's value.
+    pub fn from_value(v: &BgpCounters) -> WireCounters {
+        WireCounters {
+            created_ns: v.created_ns,
+            segments: v.segments,
+            syn: v.syn,
+            fin: v.fin,
+            rst: v.rst,
+            open: v.messages[bgp_message::OPEN as usize],
+            update: v.messages[bgp_message::UPDATE as usize],
+            notification: v.messages[bgp_message::NOTIFICATION as usize],
+            keepalive: v.messages[bgp_message::KEEPALIVE as usize],
+            route_refresh: v.messages[bgp_message::ROUTE_REFRESH as usize],
+            last_notification: (v.last_notification_ns != 0)
+                .then(|| Notification::from_word(v.last_notification)),
+            hold_time_s: (v.hold_time_ns != 0).then_some(v.hold_time as u16),
         }
-        total
     }
 
     /// What `self` (a later reading of the same key) added to `before`. A
-    /// key the LRU evicted and created again starts from zero: then all of
-    /// `self` is new.
+    /// key the LRU evicted and created again (its creation time differs)
+    /// starts from zero: then all of `self` is new.
     fn since(&self, before: &WireCounters) -> WireCounters {
-        let restarted = self.segments < before.segments;
+        let restarted = self.created_ns != before.created_ns;
         let delta = |now: u64, then: u64| if restarted { now } else { now - then.min(now) };
         WireCounters {
+            created_ns: self.created_ns,
             segments: delta(self.segments, before.segments),
             syn: delta(self.syn, before.syn),
             fin: delta(self.fin, before.fin),
@@ -236,29 +232,37 @@ impl WirePeer {
 
     /// Takes what one reading added on all of the peer's keys.
     fn take(&mut self, now: f64, read: PeerRead) {
-        if read.heard {
-            self.heard_s = Some(now);
-        }
         if read.hold_time_s.0.is_some() {
             self.hold_time_s.0 = read.hold_time_s.0;
         }
         if read.hold_time_s.1.is_some() {
             self.hold_time_s.1 = read.hold_time_s.1;
         }
-        // Within one reading the order of segments is lost. An end without
-        // an OPEN from the peer ends the session whatever came before it
-        // (KEEPALIVEs); an OPEN from the peer starts a new one (after the
-        // end: a session that ends does not open again). The first end
-        // counts: the reconnects the peer then refuses (an RST each) are
-        // not new ends.
-        if let Some((_, by)) = read.end.filter(|_| !read.opened) {
-            if self.down_since_s.is_none() {
+        // Within one reading the order of segments is lost. An end (a
+        // NOTIFICATION either way, an RST, a FIN) ends the session unless
+        // the peer also sent an OPEN and then KEEPALIVEs or UPDATEs: that
+        // reading is ambiguous (a reset that came back, or a reconnect
+        // refused after the OPENs) and changes nothing. KEEPALIVEs or
+        // UPDATEs without an end mean it is up (an OPEN alone is a session
+        // still opening). Only a peer that spoke BGP is judged: a probe or
+        // a scan of port 179 (SYN, then RST or FIN) is no session. The
+        // first end counts: the reconnects the peer then refuses are not
+        // new ends.
+        let spoke = self.heard_s.is_some() || read.heard;
+        let reopened = read.opened && read.established;
+        match read.end {
+            Some((_, by)) if spoke && !reopened && self.down_since_s.is_none() => {
                 self.down_since_s = Some(now);
                 self.ended_by = Some(by);
             }
-        } else if read.heard {
-            self.down_since_s = None;
-            self.ended_by = None;
+            None if read.established => {
+                self.down_since_s = None;
+                self.ended_by = None;
+            }
+            _ => {}
+        }
+        if read.heard {
+            self.heard_s = Some(now);
         }
     }
 }
@@ -266,10 +270,12 @@ impl WirePeer {
 /// What one reading added for one peer, over its keys.
 #[derive(Debug, Default)]
 struct PeerRead {
-    /// A message from the peer.
+    /// A message from the peer (OPEN, UPDATE, KEEPALIVE).
     heard: bool,
     /// An OPEN from the peer.
     opened: bool,
+    /// A KEEPALIVE or UPDATE from the peer: a session past its OPENs.
+    established: bool,
     /// Hold times of the OPENs (the peer's, ours).
     hold_time_s: (Option<u16>, Option<u16>),
     /// The strongest sign of an end (NOTIFICATION over RST over FIN),
@@ -283,6 +289,7 @@ impl PeerRead {
         if from_peer {
             self.heard |= delta.open + delta.update + delta.keepalive > 0;
             self.opened |= delta.open > 0;
+            self.established |= delta.update + delta.keepalive > 0;
         }
         if delta.open > 0 {
             let hold = if from_peer {
@@ -395,12 +402,28 @@ mod tests {
         }
     }
 
+    /// A key created at 1 ns with `segments`, `keepalive` KEEPALIVEs.
     fn counters(segments: u64, keepalive: u64) -> WireCounters {
         WireCounters {
+            created_ns: 1,
             segments,
             keepalive,
             ..WireCounters::default()
         }
+    }
+
+    /// The totals `rows` print for `counters` (no creation time).
+    fn total(segments: u64, keepalive: u64) -> WireCounters {
+        WireCounters {
+            created_ns: 0,
+            ..counters(segments, keepalive)
+        }
+    }
+
+    const PEER: &str = "10.0.0.2";
+
+    fn peer() -> IpAddr {
+        PEER.parse().unwrap()
     }
 
     #[test]
@@ -418,16 +441,10 @@ mod tests {
     }
 
     #[test]
-    fn per_cpu_values_sum_and_the_latest_notification_wins() {
-        let mut early = BgpCounters {
-            segments: 2,
-            last_notification: 0x0602,
-            last_notification_ns: 10,
-            ..BgpCounters::default()
-        };
-        early.messages[bgp_message::NOTIFICATION as usize] = 1;
-        let mut late = BgpCounters {
-            segments: 3,
+    fn a_kernel_value_decodes_with_its_latest_notification_and_open() {
+        let mut value = BgpCounters {
+            created_ns: 7,
+            segments: 5,
             rst: 1,
             last_notification: 0x0400,
             last_notification_ns: 20,
@@ -435,103 +452,156 @@ mod tests {
             hold_time_ns: 5,
             ..BgpCounters::default()
         };
-        late.messages[bgp_message::NOTIFICATION as usize] = 1;
-        late.messages[bgp_message::OPEN as usize] = 1;
-        let total = WireCounters::from_percpu(&[late, early]);
-        assert_eq!(total.segments, 5);
-        assert_eq!(total.rst, 1);
-        assert_eq!(total.notification, 2);
-        assert_eq!(total.open, 1);
-        assert_eq!(total.hold_time_s, Some(9));
+        value.messages[bgp_message::NOTIFICATION as usize] = 2;
+        value.messages[bgp_message::OPEN as usize] = 1;
+        value.messages[bgp_message::NONE as usize] = 2;
+        let decoded = WireCounters::from_value(&value);
         assert_eq!(
-            total.last_notification,
-            Some(Notification {
-                code: 4,
-                subcode: 0
-            })
+            decoded,
+            WireCounters {
+                created_ns: 7,
+                segments: 5,
+                rst: 1,
+                notification: 2,
+                open: 1,
+                last_notification: Some(Notification {
+                    code: 4,
+                    subcode: 0
+                }),
+                hold_time_s: Some(9),
+                ..WireCounters::default()
+            }
         );
+        // Never seen: none, not code 0 or hold time 0.
+        let quiet = WireCounters::from_value(&BgpCounters::default());
+        assert_eq!((quiet.last_notification, quiet.hold_time_s), (None, None));
     }
 
     #[test]
     fn totals_survive_an_evicted_and_recreated_key() {
         let mut tracker = WireTracker::default();
-        let rx = id("10.0.0.2", Direction::Rx);
+        let rx = id(PEER, Direction::Rx);
         tracker.update(1.0, &[(rx, counters(10, 4))]);
         let rows = tracker.update(2.0, &[(rx, counters(12, 5))]);
-        assert_eq!(rows[0].total, counters(12, 5));
+        assert_eq!(rows[0].total, total(12, 5));
         assert!(rows[0].changed);
-        // Evicted and created again: the kernel starts from zero.
-        let rows = tracker.update(3.0, &[(rx, counters(3, 1))]);
-        assert_eq!(rows[0].total, counters(15, 6));
-        let rows = tracker.update(4.0, &[(rx, counters(3, 1))]);
+        // Evicted and created again (a new creation time), already past
+        // its old count: all of it is new.
+        let again = WireCounters {
+            created_ns: 2,
+            ..counters(13, 6)
+        };
+        let rows = tracker.update(3.0, &[(rx, again)]);
+        assert_eq!(rows[0].total, total(25, 11));
+        let rows = tracker.update(4.0, &[(rx, again)]);
         assert!(!rows[0].changed);
         // Gone from the map: forgotten, peer included.
         assert!(tracker.update(5.0, &[]).is_empty());
         assert!(tracker.peers().is_empty());
     }
 
+    /// A reading of `rx` and `tx` (cumulative counters) at `t`; the peer's
+    /// wire verdict at `t`.
+    fn read(
+        tracker: &mut WireTracker,
+        t: f64,
+        rx: WireCounters,
+        tx: WireCounters,
+    ) -> Option<(f64, String)> {
+        let (rx_id, tx_id) = (id(PEER, Direction::Rx), id(PEER, Direction::Tx));
+        tracker.update(t, &[(tx_id, tx), (rx_id, rx)]);
+        tracker
+            .peers()
+            .get(&peer())
+            .and_then(|p| down_at_wire(p, t))
+    }
+
     #[test]
-    fn a_session_ended_by_a_notification_is_down_until_the_peer_is_heard() {
+    fn a_session_ended_by_a_notification_is_down_until_keepalives_return() {
         let mut tracker = WireTracker::default();
-        let (rx, tx) = (id("10.0.0.2", Direction::Rx), id("10.0.0.2", Direction::Tx));
-        let peer: IpAddr = "10.0.0.2".parse().unwrap();
-        tracker.update(1.0, &[(rx, counters(1, 1))]);
-        assert_eq!(down_at_wire(&tracker.peers()[&peer], 1.0), None);
+        let mut rx = counters(1, 1);
+        let mut tx = counters(1, 0);
+        assert_eq!(read(&mut tracker, 1.0, rx, tx), None);
         // A KEEPALIVE, then the NOTIFICATION, and our FIN, in one reading:
         // down, named by the NOTIFICATION.
-        let notification = WireCounters {
-            segments: 3,
-            keepalive: 2,
-            notification: 1,
-            last_notification: Some(Notification::from_word(0x0602)),
-            ..WireCounters::default()
-        };
-        let fin = WireCounters {
-            segments: 1,
-            fin: 1,
-            ..WireCounters::default()
-        };
-        tracker.update(2.0, &[(tx, fin), (rx, notification)]);
-        let (since, why) = down_at_wire(&tracker.peers()[&peer], 3.0).unwrap();
+        rx.segments += 2;
+        rx.keepalive += 1;
+        rx.notification += 1;
+        rx.last_notification = Some(Notification::from_word(0x0602));
+        tx.segments += 1;
+        tx.fin += 1;
+        let (since, why) = read(&mut tracker, 2.0, rx, tx).unwrap();
         assert_eq!(since, 2.0);
         assert_eq!(
             why,
             "session ended at the wire: NOTIFICATION Cease/Administrative Shutdown from the peer"
         );
-        // a's reconnects, refused by the peer's kernel: the end stays.
-        let refused = WireCounters {
-            segments: 4,
+        // Our reconnects, refused by the peer's kernel: the end stays.
+        rx.segments += 1;
+        rx.rst += 1;
+        tx.segments += 1;
+        tx.syn += 1;
+        assert_eq!(read(&mut tracker, 3.0, rx, tx).unwrap().0, 2.0);
+        // The peer opens again, but our side refuses it (OPEN, then a
+        // NOTIFICATION, in one reading): still down.
+        rx.segments += 1;
+        rx.open += 1;
+        rx.hold_time_s = Some(6);
+        tx.segments += 1;
+        tx.notification += 1;
+        assert_eq!(read(&mut tracker, 4.0, rx, tx).unwrap().0, 2.0);
+        // An OPEN alone: still opening, still down.
+        rx.segments += 1;
+        rx.open += 1;
+        assert_eq!(read(&mut tracker, 5.0, rx, tx).unwrap().0, 2.0);
+        // KEEPALIVEs and no end: up.
+        rx.segments += 1;
+        rx.keepalive += 1;
+        assert_eq!(read(&mut tracker, 6.0, rx, tx), None);
+    }
+
+    #[test]
+    fn a_reset_that_came_back_within_one_reading_changes_nothing() {
+        let mut tracker = WireTracker::default();
+        let mut rx = counters(1, 1);
+        let tx = counters(1, 0);
+        read(&mut tracker, 1.0, rx, tx);
+        rx.segments += 3;
+        rx.notification += 1;
+        rx.open += 1;
+        rx.keepalive += 1;
+        assert_eq!(read(&mut tracker, 2.0, rx, tx), None);
+    }
+
+    #[test]
+    fn a_probe_of_port_179_is_no_session() {
+        let mut tracker = WireTracker::default();
+        let rx = WireCounters {
+            syn: 1,
             rst: 1,
-            ..notification
+            ..counters(2, 0)
         };
-        tracker.update(3.0, &[(rx, refused), (tx, fin)]);
-        assert_eq!(down_at_wire(&tracker.peers()[&peer], 3.0).unwrap().0, 2.0);
-        let reopened = WireCounters {
-            segments: 6,
-            open: 1,
-            keepalive: 3,
-            hold_time_s: Some(6),
-            ..refused
+        let tx = WireCounters {
+            syn: 1,
+            ..counters(1, 0)
         };
-        tracker.update(4.0, &[(rx, reopened), (tx, fin)]);
-        assert_eq!(down_at_wire(&tracker.peers()[&peer], 4.0), None);
+        for t in [1.0, 10.0, 100.0] {
+            assert_eq!(read(&mut tracker, t, rx, tx), None);
+        }
     }
 
     #[test]
     fn a_peer_silent_longer_than_the_hold_time_is_down() {
         let mut tracker = WireTracker::default();
-        let (rx, tx) = (id("10.0.0.2", Direction::Rx), id("10.0.0.2", Direction::Tx));
-        let peer: IpAddr = "10.0.0.2".parse().unwrap();
         let open = |hold| WireCounters {
-            segments: 1,
             open: 1,
             hold_time_s: Some(hold),
-            ..WireCounters::default()
+            ..counters(1, 0)
         };
-        tracker.update(1.0, &[(rx, open(9)), (tx, open(6))]);
-        assert_eq!(tracker.peers()[&peer].hold_time_s(), Some(6));
-        assert_eq!(down_at_wire(&tracker.peers()[&peer], 7.0), None);
-        let (since, why) = down_at_wire(&tracker.peers()[&peer], 8.0).unwrap();
+        read(&mut tracker, 1.0, open(9), open(6));
+        assert_eq!(tracker.peers()[&peer()].hold_time_s(), Some(6));
+        assert_eq!(down_at_wire(&tracker.peers()[&peer()], 7.0), None);
+        let (since, why) = down_at_wire(&tracker.peers()[&peer()], 8.0).unwrap();
         assert_eq!(since, 7.0);
         assert!(why.contains("hold time of 6 s"), "{why}");
     }

@@ -334,6 +334,8 @@ pub struct Exporter {
     pub errors: u64,
     /// Highest eviction count exported so far.
     evictions_exported: u64,
+    /// The same for the BGP map.
+    bgp_evictions_exported: u64,
     /// How long the cleared anomalies lasted, per kind.
     durations: BTreeMap<Kind, DurationHistogram>,
     /// How long pod blocks had no route, per outage.
@@ -350,6 +352,7 @@ impl Exporter {
             drop_splits: SplitFamily::new(),
             errors: 0,
             evictions_exported: 0,
+            bgp_evictions_exported: 0,
             durations: BTreeMap::new(),
             route_outages: DurationHistogram::default(),
         }
@@ -518,6 +521,11 @@ impl Exporter {
         // never goes back.
         let evictions = input.stats.flow_evictions.max(self.evictions_exported);
         self.evictions_exported = evictions;
+        let bgp_evictions = input
+            .stats
+            .bgp_evictions(input.bgp_wire.len())
+            .max(self.bgp_evictions_exported);
+        self.bgp_evictions_exported = bgp_evictions;
 
         let seconds = input
             .at
@@ -671,7 +679,7 @@ impl Exporter {
                     (vec![("map", "flows".to_string())], evictions as f64),
                     (
                         vec![("map", "bgp".to_string())],
-                        input.stats.bgp_evictions(input.bgp_wire.len()) as f64,
+                        bgp_evictions as f64,
                     ),
                 ],
             ),
