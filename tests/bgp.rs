@@ -132,12 +132,14 @@ fn bird_sessions_are_followed_and_a_lost_peer_is_bgp_down() {
         block: A_BLOCK.into(),
         peers: vec![B],
         rejects: Vec::new(),
+        tunnel: None,
     };
     let node_b = MeshNode {
         address: B,
         block: B_BLOCK.into(),
         peers: vec![A],
         rejects: Vec::new(),
+        tunnel: None,
     };
     let bird_a = Bird::start(&a, &node_a).expect("starting BIRD in a");
     let bird_b = Bird::start(&b, &node_b).expect("starting BIRD in b");
@@ -415,6 +417,7 @@ fn bgp_messages_at_the_wire_match_tcpdump_and_a_lost_session_is_bgp_down() {
         block: block.into(),
         peers: vec![peer],
         rejects: Vec::new(),
+        tunnel: None,
     };
     // The observer and tcpdump first: both see the session from its SYN.
     // No BIRD socket: the session is judged from the wire alone.

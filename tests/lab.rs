@@ -17,7 +17,7 @@ use serde_json::Value;
 use support::{
     lab::{
         assert_incident, fact, facts, lab_pid, leftovers, n, node_findings, node_verdicts, pairs,
-        path, ping, run_lab,
+        path, ping, run_lab, run_lab_with,
     },
     netns::{signal, wait_timeout},
 };
@@ -91,10 +91,15 @@ fn healthy_lab_delivers_everything_both_ways() {
 /// Runs a BGP scenario for 6 s (root only: `None` without); checks that
 /// it succeeded and left nothing behind; its lines.
 fn run_bgp_lab(test: &str, scenario: &str) -> Option<Vec<Value>> {
+    run_bgp_lab_with(test, scenario, &[])
+}
+
+/// [`run_bgp_lab`] with `extra` options.
+fn run_bgp_lab_with(test: &str, scenario: &str, extra: &[&str]) -> Option<Vec<Value>> {
     if !support::have_root(test) {
         return None;
     }
-    let (output, lines) = run_lab(scenario, Duration::from_secs(6));
+    let (output, lines) = run_lab_with(scenario, Duration::from_secs(6), extra);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(output.status.success(), "{}\n{stderr}", output.status);
     let pid = lab_pid(&lines);
@@ -249,6 +254,80 @@ fn bgp_down_lab_is_named_for_the_right_peer_and_block_on_every_node() {
         "{:?}",
         facts(&lines, "wire")
     );
+}
+
+/// `bgp-down` in Calico's IPIP mode: BIRD installs the learned blocks via
+/// tunl0 onlink, pod traffic is IPIP on the wire (the kernel's tunnel, or
+/// the lab's userspace one), and each node names the same outage as with
+/// direct routing, with the route it lost through tunl0.
+#[test]
+fn bgp_down_lab_over_ipip_names_the_same_outage() {
+    let Some(lines) = run_bgp_lab_with(
+        "bgp_down_lab_over_ipip_names_the_same_outage",
+        "bgp-down",
+        &["--bgp-encap", "ipip"],
+    ) else {
+        return;
+    };
+    let start = fact(&lines, "start", &[("scenario", "bgp-down")]);
+    assert_eq!(start["bgp_encap"], "ipip");
+    assert!(
+        start["ipip"] == "kernel" || start["ipip"] == "userspace",
+        "{start}"
+    );
+    let (n4, n4_block) = ("10.99.0.4", "10.65.4.0/26");
+    let s = |x: &str| x.to_string();
+    for node in ["n1", "n2", "n3"] {
+        assert_eq!(
+            anomaly_facts(&lines, node),
+            BTreeSet::from([
+                (s("bgp_down"), s(n4), vec![], true),
+                (s("route_missing"), s(n4), vec![s(n4_block)], true),
+            ]),
+            "{node}"
+        );
+        let missing = lines
+            .iter()
+            .find(|l| {
+                l["node"] == node
+                    && l["type"] == "anomaly"
+                    && l["kind"] == "route_missing"
+                    && l["state"] == "raised"
+            })
+            .unwrap();
+        assert_eq!(
+            missing["evidence"]["last_route"],
+            format!("via {n4} dev tunl0 proto bird"),
+            "{missing}"
+        );
+        // The pings to n4 travelled as IPIP both ways on this node's wire.
+        for direction in ["rx", "tx"] {
+            let ipip: u64 = lines
+                .iter()
+                .filter(|l| {
+                    l["node"] == node
+                        && l["type"] == "peer"
+                        && l["proto"] == "ipip"
+                        && l["peer"] == n4
+                        && l["direction"] == direction
+                })
+                .filter_map(|l| l["packets"].as_u64())
+                .max()
+                .unwrap_or(0);
+            assert!(ipip > 0, "{node} {direction}: no IPIP with {n4}");
+        }
+        assert_eq!(
+            fact(&lines, "verdict", &[("node", node), ("peer", n4)])["verdict"],
+            "route_loss"
+        );
+    }
+    for from in ["n1", "n2", "n3"] {
+        let p = fact(&lines, "ping", &[("from", from), ("to", "n4")]);
+        assert!(
+            n(p, "received") > 0 && n(p, "received") < n(p, "transmitted"),
+            "{p}"
+        );
+    }
 }
 
 #[test]

@@ -31,6 +31,10 @@ pub struct MeshNode {
     /// Blocks this node's import filter rejects (a peer that filters a
     /// new node's block); empty: import all.
     pub rejects: Vec<String>,
+    /// The tunnel device learned routes go through, as in Calico's IPIP
+    /// mode (`10.65.2.0/26 via 10.99.0.2 dev tunl0 proto bird onlink`);
+    /// `None`: direct routing (`via 10.99.0.2 dev eth0`).
+    pub tunnel: Option<String>,
 }
 
 impl MeshNode {
@@ -41,14 +45,27 @@ impl MeshNode {
     }
 
     /// The BIRD configuration: learned routes go to the kernel with
-    /// `proto bird`, and so does the node's own block as a blackhole (as
-    /// Calico installs it); the block is announced to every peer.
+    /// `proto bird` (through [`MeshNode::tunnel`] when set), and so does
+    /// the node's own block as a blackhole (as Calico installs it); the
+    /// block is announced to every peer.
     pub fn config(&self, log: &Path) -> String {
+        // Calico's BIRD has its own attribute for the tunnel (krt_tunnel);
+        // Debian's sets the device and keeps the next hop, onlink.
+        let (filter, export) = match &self.tunnel {
+            None => (String::new(), "all"),
+            Some(device) => (
+                format!(
+                    "filter to_kernel\nip nh;\n{{\n  if source = RTS_BGP then {{ nh = gw; onlink = true; ifname = \"{device}\"; gw = nh; }}\n  accept;\n}}\n"
+                ),
+                "filter to_kernel",
+            ),
+        };
         let mut text = format!(
             "router id {address};\n\
              log \"{log}\" all;\n\
              protocol device {{ scan time 2; }}\n\
-             protocol kernel {{ ipv4 {{ import none; export all; }}; }}\n\
+             {filter}\
+             protocol kernel {{ ipv4 {{ import none; export {export}; }}; }}\n\
              protocol static blocks {{ ipv4; route {block} blackhole; }}\n\
              template bgp mesh {{\n  local as 64512; direct;\n  \
              ipv4 {{ import {import}; export where proto = \"blocks\"; gateway direct; }};\n  \

@@ -11,6 +11,11 @@ use serde_json::Value;
 
 /// Runs `observer lab --scenario NAME --output json --duration D`.
 pub fn run_lab(scenario: &str, duration: Duration) -> (Output, Vec<Value>) {
+    run_lab_with(scenario, duration, &[])
+}
+
+/// [`run_lab`] with `extra` options.
+pub fn run_lab_with(scenario: &str, duration: Duration, extra: &[&str]) -> (Output, Vec<Value>) {
     let duration = format!("{}ms", duration.as_millis());
     let output = Command::new(env!("CARGO_BIN_EXE_observer"))
         .args([
@@ -27,6 +32,7 @@ pub fn run_lab(scenario: &str, duration: Duration) -> (Output, Vec<Value>) {
                 super::netns::scaled(Duration::from_secs(60)).as_secs()
             ),
         ])
+        .args(extra)
         .stdin(Stdio::null())
         .output()
         .expect("running observer lab");

@@ -180,6 +180,33 @@ pub struct LabArgs {
     /// emulated machines (a VM without KVM takes minutes).
     #[arg(long, value_parser = parse_duration, default_value = "60s", value_name = "DURATION")]
     pub attach_timeout: Duration,
+
+    /// The BGP scenarios' routing mode, as Calico's: none (direct routing,
+    /// pod traffic routed via the peer on eth0) or ipip (via the peer on
+    /// tunl0, onlink: the kernel's tunnel, or the lab's userspace one on a
+    /// kernel without IPIP).
+    #[arg(long, value_enum, default_value_t = BgpEncap::None, value_name = "MODE")]
+    pub bgp_encap: BgpEncap,
+}
+
+/// How the BGP scenarios' nodes carry pod traffic (`observer lab
+/// --bgp-encap`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BgpEncap {
+    /// Direct routing: routes via the peer node on the underlay.
+    None,
+    /// Calico's IPIP mode: routes via the peer node on tunl0, onlink.
+    Ipip,
+}
+
+impl BgpEncap {
+    /// Its name, as the option takes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            BgpEncap::None => "none",
+            BgpEncap::Ipip => "ipip",
+        }
+    }
 }
 
 /// Options of `observer attach`.

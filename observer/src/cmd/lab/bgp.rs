@@ -23,7 +23,7 @@ use super::{
     mesh::{self, DOWN, FILTERING, MESH, SETTLE},
     observers::{ObserverSpec, Observers},
     shell::run_tool,
-    topology::UNDERLAY,
+    topology::{IpipKind, UNDERLAY},
     traffic::{self, Ping},
     view::View,
 };
@@ -51,13 +51,19 @@ pub fn run(args: &LabArgs) -> Result<()> {
     let switch = format!("{PREFIX}{pid}-switch");
     let mut lab = Cleanup::default();
     view.note_scenario(scenario)?;
-    mesh::build(&mut lab, &names, &switch)?;
+    let encap = args.bgp_encap;
+    let ipip = mesh::build(&mut lab, &names, &switch, encap)?;
     // Dropped before `lab`, which deletes the namespaces: BIRD first.
-    let birds = mesh::start_birds(&names, scenario)?;
+    let birds = mesh::start_birds(&names, scenario, encap)?;
     mesh::wait_up(&names, &birds, scenario)?;
     view.note(&format!(
-        "mesh up: {} nodes on {switch}'s bridge, each with its BIRD (AS 64512, full mesh, hold 6 s) announcing its /26 and installing the others' with proto bird",
-        MESH.len()
+        "mesh up: {} nodes on {switch}'s bridge, each with its BIRD (AS 64512, full mesh, hold 6 s) announcing its /26 and installing the others' with proto bird{}",
+        MESH.len(),
+        match ipip {
+            None => " (direct routing)".to_string(),
+            Some(IpipKind::Kernel) => " via tunl0 onlink (IPIP, the kernel's tunnel)".to_string(),
+            Some(IpipKind::Userspace) => " via tunl0 onlink (IPIP; this kernel has no IPIP, so a userspace tunnel on a TUN device sends the same packets, and the observers are told so with --tunnel-device tunl0=ipip)".to_string(),
+        }
     ))?;
     let mut namespaces: serde_json::Map<String, Value> = MESH
         .iter()
@@ -76,8 +82,14 @@ pub fn run(args: &LabArgs) -> Result<()> {
             "rejects": mesh::rejects(scenario, i),
         })).collect::<Vec<_>>(),
         "duration_ms": args.duration.as_millis() as u64,
+        "bgp_encap": encap.name(),
+        "ipip": ipip,
     }))?;
 
+    let mut observer_args = Vec::new();
+    if ipip == Some(IpipKind::Userspace) {
+        observer_args.extend(["--tunnel-device".to_string(), "tunl0=ipip".to_string()]);
+    }
     let specs: Vec<ObserverSpec> = MESH
         .iter()
         .zip(&names)
@@ -85,7 +97,11 @@ pub fn run(args: &LabArgs) -> Result<()> {
         .map(|((m, ns), bird)| ObserverSpec {
             node: m.name.to_string(),
             namespace: ns.clone(),
-            args: vec!["--bird-socket".into(), bird.socket().display().to_string()],
+            args: [
+                vec!["--bird-socket".into(), bird.socket().display().to_string()],
+                observer_args.clone(),
+            ]
+            .concat(),
         })
         .collect();
     let backstop = args.duration * 4 + SETTLE * 3;
@@ -211,7 +227,7 @@ fn left(
         gone.name
     ))?;
     for (i, bird) in birds.iter().enumerate().filter(|(i, _)| *i != DOWN) {
-        bird.reconfigure(&mesh::mesh_node(i, args.scenario, &[DOWN]))
+        bird.reconfigure(&mesh::mesh_node(i, args.scenario, args.bgp_encap, &[DOWN]))
             .map_err(|e| anyhow::anyhow!("reconfiguring BIRD on {}: {e}", MESH[i].name))?;
     }
     birds[DOWN].stop();

@@ -1,7 +1,8 @@
 //! The BGP scenarios' network: four nodes on one L2 segment (a bridge in
 //! a switch namespace), each with a pod address on `lo` and its own BIRD
 //! in a full iBGP mesh (AS 64512, the tests' config from
-//! `observer_testkit::bird`): Calico's BGP mode without encapsulation.
+//! `observer_testkit::bird`): Calico's BGP mode, with direct routing or,
+//! with `--bgp-encap ipip`, its IPIP mode (learned routes through tunl0).
 
 use std::{
     net::Ipv4Addr,
@@ -16,8 +17,9 @@ use super::{
     cleanup::{Cleanup, check_interrupted},
     scenarios::Scenario,
     shell::run_tool,
-    topology::{UNDERLAY, add_namespace},
+    topology::{IpipKind, UNDERLAY, add_namespace, tunl0},
 };
+use crate::cli::BgpEncap;
 
 /// One node of the mesh.
 pub struct MeshMember {
@@ -59,10 +61,24 @@ pub const DOWN: usize = 3;
 /// beyond the planned time.
 pub const SETTLE: Duration = Duration::from_secs(60);
 
-/// The namespaces, the bridge, each node's underlay and pod address.
-pub fn build(lab: &mut Cleanup, names: &[String], switch: &str) -> Result<()> {
+/// The namespaces, the bridge, each node's underlay and pod address, and
+/// with `encap` ipip each node's tunl0 (returns how it is provided).
+pub fn build(
+    lab: &mut Cleanup,
+    names: &[String],
+    switch: &str,
+    encap: BgpEncap,
+) -> Result<Option<IpipKind>> {
+    // rp_filter off over IPIP: a decapsulated packet arrives on tunl0.
+    let sysctls: &[&str] = match encap {
+        BgpEncap::None => &[],
+        BgpEncap::Ipip => &[
+            "net.ipv4.conf.all.rp_filter=0",
+            "net.ipv4.conf.default.rp_filter=0",
+        ],
+    };
     for ns in names.iter().map(String::as_str).chain([switch]) {
-        add_namespace(lab, ns, &[])?;
+        add_namespace(lab, ns, sysctls)?;
     }
     run_tool(
         "ip",
@@ -89,7 +105,16 @@ pub fn build(lab: &mut Cleanup, names: &[String], switch: &str) -> Result<()> {
         run_tool("ip", &["-n", ns, "addr", "add", &pod, "dev", "lo"])?;
         check_interrupted()?;
     }
-    Ok(())
+    if encap == BgpEncap::None {
+        return Ok(None);
+    }
+    let mut kind = IpipKind::Kernel;
+    for (i, ns) in names.iter().enumerate() {
+        let others = (0..MESH.len()).filter(|j| *j != i);
+        let routes = others.map(|j| (MESH[j].block, MESH[j].addr)).collect();
+        kind = tunl0(lab, ns, MESH[i].addr, routes)?;
+    }
+    Ok(Some(kind))
 }
 
 /// The node whose import filter rejects n4's block in `new-node`, and
@@ -106,9 +131,10 @@ pub fn rejects(scenario: Scenario, i: usize) -> Vec<Ipv4Net> {
     }
 }
 
-/// Node `i`'s part of the mesh in `scenario`; without the nodes in
-/// `gone` (a node that left: Calico removes it from every BIRD config).
-pub fn mesh_node(i: usize, scenario: Scenario, gone: &[usize]) -> MeshNode {
+/// Node `i`'s part of the mesh in `scenario` and `encap`; without the
+/// nodes in `gone` (a node that left: Calico removes it from every BIRD
+/// config).
+pub fn mesh_node(i: usize, scenario: Scenario, encap: BgpEncap, gone: &[usize]) -> MeshNode {
     MeshNode {
         address: MESH[i].addr,
         block: MESH[i].block.to_string(),
@@ -120,16 +146,17 @@ pub fn mesh_node(i: usize, scenario: Scenario, gone: &[usize]) -> MeshNode {
             .iter()
             .map(ToString::to_string)
             .collect(),
+        tunnel: (encap == BgpEncap::Ipip).then(|| "tunl0".to_string()),
     }
 }
 
-/// One BIRD per node, with the mesh's config for `scenario`.
-pub fn start_birds(names: &[String], scenario: Scenario) -> Result<Vec<Bird>> {
+/// One BIRD per node, with the mesh's config for `scenario` and `encap`.
+pub fn start_birds(names: &[String], scenario: Scenario, encap: BgpEncap) -> Result<Vec<Bird>> {
     names
         .iter()
         .enumerate()
         .map(|(i, ns)| {
-            Bird::start_in(ns, &mesh_node(i, scenario, &[]))
+            Bird::start_in(ns, &mesh_node(i, scenario, encap, &[]))
                 .map_err(|e| anyhow::anyhow!("starting BIRD on {}: {e}", MESH[i].name))
         })
         .collect()

@@ -470,6 +470,21 @@ fn vxlan(ns: &str, node: &NodeSpec) -> Result<()> {
 /// tunl0: the kernel's when the kernel has IPIP, else the lab's userspace
 /// tunnel; up, MTU 1480, the IPIP block's first address on it.
 fn ipip(lab: &mut Cleanup, ns: &str, node: &NodeSpec) -> Result<IpipKind> {
+    let routes: Routes = NODES
+        .iter()
+        .filter(|o| o.name != node.name)
+        .flat_map(|o| Block::ALL.map(|b| (o.block(b), o.addr)))
+        .collect();
+    let kind = tunl0(lab, ns, node.addr, routes)?;
+    let overlay = format!("{}/32", node.ipip_block.network());
+    ip(ns, &["addr", "add", &overlay, "dev", IPIP_DEV])?;
+    Ok(kind)
+}
+
+/// tunl0 in `ns`, up with MTU 1480: the kernel's when the kernel has IPIP,
+/// else the lab's userspace tunnel from `local`, which sends the inner
+/// destinations `routes` names to their node (owned by `lab`).
+pub fn tunl0(lab: &mut Cleanup, ns: &str, local: Ipv4Addr, routes: Routes) -> Result<IpipKind> {
     let exists = || ip(ns, &["link", "show", IPIP_DEV]).is_ok();
     // With the ipip module loaded every namespace gets tunl0; adding one
     // loads the module where it is built but not loaded.
@@ -479,17 +494,10 @@ fn ipip(lab: &mut Cleanup, ns: &str, node: &NodeSpec) -> Result<IpipKind> {
     let kind = if exists() {
         IpipKind::Kernel
     } else {
-        let routes: Routes = NODES
-            .iter()
-            .filter(|o| o.name != node.name)
-            .flat_map(|o| Block::ALL.map(|b| (o.block(b), o.addr)))
-            .collect();
-        lab.add_tunnel(Tunnel::start(ns, node.addr, routes)?);
+        lab.add_tunnel(Tunnel::start(ns, local, routes)?);
         IpipKind::Userspace
     };
     ip(ns, &["link", "set", IPIP_DEV, "mtu", IPIP_MTU, "up"])?;
-    let overlay = format!("{}/32", node.ipip_block.network());
-    ip(ns, &["addr", "add", &overlay, "dev", IPIP_DEV])?;
     Ok(kind)
 }
 

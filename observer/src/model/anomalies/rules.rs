@@ -428,7 +428,10 @@ fn one_way(f: &PeerFacts<'_>) -> Option<Finding> {
 /// The outer source is no node, the inner source is a node's pod address.
 fn snat_suspected(f: &PeerFacts<'_>) -> Option<Finding> {
     let (d, peer, p) = (f.window, f.peer, f.name());
-    if d.rx == 0 || f.is_node() {
+    // A BGP neighbor of this node's BIRD is a node, also while its routes
+    // are not (yet) here: after a session comes back, the peer may send
+    // before this node re-learns its blocks (a route_missing then).
+    if d.rx == 0 || f.is_node() || f.known.bgp.iter().any(|s| s.neighbor == Some(peer)) {
         return None;
     }
     let inner = f.extra.inner_src?;
@@ -553,7 +556,10 @@ fn mtu(f: &PeerFacts<'_>) -> Option<Finding> {
 /// neither would call every sender unknown.
 fn unknown_peer(f: &PeerFacts<'_>) -> Option<Finding> {
     let (d, peer, p) = (f.window, f.peer, f.name());
-    if d.rx == 0 || f.is_node() {
+    // A BGP neighbor of this node's BIRD is a node, also while its routes
+    // are not (yet) here: after a session comes back, the peer may send
+    // before this node re-learns its blocks (a route_missing then).
+    if d.rx == 0 || f.is_node() || f.known.bgp.iter().any(|s| s.neighbor == Some(peer)) {
         return None;
     }
     // Looked up only for sources that are no node: the sets can be large.
@@ -818,6 +824,36 @@ mod tests {
             )
         });
         assert_eq!(events, vec![]);
+        // A BGP neighbor of this node's BIRD whose blocks are not routed
+        // here (yet): a node, not unknown.
+        let mut k = known();
+        k.bgp = vec![crate::model::bgp::testing::session(
+            "10.10.99.5",
+            "Established",
+        )];
+        let mut e = Engine::new(th(), 0.0);
+        let events = drive(&mut e, &k, 7, |t| {
+            (
+                vec![flow("10.10.99.5", Proto::Ipip, Direction::Rx, t as u64)],
+                vec![],
+            )
+        });
+        assert_eq!(events, vec![]);
+        // The same without the session: unknown.
+        k.bgp.clear();
+        let mut e = Engine::new(th(), 0.0);
+        let events = drive(&mut e, &k, 7, |t| {
+            (
+                vec![flow("10.10.99.5", Proto::Ipip, Direction::Rx, t as u64)],
+                vec![],
+            )
+        });
+        assert!(
+            events
+                .iter()
+                .any(|e| matches!(e, Event::Raised(a) if a.kind == Kind::UnknownPeer)),
+            "{events:?}"
+        );
     }
 
     /// The one-way VXLAN anomaly raised after a whole window of sending
