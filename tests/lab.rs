@@ -130,6 +130,24 @@ fn anomaly_facts(lines: &[Value], node: &str) -> BTreeSet<(String, String, Vec<S
         .collect()
 }
 
+/// n4 and its block in the BGP scenarios.
+const N4: &str = "10.99.0.4";
+const N4_BLOCK: &str = "10.65.4.0/26";
+
+/// `node` raised exactly bgp_down and route_missing for n4 (the latter
+/// with n4's block), and both cleared.
+fn assert_names_n4_outage(lines: &[Value], node: &str) {
+    let s = |x: &str| x.to_string();
+    assert_eq!(
+        anomaly_facts(lines, node),
+        BTreeSet::from([
+            (s("bgp_down"), s(N4), vec![], true),
+            (s("route_missing"), s(N4), vec![s(N4_BLOCK)], true),
+        ]),
+        "{node}"
+    );
+}
+
 #[test]
 fn bgp_down_lab_is_named_for_the_right_peer_and_block_on_every_node() {
     let Some(lines) = run_bgp_lab(
@@ -148,19 +166,12 @@ fn bgp_down_lab_is_named_for_the_right_peer_and_block_on_every_node() {
         );
     }
 
-    let (n4, n4_block) = ("10.99.0.4", "10.65.4.0/26");
+    let (n4, n4_block) = (N4, N4_BLOCK);
     let s = |x: &str| x.to_string();
     // Every other node: bgp_down and route_missing for n4 and its block,
     // both cleared; nothing else.
     for node in ["n1", "n2", "n3"] {
-        assert_eq!(
-            anomaly_facts(&lines, node),
-            BTreeSet::from([
-                (s("bgp_down"), s(n4), vec![], true),
-                (s("route_missing"), s(n4), vec![s(n4_block)], true),
-            ]),
-            "{node}"
-        );
+        assert_names_n4_outage(&lines, node);
         // One outage of n4's block, as long as its route_missing.
         let outages: Vec<&Value> = facts(&lines, "route_outage")
             .into_iter()
@@ -275,17 +286,9 @@ fn bgp_down_lab_over_ipip_names_the_same_outage() {
         start["ipip"] == "kernel" || start["ipip"] == "userspace",
         "{start}"
     );
-    let (n4, n4_block) = ("10.99.0.4", "10.65.4.0/26");
-    let s = |x: &str| x.to_string();
+    let n4 = N4;
     for node in ["n1", "n2", "n3"] {
-        assert_eq!(
-            anomaly_facts(&lines, node),
-            BTreeSet::from([
-                (s("bgp_down"), s(n4), vec![], true),
-                (s("route_missing"), s(n4), vec![s(n4_block)], true),
-            ]),
-            "{node}"
-        );
+        assert_names_n4_outage(&lines, node);
         let missing = lines
             .iter()
             .find(|l| {
