@@ -124,6 +124,10 @@ fn healthy_overlay_for_30_seconds_exits_0_without_findings() {
     assert_eq!(measured["sent"], 200, "{measured}");
     assert_eq!(measured["received"], 200, "{measured}");
     assert_eq!(measured["dropped"], 0, "{measured}");
+    assert_eq!(
+        measured["loss"], 0.0,
+        "both ways, nothing dropped: {measured}"
+    );
     // The data-plane line names B with its block and encapsulation.
     let view = lines(&out)
         .into_iter()
@@ -217,6 +221,10 @@ fn one_way_overlay_exits_1_and_names_the_direction() {
         .and_then(|n| n.parse().ok())
         .expect("DROP rule counter");
     assert_eq!(sent, 25);
+    assert!(
+        d["measured"][0]["loss"].is_null(),
+        "one way: no loss figure"
+    );
     assert_eq!(counted, sent, "B's DROP rule against A's observer");
 }
 

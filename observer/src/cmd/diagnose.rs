@@ -236,6 +236,7 @@ fn measured(outcome: &Outcome) -> Vec<Measured> {
             sent,
             received,
             dropped,
+            loss: verdicts::loss(sent, received, dropped),
             role: role(&outcome.known, peer),
         })
         .collect()
@@ -271,21 +272,29 @@ pub fn write_up(outcome: &Outcome, netns: Option<&str>) -> String {
     } else {
         let _ = writeln!(
             t,
-            "  {:<40} {:<8} {:>10} {:>10} {:>10}  ROLE",
-            "PEER", "PROTO", "SENT", "RECEIVED", "DROPPED"
+            "  {:<40} {:<8} {:>10} {:>10} {:>10} {:>9}  ROLE",
+            "PEER", "PROTO", "SENT", "RECEIVED", "DROPPED", "LOSS"
         );
         for m in &rows {
+            let loss = m
+                .loss
+                .map_or_else(|| "-".to_string(), |l| format!("{:.3} %", l * 100.0));
             let _ = writeln!(
                 t,
-                "  {:<40} {:<8} {:>10} {:>10} {:>10}  {}",
+                "  {:<40} {:<8} {:>10} {:>10} {:>10} {:>9}  {}",
                 m.peer.to_string(),
                 m.proto,
                 m.sent,
                 m.received,
                 m.dropped,
+                loss,
                 m.role
             );
         }
+        let _ = writeln!(
+            t,
+            "  (LOSS: the share of what came in that was dropped here, where packets went both ways; the rollout target is below 0.050 %)"
+        );
     }
     let nodes = &outcome.known.nodes;
     if !nodes.is_empty() {

@@ -126,6 +126,15 @@ pub fn verdicts(
         .collect()
 }
 
+/// The share of the tunnel packets received from a peer that were
+/// dropped here (`dropped / received`), over a run where packets went both
+/// ways (`sent` and `received` above 0): the rollout-loss figure of the
+/// second incident, per node pair. `None` for one-way traffic, where the
+/// share says nothing about the pair (a one-way finding does).
+pub fn loss(sent: u64, received: u64, dropped: u64) -> Option<f64> {
+    (sent > 0 && received > 0).then(|| dropped as f64 / received as f64)
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::SystemTime;
@@ -197,6 +206,14 @@ mod tests {
                 "10.99.0.5 Other [encap_mismatch] Some(1.0) false",
             ]
         );
+    }
+
+    #[test]
+    fn loss_is_the_dropped_share_of_what_came_in_when_both_ways_moved() {
+        assert_eq!(loss(100, 20_000, 10), Some(0.0005));
+        assert_eq!(loss(100, 200, 0), Some(0.0));
+        assert_eq!(loss(0, 200, 200), None, "received only");
+        assert_eq!(loss(25, 0, 0), None, "sent only");
     }
 
     #[test]

@@ -407,13 +407,16 @@ pub struct DiagnosisLine<'a> {
 }
 
 /// Packets per (peer, encapsulation) over the whole run.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Measured {
     pub peer: IpAddr,
     pub proto: &'static str,
     pub sent: u64,
     pub received: u64,
     pub dropped: u64,
+    /// `dropped / received` when packets went both ways, else `None`
+    /// (`model::verdicts::loss`).
+    pub loss: Option<f64>,
     /// `node`, `not a node`, or `unknown` when the data plane names no nodes.
     pub role: &'static str,
 }
