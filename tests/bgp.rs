@@ -4,7 +4,8 @@
 //! own answer: the session Established with exactly the one route the
 //! peer announces; then the peer's BIRD stops (bgp_down raised for that
 //! neighbor, with BIRD's state and error) and starts again (cleared, with
-//! its duration, and a bgp_flap with the threshold at 0); an absent socket
+//! its duration, and a bgp_flap with the threshold at 0, cleared when the
+//! re-establishment leaves its 10 s window); an absent socket
 //! is reported once. The pod blocks' routes follow (checked against `ip
 //! route`): b's block withdrawn is a `route_missing` for b naming the
 //! block, cleared when the route is back, with a `route_outage` line of
@@ -155,9 +156,12 @@ fn bird_sessions_are_followed_and_a_lost_peer_is_bgp_down() {
             &socket,
             "--bird-socket",
             &absent.display().to_string(),
-            // Any re-establishment is a flap here: b's restart is one.
+            // Any re-establishment is a flap here: b's restart is one,
+            // which leaves the window 10 s later.
             "--bgp-flaps",
             "0",
+            "--bgp-flap-window",
+            "10s",
             "--textfile-dir",
             &textfile_dir.path().display().to_string(),
         ],
@@ -322,6 +326,13 @@ fn bird_sessions_are_followed_and_a_lost_peer_is_bgp_down() {
         panic!("the histograms as node_exporter serves them: {e}");
     }
     drop(node_exporter);
+    // The flap leaves its window: bgp_flap cleared.
+    let flap_cleared = observer.wait_for_lines(|lines| {
+        lines
+            .iter()
+            .any(|l| l["type"] == "anomaly" && l["kind"] == "bgp_flap" && l["state"] == "cleared")
+    });
+    assert!(flap_cleared, "bgp_flap for {B} not cleared");
     let run = observer.stop_ok();
     let cleared = bgp_down(&run.lines, B, "cleared");
     assert_eq!(cleared.len(), 1, "{cleared:?}");
