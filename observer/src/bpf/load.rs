@@ -83,7 +83,8 @@ impl Observer {
         let tc_bgp = load_tail_program(&mut ebpf, TC_BGP_PROGRAM, BGP_PROG_MAP, &features.release)
             .inspect_err(|e| bgp_unavailable("tc", e))
             .ok();
-        let xdp_bgp = if load_failures.iter().any(|(h, _)| *h == Hook::Xdp) {
+        let xdp_failed = load_failures.iter().any(|(h, _)| *h == Hook::Xdp);
+        let xdp_bgp = if xdp_failed {
             None
         } else {
             let name = plan.xdp.bgp_program_name();
@@ -92,7 +93,6 @@ impl Observer {
                 .ok()
         };
         // tc ingress now unless deferred; and always when XDP cannot count.
-        let xdp_failed = load_failures.iter().any(|(h, _)| *h == Hook::Xdp);
         let tc_ingress_loaded = !config.defer_tc_ingress || xdp_failed;
         let mut tc_checks = None;
         if tc_ingress_loaded {
@@ -316,7 +316,7 @@ fn note_failure(
 /// Entries of the BGP map: its keys plus the free entries the kernel's
 /// common LRU may hold on each CPU (see `observer_common::BGP_MAP`).
 fn bgp_map_entries() -> Result<u32> {
-    let cpus = aya::util::nr_cpus().map_err(|(path, e)| anyhow!("reading {path}: {e}"))?;
+    let cpus = super::maps::possible_cpus()?;
     Ok(observer_common::BGP_MAX_KEYS + observer_common::LRU_LOCAL_FREE * cpus as u32)
 }
 

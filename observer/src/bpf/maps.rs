@@ -372,7 +372,7 @@ where
 }
 
 /// The number of possible CPUs: per-CPU values come one per possible CPU.
-fn possible_cpus() -> Result<usize> {
+pub(super) fn possible_cpus() -> Result<usize> {
     aya::util::nr_cpus().map_err(|(path, e)| anyhow::anyhow!("reading {path}: {e}"))
 }
 

@@ -6,7 +6,7 @@
 //! `bgp_down`.
 
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::{BTreeMap, BTreeSet, HashMap},
     net::IpAddr,
 };
 
@@ -357,8 +357,8 @@ impl WireTracker {
             self.peers.entry(peer).or_default().take(now, read);
         }
         self.keys = keys;
-        self.peers
-            .retain(|peer, _| self.keys.keys().any(|id| id.peer == *peer));
+        let live: BTreeSet<IpAddr> = reading.iter().map(|(id, _)| id.peer).collect();
+        self.peers.retain(|peer, _| live.contains(peer));
         rows.sort_by_key(|row| row.id);
         rows
     }

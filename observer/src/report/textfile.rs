@@ -740,15 +740,16 @@ fn wire_samples(
 ) -> Vec<(Labels, f64)> {
     let mut samples = Vec::new();
     for row in input.bgp_wire {
+        let key: Labels = vec![
+            ("iface", iface_name(input.ifaces, row.id.ifindex)),
+            ("direction", direction_name(row.id.direction).to_string()),
+            ("peer", row.id.peer.to_string()),
+        ];
         for (extra, value) in split(&row.total) {
             if extra.is_some() && value == 0 {
                 continue;
             }
-            let mut labels = vec![
-                ("iface", iface_name(input.ifaces, row.id.ifindex)),
-                ("direction", direction_name(row.id.direction).to_string()),
-                ("peer", row.id.peer.to_string()),
-            ];
+            let mut labels = key.clone();
             labels.extend(extra.map(|(k, v)| (k, v.to_string())));
             samples.push((labels, value as f64));
         }
