@@ -3,6 +3,7 @@
 //! ([`ChangeWatcher`]). Everything is read in the network namespace of the
 //! calling thread.
 
+pub mod decode;
 mod netlink;
 mod watch;
 
