@@ -58,7 +58,13 @@ impl FileConfig {
     pub fn load(path: &Path) -> Result<FileConfig> {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("reading config file {}", path.display()))?;
-        toml::from_str(&text).with_context(|| format!("config file {}", path.display()))
+        FileConfig::parse(&text).with_context(|| format!("config file {}", path.display()))
+    }
+
+    /// Parses the text of a config file (the values are checked by
+    /// [`Settings::resolve`]).
+    pub fn parse(text: &str) -> Result<FileConfig> {
+        Ok(toml::from_str(text)?)
     }
 }
 
@@ -293,7 +299,7 @@ mod tests {
     }
 
     fn file(text: &str) -> FileConfig {
-        toml::from_str(text).unwrap()
+        FileConfig::parse(text).unwrap()
     }
 
     #[test]
@@ -332,7 +338,7 @@ mod tests {
 
     #[test]
     fn mistakes_are_named() {
-        assert!(toml::from_str::<FileConfig>("intervall = \"1s\"").is_err());
+        assert!(FileConfig::parse("intervall = \"1s\"").is_err());
         let err = Settings::resolve(&args(&["eth0"]), file("interval = \"soon\"")).unwrap_err();
         assert!(err.to_string().contains("interval"), "{err}");
         let err = Settings::resolve(&args(&["eth0"]), file("xdp_mode = \"fast\"")).unwrap_err();

@@ -350,7 +350,10 @@ fn nft_element(value: &serde_json::Value) -> Result<Vec<IpNet>> {
             .get("len")
             .and_then(|l| l.as_u64())
             .ok_or_else(|| anyhow!("prefix without len: {prefix}"))?;
-        let net = IpNet::new(addr.parse()?, len as u8).map_err(|e| anyhow!("{addr}/{len}: {e}"))?;
+        let net = u8::try_from(len)
+            .ok()
+            .and_then(|len| IpNet::new(addr.parse().ok()?, len).ok())
+            .ok_or_else(|| anyhow!("unreadable prefix {addr}/{len}"))?;
         return Ok(vec![net.trunc()]);
     }
     if let Some(bounds) = value.get("range").and_then(|r| r.as_array()) {
@@ -421,6 +424,20 @@ mod tests {
     #[test]
     fn garbage_is_an_error_not_a_panic() {
         assert!(parse_nft_sets("not json").is_err());
+        // 280 is 24 in a byte: a /24 must not be read from it.
+        let prefix = |len: u32| {
+            parse_nft_sets(&format!(
+                r#"{{"nftables": [{{"set": {{"family": "ip", "name": "s", "table": "t", "elem": [{{"prefix": {{"addr": "10.0.0.0", "len": {len}}}}}]}}}}]}}"#
+            ))
+        };
+        assert_eq!(prefix(24).unwrap()[0].prefixes, nets(&["10.0.0.0/24"]));
+        assert!(
+            prefix(280)
+                .unwrap_err()
+                .to_string()
+                .contains("10.0.0.0/280")
+        );
+        assert!(prefix(33).is_err());
         assert!(
             parse_ipset_save("add\nadd s\nadd s not-an-address\n")
                 .1

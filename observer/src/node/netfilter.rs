@@ -301,7 +301,7 @@ fn list(
 }
 
 /// The chains (family, table, name) of `nft -j list chains`.
-fn parse_nft_chains(json: &str) -> Result<Vec<[String; 3]>> {
+pub fn parse_nft_chains(json: &str) -> Result<Vec<[String; 3]>> {
     let doc: NftDoc = serde_json::from_str(json)?;
     Ok(doc
         .nftables
