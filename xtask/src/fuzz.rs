@@ -1,22 +1,44 @@
-//! `cargo xtask fuzz`: runs the cargo-fuzz target of the capture reader
-//! (`fuzz/fuzz_targets/capture.rs`) with the eBPF nightly, seeded with
-//! `fuzz/seeds` and the reference captures, then the differential test of
-//! the two replay classifiers (`tests/differential.rs`) for as long, from a
-//! new seed. Never part of `cargo xtask test`, which runs the differential
-//! test briefly from a fixed seed.
+//! `cargo xtask fuzz`: runs the cargo-fuzz targets (`fuzz/fuzz_targets/`)
+//! with the eBPF nightly, each seeded with `fuzz/seeds/<target>` (the
+//! capture target also with the reference captures) and bounded in memory,
+//! then the differential test of the two replay classifiers
+//! (`tests/differential.rs`) for as long as one target, from a new seed.
+//! Never part of `cargo xtask test`, which only builds the targets and runs
+//! the differential test briefly from a fixed seed.
 
-use std::{path::PathBuf, process::Command};
+use std::{
+    io::{BufRead, BufReader},
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+};
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 
 use crate::util;
+
+/// The fuzz targets, each reading input that others control: capture
+/// files, `iptables-save` / `iptables -v -S` text, `nft -j` output,
+/// `ipset save` output, the settings file, and rtnetlink messages into the
+/// data-plane view.
+pub const TARGETS: [&str; 6] = ["capture", "iptables", "nft", "ipset", "settings", "netlink"];
+
+/// Memory bound of a run, in MB (libFuzzer's `-rss_limit_mb` and
+/// `-malloc_limit_mb`): a parser that needs more on inputs of a few KB
+/// fails as a crash.
+const MEMORY_LIMIT_MB: u32 = 512;
 
 /// Options of `cargo xtask fuzz`.
 #[derive(clap::Args)]
 pub struct FuzzArgs {
-    /// How long libFuzzer runs, and then the differential test.
-    #[arg(long, default_value_t = 300)]
+    /// How long libFuzzer runs each target, and then the differential
+    /// test.
+    #[arg(long, default_value_t = 120)]
     pub seconds: u64,
+
+    /// Run only this target (default: every one in turn; the differential
+    /// test runs with `capture`).
+    #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(TARGETS))]
+    pub target: Option<String>,
 
     /// Seed of the differential test, decimal or 0x hex as printed
     /// (default: from the clock; printed, so that a failure can be
@@ -33,9 +55,6 @@ fn parse_seed(text: &str) -> Result<u64, String> {
     }
     .map_err(|e| format!("{text:?}: {e}"))
 }
-
-/// The fuzz target.
-const TARGET: &str = "capture";
 
 /// `cargo +nightly fuzz ARGS...` in the workspace root (cargo-fuzz finds
 /// `fuzz/` there). `+nightly` needs the rustup proxy, not `$CARGO`.
@@ -59,37 +78,120 @@ fn ensure_cargo_fuzz() -> Result<()> {
     Ok(())
 }
 
-/// Builds the fuzz target (sanitizer build) without running it.
+/// Builds every fuzz target (one sanitizer build) without running them.
 pub fn build() -> Result<()> {
     ensure_cargo_fuzz()?;
-    util::run(cargo_fuzz().args(["build", TARGET]))
+    util::run(cargo_fuzz().arg("build"))
 }
 
-/// Runs the target for `args.seconds`; libFuzzer prints executions and
-/// stops at the first crash (saved under fuzz/artifacts/capture/).
+/// What one target's run found.
+struct Outcome {
+    target: &'static str,
+    executions: Option<u64>,
+    corpus: usize,
+    crashes: usize,
+}
+
+/// Runs the chosen targets for `args.seconds` each, prints one line of
+/// figures per target, then the differential test; fails when a target
+/// crashed (its input saved under fuzz/artifacts/TARGET/).
 pub fn fuzz(args: &FuzzArgs) -> Result<()> {
     ensure_cargo_fuzz()?;
-    let root = util::workspace_root();
-    let corpus = root.join("fuzz/corpus").join(TARGET);
-    std::fs::create_dir_all(&corpus).with_context(|| format!("creating {}", corpus.display()))?;
-    let mut seeds = vec![root.join("fuzz/seeds")];
-    let pcaps = std::env::var_os("OBSERVER_PCAPS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root.join("../shared/pcaps"));
-    if pcaps.is_dir() {
-        seeds.push(pcaps);
+    let targets: Vec<&'static str> = TARGETS
+        .into_iter()
+        .filter(|t| args.target.as_deref().is_none_or(|only| only == *t))
+        .collect();
+    let mut outcomes = Vec::new();
+    for target in &targets {
+        outcomes.push(run_target(target, args.seconds)?);
     }
+    for o in &outcomes {
+        let executions = o.executions.map_or("?".to_string(), |n| n.to_string());
+        println!(
+            "xtask: fuzz {}: {} s, {executions} executions, corpus {} inputs, {} crashes",
+            o.target, args.seconds, o.corpus, o.crashes
+        );
+    }
+    let crashed: Vec<&str> = outcomes
+        .iter()
+        .filter(|o| o.crashes > 0)
+        .map(|o| o.target)
+        .collect();
+    if !crashed.is_empty() {
+        bail!(
+            "fuzz targets crashed: {} (inputs in fuzz/artifacts/<target>/; replay one with \
+             `cargo +nightly fuzz run <target> <file>`)",
+            crashed.join(", ")
+        );
+    }
+    if targets.contains(&"capture") {
+        differential(args)?;
+    }
+    Ok(())
+}
+
+/// Runs one target for `seconds`, its output shown as it comes, and
+/// gathers its figures: executions (libFuzzer's final stats), the corpus
+/// size and the crash inputs saved.
+fn run_target(target: &'static str, seconds: u64) -> Result<Outcome> {
+    let root = util::workspace_root();
+    let corpus = root.join("fuzz/corpus").join(target);
+    std::fs::create_dir_all(&corpus).with_context(|| format!("creating {}", corpus.display()))?;
+    let mut seeds = vec![root.join("fuzz/seeds").join(target)];
+    if target == "capture" {
+        let pcaps = std::env::var_os("OBSERVER_PCAPS")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| root.join("../shared/pcaps"));
+        if pcaps.is_dir() {
+            seeds.push(pcaps);
+        }
+    }
+    let artifacts = root.join("fuzz/artifacts").join(target);
+    let crashes_before = count_files(&artifacts);
+    let mut cmd = cargo_fuzz();
     // New inputs go to the first directory; the others are read only.
-    util::run(
-        cargo_fuzz()
-            .args(["run", TARGET])
-            .arg(&corpus)
-            .args(&seeds)
-            .arg("--")
-            .arg(format!("-max_total_time={}", args.seconds))
-            .arg("-print_final_stats=1"),
-    )?;
-    differential(args)
+    cmd.args(["run", target])
+        .arg(&corpus)
+        .args(&seeds)
+        .arg("--")
+        .arg(format!("-max_total_time={seconds}"))
+        .arg(format!("-rss_limit_mb={MEMORY_LIMIT_MB}"))
+        .arg(format!("-malloc_limit_mb={MEMORY_LIMIT_MB}"))
+        .arg("-print_final_stats=1")
+        .stderr(Stdio::piped());
+    let line = util::display(&cmd);
+    println!("$ {line}");
+    let mut child = cmd
+        .spawn()
+        .with_context(|| format!("cannot start `{line}`"))?;
+    let mut executions = None;
+    let stderr = child.stderr.take().context("libFuzzer's stderr")?;
+    for text in BufReader::new(stderr).lines() {
+        let text = text.with_context(|| format!("reading the output of `{line}`"))?;
+        eprintln!("{text}");
+        if let Some(n) = text.strip_prefix("stat::number_of_executed_units:") {
+            executions = n.trim().parse().ok();
+        }
+    }
+    let status = child
+        .wait()
+        .with_context(|| format!("waiting for `{line}`"))?;
+    let crashes = count_files(&artifacts).saturating_sub(crashes_before);
+    // A crash is reported with the others; any other failure stops here.
+    if !status.success() && crashes == 0 {
+        bail!("`{line}` failed ({status})");
+    }
+    Ok(Outcome {
+        target,
+        executions,
+        corpus: count_files(&corpus),
+        crashes,
+    })
+}
+
+/// Files in `dir` (0 when it does not exist).
+fn count_files(dir: &Path) -> usize {
+    std::fs::read_dir(dir).map_or(0, |entries| entries.flatten().count())
 }
 
 /// Runs `tests/differential.rs` for `args.seconds` from `args.seed` (or

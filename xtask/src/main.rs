@@ -48,7 +48,7 @@ enum Task {
     /// crate included), the deploy/ files (promtool check and test of the
     /// alert rules, the PrometheusRule and the privileged DaemonSet in sync,
     /// kubernetes-validate --strict of the manifests), `cargo fuzz build`
-    /// of the fuzz target (built, not run), that every tests/*.rs has a
+    /// of every fuzz target (built, not run), that every tests/*.rs has a
     /// [[test]] entry in observer/Cargo.toml (and every entry a file), that
     /// observer/src imports only downwards and without cycles (`layers`), and
     /// `cargo test --workspace`, then `vm-test --kernel 5.10,6.1,6.12` (the kernel
@@ -102,13 +102,16 @@ enum Task {
     /// rss_start_kib=.. rss_max_kib=.. rss_end_kib=.. file_bytes_max=..
     /// evictions=..` line. Namespaces are removed at the end, also on Ctrl-C.
     Soak(soak::SoakArgs),
-    /// Not in CI: fuzz the capture reader of `observer replay` (cargo-fuzz
-    /// target `capture`, with the nightly; installs cargo-fuzz when
-    /// missing) for --seconds (default 300), then the differential test of
+    /// Not in CI: run every cargo-fuzz target (`capture`, `iptables`,
+    /// `nft`, `ipset`, `settings`, `netlink`: the inputs others control;
+    /// with the nightly, installing cargo-fuzz when missing) for --seconds
+    /// each (default 120), or only --target NAME, seeded from
+    /// fuzz/seeds/NAME, within 512 MB; then the differential test of
     /// replay's native classifier against the eBPF programs for as long,
-    /// from a new seed (or --seed). The corpus grows in
-    /// fuzz/corpus/capture, crashes land in fuzz/artifacts/capture; a
-    /// classifier difference fails with its frame saved as a pcap.
+    /// from a new seed (or --seed). Prints per target executions, corpus
+    /// size and crashes; corpora grow in fuzz/corpus/NAME, crashes land in
+    /// fuzz/artifacts/NAME; a classifier difference fails with its frame
+    /// saved as a pcap.
     Fuzz(fuzz::FuzzArgs),
     /// Check observer/src's layering (what `cargo xtask test` checks in its
     /// `layers` step): model imports no other layer, report and node only
@@ -184,7 +187,7 @@ fn test(fail_fast: bool, only: &[String]) -> Result<()> {
                 "warnings",
             ]))
         }),
-        // Builds (never runs) the fuzz target, so it cannot rot; ~40 s clean.
+        // Builds (never runs) every fuzz target, so none can rot.
         ("fuzz-build", fuzz::build),
         ("rules", || {
             util::run(deploy_command("promtool").args([
