@@ -91,6 +91,7 @@ table ip calico {{
 
 
 def request(kind, payload, seq):
+    """A dump request (nlmsghdr, then the family header `payload`)."""
     return struct.pack("=IHHII", 16 + len(payload), kind, NLM_F_REQUEST | NLM_F_DUMP, seq, 0) + payload
 
 
@@ -120,6 +121,7 @@ def dumps():
 
 
 def save(target, name, content):
+    """Writes seeds/<target>/<name> (bytes or text)."""
     os.makedirs(os.path.join(SEEDS, target), exist_ok=True)
     mode = "wb" if isinstance(content, bytes) else "w"
     with open(os.path.join(SEEDS, target, name), mode) as f:
@@ -127,6 +129,7 @@ def save(target, name, content):
 
 
 def settings():
+    """The config file of deploy/configmap.yaml, and one with every key."""
     with open(os.path.join(FUZZ, "..", "deploy", "configmap.yaml")) as f:
         lines = f.read().split("  config.toml: |\n", 1)[1].splitlines()
     save("settings", "configmap.toml", "".join(l[4:] + "\n" for l in lines))
