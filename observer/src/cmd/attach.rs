@@ -245,6 +245,9 @@ pub struct Monitor<'a> {
     ifaces: HashMap<u32, String>,
     /// Where the textfile was last written, to remove it on exit.
     written: Option<PathBuf>,
+    /// The textfile directory last checked for other users' write
+    /// access, so the warning is given once per directory.
+    checked_dir: Option<PathBuf>,
     engine: Engine,
     /// When counting started; the engine's clock.
     started: Instant,
@@ -408,6 +411,7 @@ impl<'a> Monitor<'a> {
             checks,
             ifaces,
             written: None,
+            checked_dir: None,
             engine: Engine::new(settings_thresholds, 0.0),
             started: Instant::now(),
             dataplane: DataPlaneState::new(settings_tunnels),
@@ -807,6 +811,14 @@ impl<'a> Monitor<'a> {
         let Some(dir) = self.settings.textfile_dir.clone() else {
             return;
         };
+        if self.checked_dir.as_ref() != Some(&dir)
+            && let Ok(warning) = textfile::shared_dir_warning(&dir)
+        {
+            if let Some(warning) = warning {
+                tracing::warn!("{warning}");
+            }
+            self.checked_dir = Some(dir.clone());
+        }
         let input = ExportInput {
             rows: read.rows,
             drops: read.drops,
