@@ -766,6 +766,43 @@ fn damaged_and_foreign_files_name_the_file_frame_and_exit_status() {
         0
     );
 
+    // A runt (10 bytes) and a frame cut inside its VLAN tag (16 bytes):
+    // one truncated_l2 row with both frames and all 26 bytes, from either
+    // engine (it used to be two lines for one key, without the runt's bytes).
+    let mut stubs = good[..24].to_vec();
+    let vlan_cut = [[2u8; 12].as_slice(), &[0x81, 0x00, 0x00, 0x05]].concat();
+    for (i, data) in [vec![2u8; 10], vlan_cut].iter().enumerate() {
+        let len = data.len() as u32;
+        for word in [1_700_000_000 + i as u32, 0, len, len] {
+            stubs.extend_from_slice(&word.to_le_bytes());
+        }
+        stubs.extend_from_slice(data);
+    }
+    let path = temp_path("stubs", "pcap");
+    fs::write(&path, &stubs).unwrap();
+    let _files = TempFiles(vec![path.clone()]);
+    let run = replay_both(&ns, &[path.to_str().unwrap()]);
+    let lines: Vec<&Value> = run
+        .lines
+        .iter()
+        .filter(|l| l["type"] == "unclassified" || l["type"] == "peer")
+        .collect();
+    assert_eq!(lines.len(), 1, "one row: {lines:#?}");
+    assert_eq!(
+        (
+            &lines[0]["reason"],
+            &lines[0]["packets"],
+            &lines[0]["bytes"]
+        ),
+        (
+            &Value::from("truncated_l2"),
+            &Value::from(2),
+            &Value::from(26)
+        ),
+        "{}",
+        lines[0]
+    );
+
     // Not captures at all: nothing is printed.
     let hint = "; record one with `tcpdump -i IFACE -w FILE`";
     let usage = |bytes: &[u8], message: &str| {
