@@ -267,6 +267,30 @@ fn root_keeps_three_capabilities_after_attach() {
     );
 }
 
+/// XDP counting in `--xdp-mode auto` (a bridge: generic XDP) leaves
+/// tc ingress unloaded until an interface needs it; loading it then takes
+/// CAP_PERFMON, which the run keeps for that.
+#[test]
+fn perfmon_stays_while_tc_ingress_may_be_loaded() {
+    if !support::have_root("perfmon_stays_while_tc_ingress_may_be_loaded") {
+        return;
+    }
+    let pair = Pair::new("pp");
+    pair.a
+        .exec_ok(&["ip", "link", "add", "br0", "type", "bridge"]);
+    pair.a.exec_ok(&["ip", "link", "set", "br0", "up"]);
+    let observer = ObserverProcess::start(Some(pair.a.name()), &["br0"], &[]);
+    let attach = observer.attach_lines().remove(0);
+    assert_eq!(attach["rx_hook"], "xdp-generic", "{attach}");
+    let privileges = privileges_of(observer.pid());
+    assert_eq!(
+        privileges["CapEff"],
+        mask(&[CAP_BPF, CAP_NET_ADMIN, CAP_NET_RAW, CAP_PERFMON]),
+        "{privileges:?}"
+    );
+    observer.stop_ok();
+}
+
 #[test]
 fn xdp_mode_native_counts_the_same() {
     if !support::have_root("xdp_mode_native_counts_the_same") {

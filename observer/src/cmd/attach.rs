@@ -385,7 +385,7 @@ impl<'a> Monitor<'a> {
         }
         // Loaded and attached: from here on the run needs only a few
         // capabilities. Before the threads below start, which inherit them.
-        privileges::drop_to_steady_state()?;
+        privileges::drop_to_steady_state(observer.may_load_on_reattach())?;
 
         let max_rows = (settings.max_flows as usize).saturating_mul(ROWS_PER_FLOW);
         let settings_thresholds = settings.thresholds;

@@ -28,8 +28,9 @@ pub struct SteadyState {
 
 impl SteadyState {
     /// What to keep of `held`, the effective set the programs were loaded
-    /// and attached with.
-    pub fn of(held: &CapsHashSet) -> SteadyState {
+    /// and attached with; `may_load` when a program may still have to be
+    /// loaded (tc ingress, deferred, for an interface that comes back).
+    pub fn of(held: &CapsHashSet, may_load: bool) -> SteadyState {
         // ipset, nft and iptables-nft speak nfnetlink, which answers only
         // CAP_NET_ADMIN; iptables-legacy reads its counters through a raw
         // socket (CAP_NET_RAW), kept when it was granted. Re-attaching to
@@ -51,6 +52,12 @@ impl SteadyState {
         {
             process.insert(bpf);
         }
+        // The verifier rejects the programs of a loader without
+        // CAP_PERFMON (measured on 6.18: every one, within a few
+        // instructions). CAP_SYS_ADMIN, when kept above, covers it.
+        if may_load && held.contains(&Capability::CAP_PERFMON) {
+            process.insert(Capability::CAP_PERFMON);
+        }
         SteadyState { process, tools }
     }
 }
@@ -69,15 +76,16 @@ pub struct Sets {
 }
 
 /// Drops every capability the steady state does not need (see
-/// [`SteadyState::of`]) and sets `no_new_privs`; logs what was kept.
-/// Call once, after the last attach and before any thread starts.
+/// [`SteadyState::of`], `may_load` as there) and sets `no_new_privs`;
+/// logs what was kept. Call once, after the last attach and before any
+/// thread starts.
 ///
 /// Fails, naming the step, when the kernel refuses a step (a seccomp
 /// profile or security module that forbids capset or prctl) or when other
 /// threads already run. The failure is fatal to the run: the README and
 /// the DaemonSet promise these sets while the observer reads text others
 /// control, and a refused drop at start is seen at once, before counting.
-pub fn drop_to_steady_state() -> Result<Sets> {
+pub fn drop_to_steady_state(may_load: bool) -> Result<Sets> {
     let threads = std::fs::read_dir("/proc/self/task")
         .map_err(|e| {
             anyhow!("dropping capabilities: cannot count the threads in /proc/self/task: {e}")
@@ -89,7 +97,7 @@ pub fn drop_to_steady_state() -> Result<Sets> {
         );
     }
     let held = read(CapSet::Effective)?;
-    let keep = SteadyState::of(&held);
+    let keep = SteadyState::of(&held, may_load);
     // The bounding set limits what a program executed by root gets; only
     // a holder of CAP_SETPCAP may shrink it (root, not a container that
     // dropped it: there the runtime set it already).
@@ -175,7 +183,7 @@ mod tests {
 
     #[test]
     fn root_keeps_bpf_net_admin_and_net_raw() {
-        let keep = SteadyState::of(&caps::all());
+        let keep = SteadyState::of(&caps::all(), false);
         assert_eq!(
             keep.process,
             set_of(&[
@@ -198,7 +206,7 @@ mod tests {
             Capability::CAP_PERFMON,
             Capability::CAP_SYS_ADMIN,
         ]);
-        let keep = SteadyState::of(&held);
+        let keep = SteadyState::of(&held, false);
         assert_eq!(
             keep.process,
             set_of(&[Capability::CAP_BPF, Capability::CAP_NET_ADMIN])
@@ -207,10 +215,22 @@ mod tests {
     }
 
     #[test]
+    fn perfmon_stays_while_tc_ingress_may_be_loaded() {
+        let held = set_of(&[
+            Capability::CAP_BPF,
+            Capability::CAP_NET_ADMIN,
+            Capability::CAP_PERFMON,
+        ]);
+        let keep = SteadyState::of(&held, true);
+        assert_eq!(keep.process, held);
+        assert_eq!(keep.tools, set_of(&[Capability::CAP_NET_ADMIN]));
+    }
+
+    #[test]
     fn sys_admin_stands_in_for_a_missing_cap_bpf() {
         let held = set_of(&[Capability::CAP_SYS_ADMIN, Capability::CAP_NET_ADMIN]);
         assert_eq!(
-            SteadyState::of(&held).process,
+            SteadyState::of(&held, true).process,
             set_of(&[Capability::CAP_SYS_ADMIN, Capability::CAP_NET_ADMIN])
         );
     }
