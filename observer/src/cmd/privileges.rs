@@ -62,19 +62,6 @@ impl SteadyState {
     }
 }
 
-/// The capability sets of this thread, as read after the drop.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Sets {
-    /// Effective (and permitted: the drop makes them equal).
-    pub effective: CapsHashSet,
-    /// Inheritable.
-    pub inheritable: CapsHashSet,
-    /// Ambient.
-    pub ambient: CapsHashSet,
-    /// Bounding.
-    pub bounding: CapsHashSet,
-}
-
 /// Drops every capability the steady state does not need (see
 /// [`SteadyState::of`], `may_load` as there) and sets `no_new_privs`;
 /// logs what was kept. Call once, after the last attach and before any
@@ -85,7 +72,7 @@ pub struct Sets {
 /// threads already run. The failure is fatal to the run: the README and
 /// the DaemonSet promise these sets while the observer reads text others
 /// control, and a refused drop at start is seen at once, before counting.
-pub fn drop_to_steady_state(may_load: bool) -> Result<Sets> {
+pub fn drop_to_steady_state(may_load: bool) -> Result<()> {
     let threads = std::fs::read_dir("/proc/self/task")
         .map_err(|e| {
             anyhow!("dropping capabilities: cannot count the threads in /proc/self/task: {e}")
@@ -116,12 +103,12 @@ pub fn drop_to_steady_state(may_load: bool) -> Result<Sets> {
     // A root process's tools get the bounding and inheritable sets; a
     // non-root one's get only the ambient set.
     // SAFETY: geteuid has no preconditions.
-    let root = unsafe { libc::geteuid() } == 0;
-    if root {
-        set(CapSet::Ambient, &CapsHashSet::new())?;
+    let ambient = if unsafe { libc::geteuid() } == 0 {
+        CapsHashSet::new()
     } else {
-        set(CapSet::Ambient, &keep.tools)?;
-    }
+        keep.tools.clone()
+    };
+    set(CapSet::Ambient, &ambient)?;
     // SAFETY: PR_SET_NO_NEW_PRIVS takes integer arguments only.
     if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
         bail!(
@@ -129,20 +116,15 @@ pub fn drop_to_steady_state(may_load: bool) -> Result<Sets> {
             std::io::Error::last_os_error()
         );
     }
-    let sets = Sets {
-        effective: read(CapSet::Effective)?,
-        inheritable: read(CapSet::Inheritable)?,
-        ambient: read(CapSet::Ambient)?,
-        bounding: read(CapSet::Bounding)?,
-    };
+    // Read back, so that the line says what the kernel holds.
     tracing::info!(
-        kept = %Names(&sets.effective),
+        kept = %Names(&read(CapSet::Effective)?),
         tools = %Names(&keep.tools),
-        bounding = %Names(&sets.bounding),
+        bounding = %Names(&read(CapSet::Bounding)?),
         no_new_privs = true,
         "attached; capabilities dropped to what the run needs from now on"
     );
-    Ok(sets)
+    Ok(())
 }
 
 fn read(set: CapSet) -> Result<CapsHashSet> {
