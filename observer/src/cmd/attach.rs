@@ -25,6 +25,7 @@ use crate::{
     cli::settings::Settings,
     cmd::bgp::{BgpFollower, SocketStatus},
     cmd::checks::NodeChecks,
+    cmd::privileges,
     model::aggregate::{Aggregator, DropAggregator},
     model::anomalies::{Anomaly, Engine, Event, Known},
     model::bgp_wire::{WireRow, WireTracker},
@@ -385,6 +386,9 @@ impl<'a> Monitor<'a> {
                     .context("writing output")?;
             }
         }
+        // Loaded and attached: from here on the run needs only a few
+        // capabilities. Before the threads below start, which inherit them.
+        privileges::drop_to_steady_state(observer.may_load_on_reattach())?;
 
         let max_rows = (settings.max_flows as usize).saturating_mul(ROWS_PER_FLOW);
         let settings_thresholds = settings.thresholds;
