@@ -388,7 +388,13 @@ impl<'a> Monitor<'a> {
         }
         // Loaded and attached: from here on the run needs only a few
         // capabilities. Before the threads below start, which inherit them.
-        privileges::drop_to_steady_state(observer.may_load_on_reattach())?;
+        privileges::drop_to_steady_state(privileges::Needs {
+            may_load: observer.may_load_on_reattach(),
+            foreign_textfile_dir: settings
+                .textfile_dir
+                .as_deref()
+                .is_some_and(privileges::needs_dac_override),
+        })?;
 
         let max_rows = (settings.max_flows as usize).saturating_mul(ROWS_PER_FLOW);
         let settings_thresholds = settings.thresholds;

@@ -10,7 +10,7 @@
 //! while the process has a single thread, and every thread started later
 //! inherits the reduced sets.
 
-use std::fmt;
+use std::{fmt, os::unix::fs::MetadataExt, path::Path};
 
 use anyhow::{Result, anyhow, bail};
 use caps::{CapSet, Capability, CapsHashSet};
@@ -26,11 +26,40 @@ pub struct SteadyState {
     pub tools: CapsHashSet,
 }
 
+/// What the rest of a run may still do that needs more than the usual
+/// steady state.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Needs {
+    /// A program may still have to be loaded (tc ingress, deferred, for an
+    /// interface that comes back).
+    pub may_load: bool,
+    /// The textfile directory grants this user no write access by its
+    /// mode (see [`needs_dac_override`]).
+    pub foreign_textfile_dir: bool,
+}
+
+/// Whether writing into `dir` rests on CAP_DAC_OVERRIDE: its mode gives
+/// this process's user and group no write access, as for a directory
+/// owned by node_exporter's user (Debian's `/var/lib/prometheus/node-exporter`,
+/// owned by `prometheus`, mode 0755). False when `dir` cannot be looked at
+/// (missing: made later, it is made by its owner's rules).
+pub fn needs_dac_override(dir: &Path) -> bool {
+    let Ok(meta) = std::fs::metadata(dir) else {
+        return false;
+    };
+    let mode = meta.mode();
+    // SAFETY: geteuid and getegid have no preconditions.
+    let (euid, egid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    let writable = (meta.uid() == euid && mode & 0o200 != 0)
+        || (meta.gid() == egid && mode & 0o020 != 0)
+        || mode & 0o002 != 0;
+    !writable
+}
+
 impl SteadyState {
     /// What to keep of `held`, the effective set the programs were loaded
-    /// and attached with; `may_load` when a program may still have to be
-    /// loaded (tc ingress, deferred, for an interface that comes back).
-    pub fn of(held: &CapsHashSet, may_load: bool) -> SteadyState {
+    /// and attached with, for a run that still `needs` what it says.
+    pub fn of(held: &CapsHashSet, needs: Needs) -> SteadyState {
         // ipset, nft and iptables-nft speak nfnetlink, which answers only
         // CAP_NET_ADMIN; iptables-legacy reads its counters through a raw
         // socket (CAP_NET_RAW), kept when it was granted. Re-attaching to
@@ -55,15 +84,20 @@ impl SteadyState {
         // The verifier rejects the programs of a loader without
         // CAP_PERFMON (measured on 6.18: every one, within a few
         // instructions). CAP_SYS_ADMIN, when kept above, covers it.
-        if may_load && held.contains(&Capability::CAP_PERFMON) {
+        if needs.may_load && held.contains(&Capability::CAP_PERFMON) {
             process.insert(Capability::CAP_PERFMON);
+        }
+        // Root writing the textfile into a directory another user owns
+        // (the file is created there every interval); never for the tools.
+        if needs.foreign_textfile_dir && held.contains(&Capability::CAP_DAC_OVERRIDE) {
+            process.insert(Capability::CAP_DAC_OVERRIDE);
         }
         SteadyState { process, tools }
     }
 }
 
 /// Drops every capability the steady state does not need (see
-/// [`SteadyState::of`], `may_load` as there) and sets `no_new_privs`;
+/// [`SteadyState::of`], `needs` as there) and sets `no_new_privs`;
 /// logs what was kept. Call once, after the last attach and before any
 /// thread starts.
 ///
@@ -72,7 +106,7 @@ impl SteadyState {
 /// threads already run. The failure is fatal to the run: the README and
 /// the DaemonSet promise these sets while the observer reads text others
 /// control, and a refused drop at start is seen at once, before counting.
-pub fn drop_to_steady_state(may_load: bool) -> Result<()> {
+pub fn drop_to_steady_state(needs: Needs) -> Result<()> {
     let threads = std::fs::read_dir("/proc/self/task")
         .map_err(|e| {
             anyhow!("dropping capabilities: cannot count the threads in /proc/self/task: {e}")
@@ -84,7 +118,7 @@ pub fn drop_to_steady_state(may_load: bool) -> Result<()> {
         );
     }
     let held = read(CapSet::Effective)?;
-    let keep = SteadyState::of(&held, may_load);
+    let keep = SteadyState::of(&held, needs);
     // The bounding set limits what a program executed by root gets; only
     // a holder of CAP_SETPCAP may shrink it (root, not a container that
     // dropped it: there the runtime set it already).
@@ -159,13 +193,18 @@ impl fmt::Display for Names<'_> {
 mod tests {
     use super::*;
 
+    const LOADING: Needs = Needs {
+        may_load: true,
+        foreign_textfile_dir: false,
+    };
+
     fn set_of(caps: &[Capability]) -> CapsHashSet {
         caps.iter().copied().collect()
     }
 
     #[test]
     fn root_keeps_bpf_net_admin_and_net_raw() {
-        let keep = SteadyState::of(&caps::all(), false);
+        let keep = SteadyState::of(&caps::all(), Needs::default());
         assert_eq!(
             keep.process,
             set_of(&[
@@ -188,7 +227,7 @@ mod tests {
             Capability::CAP_PERFMON,
             Capability::CAP_SYS_ADMIN,
         ]);
-        let keep = SteadyState::of(&held, false);
+        let keep = SteadyState::of(&held, Needs::default());
         assert_eq!(
             keep.process,
             set_of(&[Capability::CAP_BPF, Capability::CAP_NET_ADMIN])
@@ -203,7 +242,7 @@ mod tests {
             Capability::CAP_NET_ADMIN,
             Capability::CAP_PERFMON,
         ]);
-        let keep = SteadyState::of(&held, true);
+        let keep = SteadyState::of(&held, LOADING);
         assert_eq!(keep.process, held);
         assert_eq!(keep.tools, set_of(&[Capability::CAP_NET_ADMIN]));
     }
@@ -212,9 +251,41 @@ mod tests {
     fn sys_admin_stands_in_for_a_missing_cap_bpf() {
         let held = set_of(&[Capability::CAP_SYS_ADMIN, Capability::CAP_NET_ADMIN]);
         assert_eq!(
-            SteadyState::of(&held, true).process,
+            SteadyState::of(&held, LOADING).process,
             set_of(&[Capability::CAP_SYS_ADMIN, Capability::CAP_NET_ADMIN])
         );
+    }
+
+    #[test]
+    fn dac_override_stays_only_for_a_textfile_dir_of_another_user() {
+        let needs = Needs {
+            foreign_textfile_dir: true,
+            ..Needs::default()
+        };
+        let keep = SteadyState::of(&caps::all(), needs);
+        assert!(keep.process.contains(&Capability::CAP_DAC_OVERRIDE));
+        assert!(!keep.tools.contains(&Capability::CAP_DAC_OVERRIDE));
+        let root = SteadyState::of(&caps::all(), Needs::default());
+        assert!(!root.process.contains(&Capability::CAP_DAC_OVERRIDE));
+    }
+
+    #[test]
+    fn a_directory_of_another_user_needs_dac_override() {
+        use std::os::unix::fs::PermissionsExt;
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            return;
+        }
+        let dir = std::env::temp_dir().join(format!("observer-dac-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert!(!needs_dac_override(&dir), "root's own directory");
+        std::os::unix::fs::chown(&dir, Some(65534), Some(65534)).unwrap();
+        assert!(needs_dac_override(&dir), "nobody's, mode 0755");
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        assert!(!needs_dac_override(&dir), "anyone may write");
+        assert!(!needs_dac_override(&dir.join("missing")));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
