@@ -380,6 +380,11 @@ fn node_exporter_serves_the_exact_counts() {
         written.value("observer_export_errors_total", &[]),
         Some(0.0)
     );
+    // Nothing churns in this namespace: no notification was lost.
+    assert_eq!(
+        written.value("observer_netlink_overruns_total", &[]),
+        Some(0.0)
+    );
 
     for (what, text) in [("the scrape", body.clone()), ("the textfile", written.text)] {
         let (status, printed) = promtool_check_metrics(&text);

@@ -14,6 +14,7 @@ use std::{
 };
 
 use anyhow::{Context, Result, bail};
+use prometheus::{IntCounter, core::Collector};
 use tokio::{
     runtime::Runtime,
     signal::unix::{Signal, SignalKind, signal},
@@ -30,13 +31,12 @@ use crate::{
     model::anomalies::{Anomaly, Engine, Event, Known},
     model::bgp_wire::{WireRow, WireTracker},
     model::crosscheck::NetfilterCheck,
-    model::dataplane::{DataPlane, DeclaredTunnel},
     model::hooks::{AttachedWith, Attachment},
     model::routes::{Outage, RouteTracker},
     model::rows::Row,
     model::rows::{DropRow, KernelStats},
     node::allowsets::AllowSetConfig,
-    node::dataplane::{self, ChangeWatcher},
+    node::dataplane::{ChangeWatcher, LiveView},
     node::netns,
     node::preflight,
     report::textfile::{self, ExportInput, Exporter, TEXTFILE_NAME},
@@ -253,7 +253,7 @@ pub struct Monitor<'a> {
     /// When counting started; the engine's clock.
     started: Instant,
     /// The node's data plane, re-read when netlink reports a change.
-    dataplane: DataPlaneState,
+    dataplane: LiveView,
     /// The VNIs of this node's vxlan devices as last written into the
     /// programs (from the data-plane view).
     local_vnis: Vec<u32>,
@@ -271,62 +271,6 @@ pub struct Monitor<'a> {
     clock: Clock,
     // Last: the timers and signals above go before the runtime.
     runtime: Runtime,
-}
-
-/// The data-plane view and what keeps it current.
-struct DataPlaneState {
-    view: Option<DataPlane>,
-    declared: Vec<DeclaredTunnel>,
-    /// `None` when notifications could not be subscribed: then the view is
-    /// re-read every interval.
-    watcher: Option<ChangeWatcher>,
-    last_error: Option<String>,
-}
-
-impl DataPlaneState {
-    fn new(declared: Vec<DeclaredTunnel>) -> DataPlaneState {
-        let watcher = ChangeWatcher::new()
-            .inspect_err(|e| {
-                tracing::warn!(error = %format!("{e:#}"), "no netlink change notifications; the data plane is re-read every interval")
-            })
-            .ok();
-        DataPlaneState {
-            view: None,
-            declared,
-            watcher,
-            last_error: None,
-        }
-    }
-
-    /// Re-reads the view when netlink reported a change (always the first
-    /// time); true when the view differs from the previous one.
-    fn refresh(&mut self) -> bool {
-        let changed = self.watcher.as_ref().is_none_or(|w| w.take_changed());
-        if !changed && self.view.is_some() {
-            return false;
-        }
-        match dataplane::read_declaring(&self.declared) {
-            Ok(view) => {
-                self.last_error = None;
-                if self.view.as_ref() == Some(&view) {
-                    return false;
-                }
-                self.view = Some(view);
-                true
-            }
-            Err(e) => {
-                let error = format!("{e:#}");
-                if self.last_error.as_ref() != Some(&error) {
-                    tracing::error!(
-                        error,
-                        "cannot read the data plane (routes, FDB, devices); anomalies use the last view"
-                    );
-                    self.last_error = Some(error);
-                }
-                false
-            }
-        }
-    }
 }
 
 impl<'a> Monitor<'a> {
@@ -424,7 +368,7 @@ impl<'a> Monitor<'a> {
             checked_dir: None,
             engine: Engine::new(settings_thresholds, 0.0),
             started: Instant::now(),
-            dataplane: DataPlaneState::new(settings_tunnels),
+            dataplane: LiveView::new(settings_tunnels, ChangeWatcher::new()),
             local_vnis: Vec::new(),
             known: Known {
                 ports: settings_ports,
@@ -500,7 +444,7 @@ impl<'a> Monitor<'a> {
             }
             return Ok(Vec::new());
         }
-        let Some(view) = self.dataplane.view.as_ref() else {
+        let Some(view) = self.dataplane.view() else {
             return Ok(Vec::new());
         };
         let expected_peers = view.expected_peers();
@@ -603,7 +547,7 @@ impl<'a> Monitor<'a> {
     /// routes and the blocks missing now; prints what changed and the
     /// outages that ended, and returns those.
     fn refresh_routes(&mut self, now: f64) -> io::Result<Vec<Outage>> {
-        let Some(view) = self.dataplane.view.as_ref() else {
+        let Some(view) = self.dataplane.view() else {
             return Ok(Vec::new());
         };
         let changes = self.routes.update(now, &view.blocks);
@@ -846,7 +790,14 @@ impl<'a> Monitor<'a> {
             route_outages: read.route_outages,
             blocks_missing: self.known.missing_blocks.len(),
         };
-        let families = self.exporter.families(&input);
+        let mut families = self.exporter.families(&input);
+        let overruns = IntCounter::new(
+            "observer_netlink_overruns_total",
+            "Times the data-plane change notifications overran their netlink socket (notifications lost; the data plane was re-read in full).",
+        )
+        .expect("a constant, valid metric name and help");
+        overruns.inc_by(self.dataplane.overruns());
+        families.extend(overruns.collect());
         let result = textfile::encode(&families)
             .and_then(|text| textfile::write_atomic(&dir, TEXTFILE_NAME, &text));
         match result {

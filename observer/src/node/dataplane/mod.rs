@@ -1,8 +1,9 @@
 //! Reads the node's data plane through rtnetlink (never by running a
 //! tool) into `model::dataplane`'s view, and says when it changed
 //! ([`ChangeWatcher`]). Everything is read in the network namespace of the
-//! calling thread.
+//! calling thread. [`LiveView`] is the view kept current by both.
 
+mod live;
 mod netlink;
 mod watch;
 
@@ -11,6 +12,7 @@ use std::net::IpAddr;
 use anyhow::Result;
 
 use crate::model::dataplane::{DataPlane, DeclaredTunnel, PeerRoute};
+pub use live::LiveView;
 pub use watch::ChangeWatcher;
 
 /// Reads the view of the calling thread's network namespace (rtnetlink
