@@ -14,7 +14,6 @@ use std::{
 };
 
 use anyhow::{Context, Result, bail};
-use prometheus::{IntCounter, core::Collector};
 use tokio::{
     runtime::Runtime,
     signal::unix::{Signal, SignalKind, signal},
@@ -664,6 +663,7 @@ impl<'a> Monitor<'a> {
                 stats,
                 rows_forgotten: self.aggregator.forgotten_rows(),
                 late_intervals: self.clock.late,
+                netlink_overruns: self.dataplane.overruns(),
                 ifaces: &self.ifaces,
                 attachments: self.observer.attachments(),
                 at,
@@ -780,6 +780,7 @@ impl<'a> Monitor<'a> {
             stats,
             programs_attached: self.observer.programs_attached(),
             late_intervals: self.clock.late,
+            netlink_overruns: self.dataplane.overruns(),
             at,
             anomalies: &self.engine.active(),
             anomalies_raised: self.engine.raised(),
@@ -790,14 +791,7 @@ impl<'a> Monitor<'a> {
             route_outages: read.route_outages,
             blocks_missing: self.known.missing_blocks.len(),
         };
-        let mut families = self.exporter.families(&input);
-        let overruns = IntCounter::new(
-            "observer_netlink_overruns_total",
-            "Times the data-plane change notifications overran their netlink socket (notifications lost; the data plane was re-read in full).",
-        )
-        .expect("a constant, valid metric name and help");
-        overruns.inc_by(self.dataplane.overruns());
-        families.extend(overruns.collect());
+        let families = self.exporter.families(&input);
         let result = textfile::encode(&families)
             .and_then(|text| textfile::write_atomic(&dir, TEXTFILE_NAME, &text));
         match result {

@@ -240,6 +240,8 @@ pub struct ExportInput<'a> {
     pub programs_attached: usize,
     /// Intervals read a whole period or more late since the start.
     pub late_intervals: u64,
+    /// Times the data-plane change notifications overran their socket.
+    pub netlink_overruns: u64,
     /// When the counters were read.
     pub at: SystemTime,
     /// Anomalies active now.
@@ -696,6 +698,12 @@ impl Exporter {
                 vec![(vec![], input.late_intervals as f64)],
             ),
             family(
+                "observer_netlink_overruns_total",
+                "Times the data-plane change notifications overran their netlink socket (notifications lost; the data plane was re-read in full).",
+                MetricType::COUNTER,
+                vec![(vec![], input.netlink_overruns as f64)],
+            ),
+            family(
                 "observer_last_update_timestamp_seconds",
                 "Unix time at which the counters in this file were read.",
                 MetricType::GAUGE,
@@ -1031,6 +1039,7 @@ mod tests {
             stats: KernelStats::default(),
             programs_attached: 2,
             late_intervals: 0,
+            netlink_overruns: 0,
             at: SystemTime::UNIX_EPOCH,
             anomalies: &[],
             anomalies_raised: raised,

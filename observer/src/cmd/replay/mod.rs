@@ -148,6 +148,7 @@ fn replay(args: &ReplayArgs) -> Result<u8> {
         stats: engine.stats()?,
         rows_forgotten: 0,
         late_intervals: 0,
+        netlink_overruns: 0,
         ifaces: &ifaces,
         attachments: &[],
         at,
