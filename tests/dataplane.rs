@@ -2,7 +2,8 @@
 //! a Calico + flannel node (vxlan devices, routes, neighbours, FDB entries,
 //! an IPv6 vxlan), read with `dataplane::read()` from inside it, and
 //! compared field by field (its `vxlan_vnis()` are what the VNI check
-//! writes into the programs). Also the change watcher.
+//! writes into the programs). Also the change watcher, and the view kept
+//! current by it (`LiveView`) through a route storm that overruns it.
 //!
 //! Topology:
 //!
@@ -26,7 +27,15 @@ mod support;
 
 use std::{
     collections::{BTreeMap, BTreeSet},
+    fmt::Debug,
+    io::Write,
     net::IpAddr,
+    process::{Command, Stdio},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+        mpsc,
+    },
     time::{Duration, Instant},
 };
 
@@ -36,10 +45,13 @@ use observer::{
         DataPlane, ExpectedPeer, FdbEntry, MacAddr, PeerRoute, TunnelDevice, TunnelRoute,
         UnderlayInterface,
     },
-    node::{dataplane, dataplane::ChangeWatcher},
+    node::{
+        dataplane,
+        dataplane::{ChangeWatcher, LiveView},
+    },
 };
 use observer_common::Proto;
-use support::netns::{Netns, VethEnd, try_run, veth_pair};
+use support::netns::{Netns, VethEnd, in_netns, try_run, veth_pair};
 
 fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
@@ -675,4 +687,270 @@ fn change_watcher_sees_links_addresses_routes_and_neighbours() {
         "{:?}",
         start.elapsed()
     );
+}
+
+/// Routes added in the storm: `10.60.x.y/32`, one per index.
+const STORM_ROUTES: u32 = 6000;
+/// Neighbour and FDB entries added in the storm (each).
+const STORM_ENTRIES: u32 = 1500;
+
+/// The `i`th address of the overlay block `10.<block>.0.0/16`.
+fn storm_addr(block: u8, i: u32) -> String {
+    format!("10.{block}.{}.{}", i / 256, i % 256)
+}
+
+/// The `i`th MAC of family `family`: `66:00:00:<family>:<i>`.
+fn storm_mac(family: u8, i: u32) -> MacAddr {
+    let [.., high, low] = i.to_be_bytes();
+    MacAddr([0x66, 0, 0, family, high, low])
+}
+
+/// The storm as (`ip` commands, `bridge` commands): every route, neighbour
+/// and FDB entry added, then three of four removed again, and half of the
+/// remaining routes moved to a gateway without an FDB entry (unresolved).
+/// What is left: routes `i % 4 == 0` (`i % 8 == 0` via 10.42.3.0, the
+/// others via 10.42.1.0), neighbours and FDB entries `j % 4 == 0`.
+fn storm_commands() -> (String, String) {
+    let mut ip = String::new();
+    let mut bridge = String::new();
+    let route = |verb: &str, i: u32, via: &str| {
+        format!(
+            "route {verb} {}/32 via {via} dev vxlan.calico onlink\n",
+            storm_addr(60, i)
+        )
+    };
+    for i in 0..STORM_ROUTES {
+        ip += &route("add", i, "10.42.1.0");
+    }
+    for j in 0..STORM_ENTRIES {
+        ip += &format!(
+            "neigh add {} lladdr {} dev vxlan.calico nud permanent\n",
+            storm_addr(61, j),
+            storm_mac(1, j)
+        );
+        bridge += &format!(
+            "fdb add {} dev vxlan.calico dst 198.18.0.2 self permanent\n",
+            storm_mac(2, j)
+        );
+    }
+    for i in 0..STORM_ROUTES {
+        match (i % 4, i % 8) {
+            (0, 0) => ip += &route("replace", i, "10.42.3.0"),
+            (0, _) => {}
+            _ => ip += &route("del", i, "10.42.1.0"),
+        }
+    }
+    for j in (0..STORM_ENTRIES).filter(|j| j % 4 != 0) {
+        ip += &format!("neigh del {} dev vxlan.calico\n", storm_addr(61, j));
+        bridge += &format!(
+            "fdb del {} dev vxlan.calico dst 198.18.0.2 self\n",
+            storm_mac(2, j)
+        );
+    }
+    (ip, bridge)
+}
+
+/// Runs `tool -n NS -batch -` on `commands`, as fast as the tool goes.
+fn batch(ns: &Netns, tool: &str, commands: &str) {
+    let mut child = Command::new(tool)
+        .args(["-n", ns.name(), "-batch", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {tool}: {e}"));
+    // Written then closed, so that the tool ends at the end of the script.
+    let written = child.stdin.take().unwrap().write_all(commands.as_bytes());
+    let output = child.wait_with_output().expect("waiting for the batch");
+    written.unwrap_or_else(|e| panic!("writing the {tool} batch: {e}"));
+    assert!(
+        output.status.success(),
+        "{tool} -batch failed ({}): {}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// `live` equals `fresh`, field by field (naming the first difference),
+/// then as a whole (for fields added later).
+fn assert_same_view(live: &DataPlane, fresh: &DataPlane) {
+    fn same<T: PartialEq + Debug>(what: &str, live: &[T], fresh: &[T]) {
+        assert_eq!(
+            live.len(),
+            fresh.len(),
+            "{what}: {} in the live view, {} in a fresh dump",
+            live.len(),
+            fresh.len()
+        );
+        if let Some(i) = (0..live.len()).find(|&i| live[i] != fresh[i]) {
+            panic!(
+                "{what}[{i}]: {:?} in the live view, {:?} in a fresh dump",
+                live[i], fresh[i]
+            );
+        }
+    }
+    same("links", &live.links, &fresh.links);
+    same("addresses", &live.addresses, &fresh.addresses);
+    same("devices", &live.devices, &fresh.devices);
+    same("routes", &live.routes, &fresh.routes);
+    same("neighbours", &live.neighbours, &fresh.neighbours);
+    same("fdb", &live.fdb, &fresh.fdb);
+    same("peer_routes", &live.peer_routes, &fresh.peer_routes);
+    same("underlay", &live.underlay, &fresh.underlay);
+    same("blocks", &live.blocks, &fresh.blocks);
+    assert!(live == fresh, "the live view differs from a fresh dump");
+}
+
+/// Raises its flag when dropped, also while a failing test unwinds, so
+/// that the refresh loop ends.
+struct StopOnDrop(Arc<AtomicBool>);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Release);
+    }
+}
+
+/// What the live view's refresh loop ends with.
+struct Followed {
+    view: DataPlane,
+    overruns: u64,
+    refreshes: u64,
+}
+
+/// A flapping BGP session's worth of churn, as fast as `ip -batch` and
+/// `bridge -batch` go (thousands of routes, neighbour and FDB entries added
+/// and removed on vxlan.calico) while the monitor's `LiveView` refreshes
+/// every 10 ms, its notification socket at the kernel's smallest receive
+/// buffer so that the storm overruns it. The overrun is counted, and once
+/// the storm is over the view equals a fresh dump exactly and holds the
+/// storm's end state.
+#[test]
+fn a_route_storm_overruns_the_watcher_and_the_live_view_ends_exact() {
+    if !support::have_root("a_route_storm_overruns_the_watcher_and_the_live_view_ends_exact") {
+        return;
+    }
+    let (a, _b, _, _) = node();
+    let before = a.run(|| dataplane::read().unwrap());
+    let (ip_commands, bridge_commands) = storm_commands();
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let follower = {
+        let (name, stop) = (a.name().to_string(), stop.clone());
+        std::thread::spawn(move || {
+            in_netns(&name, move || {
+                // 0: the kernel raises it to its minimum, a few messages.
+                let mut live = LiveView::new(Vec::new(), ChangeWatcher::with_receive_buffer(0));
+                let mut refreshes = 0;
+                live.refresh();
+                ready_tx.send(()).unwrap();
+                // After the stop, one more refresh: the monitor's next
+                // interval after the storm. Whether it reads again is the
+                // watcher's call, as in the monitor.
+                loop {
+                    let last = stop.load(Ordering::Acquire);
+                    std::thread::sleep(Duration::from_millis(10));
+                    live.refresh();
+                    refreshes += 1;
+                    if last {
+                        break;
+                    }
+                }
+                Followed {
+                    view: live.view().expect("the live view was never read").clone(),
+                    overruns: live.overruns(),
+                    refreshes,
+                }
+            })
+        })
+    };
+    let stop = StopOnDrop(stop);
+    ready_rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the live view did not start");
+
+    let started = Instant::now();
+    std::thread::scope(|scope| {
+        scope.spawn(|| batch(&a, "ip", &ip_commands));
+        scope.spawn(|| batch(&a, "bridge", &bridge_commands));
+    });
+    let storm = started.elapsed();
+    // The notifications still queued are read within microseconds.
+    std::thread::sleep(Duration::from_millis(100));
+    drop(stop);
+    let followed = follower
+        .join()
+        .unwrap_or_else(|e| std::panic::resume_unwind(e));
+    let fresh = a.run(|| dataplane::read().unwrap());
+    eprintln!(
+        "storm of {} ip and {} bridge commands in {storm:?}: {} overruns, {} refreshes",
+        ip_commands.lines().count(),
+        bridge_commands.lines().count(),
+        followed.overruns,
+        followed.refreshes
+    );
+
+    assert!(
+        followed.overruns > 0,
+        "the storm did not overrun the watcher's socket: the overrun path was not exercised"
+    );
+    assert_same_view(&followed.view, &fresh);
+
+    // The storm's end state, exactly: every route, neighbour and FDB entry
+    // of the view before, plus those the storm left.
+    let storm_block = net("10.60.0.0/16");
+    let storm_routes: Vec<&TunnelRoute> = fresh
+        .routes
+        .iter()
+        .filter(|r| storm_block.contains(&r.dst))
+        .collect();
+    let expected: BTreeSet<(IpNet, IpAddr, Option<IpAddr>)> = (0..STORM_ROUTES)
+        .filter(|i| i % 4 == 0)
+        .map(|i| {
+            let (via, node) = if i % 8 == 0 {
+                ("10.42.3.0", None)
+            } else {
+                ("10.42.1.0", Some(ip("198.18.0.2")))
+            };
+            (net(&format!("{}/32", storm_addr(60, i))), ip(via), node)
+        })
+        .collect();
+    assert_eq!(storm_routes.len(), expected.len(), "one route per prefix");
+    let got: BTreeSet<(IpNet, IpAddr, Option<IpAddr>)> = storm_routes
+        .iter()
+        .map(|r| (r.dst, r.gateway.unwrap(), r.node))
+        .collect();
+    assert_eq!(got, expected);
+    assert_eq!(
+        fresh.routes.len(),
+        before.routes.len() + expected.len(),
+        "the routes from before the storm are all there"
+    );
+
+    let storm_neighbours: BTreeSet<(IpAddr, MacAddr)> = fresh
+        .neighbours
+        .iter()
+        .filter(|n| net("10.61.0.0/16").contains(&n.addr))
+        .map(|n| (n.addr, n.mac.unwrap()))
+        .collect();
+    let storm_fdb: BTreeSet<MacAddr> = fresh
+        .fdb
+        .iter()
+        .filter(|f| f.mac.0[..4] == [0x66, 0, 0, 2])
+        .map(|f| {
+            assert_eq!(f.dst, ip("198.18.0.2"), "{f:?}");
+            f.mac
+        })
+        .collect();
+    let left: Vec<u32> = (0..STORM_ENTRIES).filter(|j| j % 4 == 0).collect();
+    assert_eq!(
+        storm_neighbours,
+        left.iter()
+            .map(|&j| (ip(&storm_addr(61, j)), storm_mac(1, j)))
+            .collect()
+    );
+    assert_eq!(storm_fdb, left.iter().map(|&j| storm_mac(2, j)).collect());
+    assert_eq!(fresh.neighbours.len(), before.neighbours.len() + left.len());
+    assert_eq!(fresh.fdb.len(), before.fdb.len() + left.len());
 }

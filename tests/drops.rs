@@ -1113,3 +1113,153 @@ fn command_line_allow_sets_and_cidrs() {
         format!("{N} IPIP packets from {Y} dropped: source not in {hosts}")
     );
 }
+
+// ---------------------------------------------------------------------------
+// Hostile node state: sets and rules that others control.
+
+/// Members of the hostile allow-set beyond X: more than the programs'
+/// tries hold (`ALLOW_SET_MAX_PREFIXES`, 65,536).
+const HOSTILE_MEMBERS: u32 = 100_000;
+/// Rules with hostile comments in Calico's own chain.
+const HOSTILE_RULES: usize = 200;
+/// Bound of the observer's resident memory while it reads them (the
+/// monitor's target; at rest it holds about 10 MiB).
+const HOSTILE_RSS_LIMIT_KIB: u64 = 64 * 1024;
+
+/// A comment iptables takes at its longest (255 bytes) that is not UTF-8:
+/// Calico writes Kubernetes object names there, and anyone who can create
+/// a policy chooses them.
+fn hostile_comment(i: usize) -> Vec<u8> {
+    let mut comment = format!("policy {i} ").into_bytes();
+    while comment.len() < 255 {
+        comment.extend_from_slice(&[0xff, 0xfe, b' ', 0xc3, b'x']);
+    }
+    comment.truncate(255);
+    comment
+}
+
+/// Calico's VXLAN allow-set grown to 100,000 prefixes (X among them), and
+/// 200 rules with 255-byte comments of invalid UTF-8 after Calico's two in
+/// cali-INPUT: the observer says once that the set is larger than its
+/// programs hold and checks nothing against it (a part of it would flag
+/// allowed sources), still reads the drop rule's counter exactly, counts
+/// the traffic exactly, and stays within bounded memory.
+#[test]
+fn hostile_sets_and_rule_comments_are_read_within_bounds() {
+    use std::os::unix::ffi::OsStrExt;
+    let tag = "hostile";
+    if !support::have_root(tag) {
+        return;
+    }
+    let lab = Lab::new(tag);
+    lab.vtep();
+    let files = support::exporter::TempDir::new(tag);
+
+    let mut restore = format!("create {VXLAN_SET} hash:net family inet maxelem 262144\n");
+    restore.push_str(&format!("add {VXLAN_SET} {X}\n"));
+    for i in 0..HOSTILE_MEMBERS {
+        let [_, b, c, d] = (0x0a80_0000 + i).to_be_bytes();
+        restore.push_str(&format!("add {VXLAN_SET} 10.{b}.{c}.{d}\n"));
+    }
+    let sets = files.join("sets.ipset");
+    std::fs::write(&sets, restore).unwrap();
+    lab.r
+        .exec_ok(&["ipset", "restore", "-file", sets.to_str().unwrap()]);
+    calico::iptables_vxlan_rules(&lab.r);
+    let mut rules = b"*filter\n".to_vec();
+    for i in 0..HOSTILE_RULES {
+        rules.extend_from_slice(b"-A cali-INPUT -s 192.0.2.1/32 -m comment --comment \"");
+        rules.extend_from_slice(&hostile_comment(i));
+        rules.extend_from_slice(b"\" -j RETURN\n");
+    }
+    rules.extend_from_slice(b"COMMIT\n");
+    let rules_file = files.join("rules.iptables");
+    std::fs::write(&rules_file, &rules).unwrap();
+    lab.r.exec_ok(&[
+        "iptables-restore",
+        "-w",
+        "--noflush",
+        rules_file.to_str().unwrap(),
+    ]);
+    // What iptables-save gives back holds the bytes as written.
+    let saved = lab.r.exec_ok(&["iptables-save", "-t", "filter"]).stdout;
+    let comment = hostile_comment(7);
+    assert!(
+        saved
+            .windows(comment.len())
+            .any(|w| w == comment.as_slice()),
+        "the comment survives in iptables-save: {}",
+        std::ffi::OsStr::from_bytes(&saved[..saved.len().min(2000)]).to_string_lossy()
+    );
+
+    let observer =
+        ObserverProcess::spawn(Some(lab.r.name()), &["--allow-set-refresh", "200ms", "vr"]);
+    observer.wait_ready(1);
+    // From the first interval: the loader's own peak (kernel BTF) is not
+    // what this test is about; every 200 ms read of the set after it is.
+    let rss = support::exporter::RssSampler::start(observer.pid());
+    let vxlan = allow_set(&observer.lines(), "vxlan").cloned();
+    let vxlan = vxlan.unwrap_or_else(|| panic!("no allow_set line:\n{}", dump(&observer.lines())));
+    assert_eq!(vxlan["active"], false, "the set is not checked: {vxlan}");
+
+    lab.send(&[
+        (&vxlan_from(X, VNI, VXLAN_PORT), N),
+        (&vxlan_from(Y, VNI, VXLAN_PORT), N),
+    ]);
+    assert!(
+        eventually(|| calico::iptables_counter(&lab.r, VXLAN_DROP_RULE).0 >= N),
+        "drop rule counter {:?}",
+        calico::iptables_counter(&lab.r, VXLAN_DROP_RULE)
+    );
+    let dropped = key("vxlan", Y, VNI, "kernel", "NETFILTER_DROP");
+    wait(&observer, "Y's kernel drops and X's packets", |lines| {
+        drop_packets(lines, &dropped) >= N && rx_packets(lines, "vr", "vxlan", X, VNI.into()) >= N
+    });
+    settle(&observer);
+    let peak_kib = rss.stop();
+    let run = observer.stop_ok();
+
+    let len = vxlan_from(Y, VNI, VXLAN_PORT).len() as u64;
+    assert_eq!(
+        final_drops(&run),
+        BTreeMap::from([(dropped, (N, N * len))]),
+        "the kernel's drops only: no source is judged against the set"
+    );
+    for peer in [X, Y] {
+        assert_eq!(
+            run.counts("vr", "rx", "vxlan", Some(peer), VNI.into()),
+            (N, N * len),
+            "{peer}"
+        );
+    }
+    let check = final_netfilter(&run, "iptables", VXLAN_DROP_RULE);
+    assert_eq!(
+        check["packets"], N,
+        "the drop rule's counter, read past the comments: {check}"
+    );
+    assert_eq!(
+        calico::iptables_counter(&lab.r, VXLAN_DROP_RULE).0,
+        N,
+        "iptables' own counter"
+    );
+    let too_big: Vec<&str> = run
+        .stderr
+        .lines()
+        .filter(|l| l.contains("holds more than 65536 prefixes of one family"))
+        .collect();
+    assert_eq!(
+        too_big.len(),
+        1,
+        "said once, over many reads:\n{}",
+        run.stderr
+    );
+    assert!(too_big[0].contains(VXLAN_SET), "{}", too_big[0]);
+    eprintln!(
+        "{tag}: peak RSS {peak_kib} KiB over {} intervals",
+        calico::intervals(&run.lines)
+    );
+    assert!(
+        peak_kib < HOSTILE_RSS_LIMIT_KIB,
+        "peak RSS {peak_kib} KiB reading {HOSTILE_MEMBERS} members"
+    );
+}

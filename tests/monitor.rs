@@ -2,7 +2,7 @@
 //! in network namespaces: the node_exporter textfile (read by the real
 //! node_exporter and checked by promtool), interfaces deleted and
 //! re-created while attached, a textfile directory that is missing or
-//! read-only, a flood of distinct sources against a small flow map, the
+//! read-only, or that a local attacker plants symlinks in, a flood of distinct sources against a small flow map, the
 //! config file with SIGHUP reloads, and what is left after a clean exit
 //! and after kill -9.
 //!
@@ -378,6 +378,11 @@ fn node_exporter_serves_the_exact_counts() {
     assert_eq!(written.value("observer_programs_attached", &[]), Some(3.0));
     assert_eq!(
         written.value("observer_export_errors_total", &[]),
+        Some(0.0)
+    );
+    // Nothing churns in this namespace: no notification was lost.
+    assert_eq!(
+        written.value("observer_netlink_overruns_total", &[]),
         Some(0.0)
     );
 
@@ -998,6 +1003,103 @@ fn clean_exit_removes_the_textfile_kill9_leaves_it() {
                 .unwrap(),
         "the last version written"
     );
+}
+
+/// Plants `link -> target` as the user `nobody` (uid and gid 65534), as a
+/// local attacker would.
+fn plant_symlink_as_nobody(target: &Path, link: &Path) {
+    use std::os::unix::process::CommandExt;
+    let status = std::process::Command::new("ln")
+        .arg("-s")
+        .arg(target)
+        .arg(link)
+        .uid(65534)
+        .gid(65534)
+        .status()
+        .expect("running ln as nobody");
+    assert!(
+        status.success(),
+        "nobody could not plant {}",
+        link.display()
+    );
+}
+
+/// A local user attacks a textfile directory everyone can write: `nobody`
+/// plants symlinks to a root-owned file at the final name before the first
+/// write, and at the temporary name an observer used to write every
+/// interval (`.observer.prom.<pid>.tmp`, predictable from `ps`). The
+/// observer, root, never writes through them: the victim is untouched, the
+/// textfile is a regular file with the exact counts, and one warning names
+/// the directory.
+#[test]
+fn symlinks_planted_in_a_shared_textfile_dir_are_never_followed() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let test = "symlinks_planted_in_a_shared_textfile_dir_are_never_followed";
+    if !support::have_root(test) {
+        return;
+    }
+    const N: u32 = 12;
+    const VICTIM_TEXT: &str = "root's own file\n";
+    let pair = Pair::new("sl");
+    pair.vxlan(Lower::Route);
+    let base = TempDir::new("sl");
+    std::fs::set_permissions(base.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let victim = base.join("victim");
+    std::fs::write(&victim, VICTIM_TEXT).unwrap();
+    // World-writable without the sticky bit: fs.protected_symlinks does not
+    // guard such a directory, so a followed link would reach the victim
+    // whatever this host's sysctl says.
+    let dir = base.join("shared");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let file = dir.join(TEXTFILE);
+    plant_symlink_as_nobody(&victim, &file);
+
+    let observer = observer_exporting(&pair, &dir, &[]);
+    let predictable = format!(".{TEXTFILE}.{}.tmp", observer.pid());
+    plant_symlink_as_nobody(&victim, &dir.join(&predictable));
+    ping(&pair, N);
+    wait_json_both_ways(&observer, u64::from(N));
+    // Intervals that write after both links are in place.
+    wait_intervals(&observer, 3);
+    let n = f64::from(N);
+    let written = wait_for_file(&file, "the exact counts", |e| {
+        packets(e, "rx", "vxlan", B_IP) == Some(n) && packets(e, "tx", "vxlan", B_IP) == Some(n)
+    });
+    let meta = std::fs::symlink_metadata(&file).unwrap();
+    assert!(meta.file_type().is_file(), "the textfile is a regular file");
+    assert_eq!((meta.uid(), meta.mode() & 0o7777), (0, 0o644));
+    assert_eq!(
+        written.value("observer_export_errors_total", &[]),
+        Some(0.0),
+        "no write failed"
+    );
+    let run = observer.stop_ok();
+
+    assert_eq!(
+        std::fs::read_to_string(&victim).unwrap(),
+        VICTIM_TEXT,
+        "the victim is untouched"
+    );
+    assert_eq!(
+        dir_names(&dir),
+        vec![predictable.clone()],
+        "only nobody's link is left: the textfile removed on exit, no temporary file"
+    );
+    let link = std::fs::symlink_metadata(dir.join(&predictable)).unwrap();
+    assert!(link.file_type().is_symlink() && link.uid() == 65534);
+    let warnings: Vec<&str> = run
+        .stderr
+        .lines()
+        .filter(|l| l.contains("is writable by every user"))
+        .collect();
+    assert_eq!(warnings.len(), 1, "one warning:\n{}", run.stderr);
+    assert!(
+        warnings[0].contains(path_str(&dir)) && warnings[0].contains("mode 777"),
+        "{}",
+        warnings[0]
+    );
+    eprintln!("{test}: {}", warnings[0]);
 }
 
 /// A stopped observer (SIGSTOP for three intervals) reads the next

@@ -15,7 +15,7 @@
 mod support;
 
 use std::{
-    collections::BTreeSet,
+    collections::{BTreeMap, BTreeSet},
     net::{Ipv4Addr, Ipv6Addr, UdpSocket},
     time::{Duration, Instant},
 };
@@ -55,10 +55,23 @@ fn vxlan_ping_matches_tcpdump(
     setup: fn(&Pair) -> Vxlan,
     observer_args: &[&str],
 ) -> Value {
+    vxlan_ping_matches_tcpdump_as(tag, setup, observer_args, &[], |_| {})
+}
+
+/// [`vxlan_ping_matches_tcpdump`] with the observer started through
+/// `wrapper` (see [`ObserverProcess::spawn_as`]); `after_pings` sees the
+/// running observer once the pings are through.
+fn vxlan_ping_matches_tcpdump_as(
+    tag: &str,
+    setup: fn(&Pair) -> Vxlan,
+    observer_args: &[&str],
+    wrapper: &[&str],
+    after_pings: impl FnOnce(&ObserverProcess),
+) -> Value {
     let pair = Pair::new(tag);
     let vxlan = setup(&pair);
     let tcpdump = Tcpdump::start(&pair.a, "va", &format!("udp port {}", vxlan.port));
-    let observer = ObserverProcess::start(Some(pair.a.name()), &["va"], observer_args);
+    let observer = ObserverProcess::start_as(wrapper, Some(pair.a.name()), &["va"], observer_args);
     let attach = observer.attach_lines().remove(0);
 
     assert_eq!(
@@ -66,6 +79,7 @@ fn vxlan_ping_matches_tcpdump(
         (PINGS, PINGS),
         "ping through the tunnel"
     );
+    after_pings(&observer);
 
     let capture = tcpdump.stop_after(2 * PINGS as usize);
     let run = observer.stop_ok();
@@ -130,6 +144,151 @@ fn vxlan_4789_counts_equal_tcpdump() {
     let ids = attach["program_ids"].as_array().expect("program_ids");
     assert_eq!(ids.len(), 3, "{attach}");
     assert!(ids.iter().all(|id| id.is_u64()), "{attach}");
+}
+
+/// Capability numbers (include/uapi/linux/capability.h).
+const CAP_NET_ADMIN: u32 = 12;
+const CAP_NET_RAW: u32 = 13;
+const CAP_SYS_ADMIN: u32 = 21;
+const CAP_PERFMON: u32 = 38;
+const CAP_BPF: u32 = 39;
+
+/// The capability sets (`CapEff`, `CapPrm`, `CapInh`, `CapAmb`, `CapBnd`,
+/// hex masks) and `NoNewPrivs` of process `pid`, from /proc/PID/status.
+fn privileges_of(pid: u32) -> BTreeMap<String, String> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_else(|e| panic!("/proc/{pid}/status: {e}"));
+    status
+        .lines()
+        .filter_map(|line| line.split_once(':'))
+        .filter(|(key, _)| key.starts_with("Cap") || *key == "NoNewPrivs")
+        .map(|(key, value)| (key.to_string(), value.trim().to_string()))
+        .collect()
+}
+
+/// The hex mask /proc/PID/status shows for `caps`.
+fn mask(caps: &[u32]) -> String {
+    format!("{:016x}", caps.iter().fold(0u64, |m, cap| m | (1 << cap)))
+}
+
+/// [`calico_vxlan`] with Calico's nftables allow-set holding B.
+fn calico_vxlan_nft_allowed(pair: &Pair) -> Vxlan {
+    let vxlan = calico_vxlan(pair);
+    support::calico::nft_vxlan_table(&pair.a, &[B_IP]);
+    vxlan
+}
+
+/// Run as nobody with only what loading and attaching need (and
+/// CAP_SYS_ADMIN for --netns), as ambient capabilities: the counts are
+/// tcpdump's; once attached the process holds CAP_BPF and CAP_NET_ADMIN,
+/// with no_new_privs, and its tools CAP_NET_ADMIN: nft reads the
+/// allow-set after the drop.
+#[test]
+fn nobody_with_the_start_capabilities_counts_exactly_then_keeps_two() {
+    if !support::have_root("nobody_with_the_start_capabilities_counts_exactly_then_keeps_two") {
+        return;
+    }
+    let start = "-all,+bpf,+perfmon,+net_admin,+sys_admin";
+    let (inh, amb, bnd) = (
+        format!("--inh-caps={start}"),
+        format!("--ambient-caps={start}"),
+        format!("--bounding-set={start}"),
+    );
+    let wrapper = [
+        "setpriv",
+        "--reuid=nobody",
+        "--regid=nogroup",
+        "--clear-groups",
+        &inh,
+        &amb,
+        &bnd,
+        "--",
+    ];
+    let mut privileges = BTreeMap::new();
+    let mut allow_set = Value::Null;
+    vxlan_ping_matches_tcpdump_as("pn", calico_vxlan_nft_allowed, &[], &wrapper, |observer| {
+        privileges = privileges_of(observer.pid());
+        allow_set = support::calico::allow_set(&observer.lines(), "vxlan")
+            .cloned()
+            .unwrap_or_default();
+    });
+    assert_eq!(allow_set["active"], true, "{allow_set}");
+    assert_eq!(allow_set["prefixes"], 1, "{allow_set}");
+    assert_eq!(allow_set["problems"], serde_json::json!([]), "{allow_set}");
+    let kept = mask(&[CAP_BPF, CAP_NET_ADMIN]);
+    let tools = mask(&[CAP_NET_ADMIN]);
+    // Without CAP_SETPCAP the bounding set stays what setpriv made it.
+    let bounding = mask(&[CAP_BPF, CAP_NET_ADMIN, CAP_PERFMON, CAP_SYS_ADMIN]);
+    let expected = [
+        ("CapAmb", tools.as_str()),
+        ("CapBnd", bounding.as_str()),
+        ("CapEff", kept.as_str()),
+        ("CapInh", tools.as_str()),
+        ("CapPrm", kept.as_str()),
+        ("NoNewPrivs", "1"),
+    ]
+    .map(|(key, value)| (key.to_string(), value.to_string()));
+    assert_eq!(privileges, BTreeMap::from(expected));
+}
+
+/// Run as root (every capability): once attached the process holds
+/// CAP_BPF, CAP_NET_ADMIN and CAP_NET_RAW, its bounding set and its tools
+/// CAP_NET_ADMIN and CAP_NET_RAW, with no_new_privs; it still counts.
+#[test]
+fn root_keeps_three_capabilities_after_attach() {
+    if !support::have_root("root_keeps_three_capabilities_after_attach") {
+        return;
+    }
+    let pair = Pair::new("pr");
+    let vxlan = calico_vxlan(&pair);
+    let observer = ObserverProcess::start(Some(pair.a.name()), &["va"], &[]);
+    let privileges = privileges_of(observer.pid());
+    assert_eq!(pair.a.ping(vxlan.b_inner, 3), (3, 3));
+    let run = observer.stop_ok();
+    assert_eq!(run.counts("va", "tx", "vxlan", Some(B_IP), vxlan.vni).0, 3);
+    assert_eq!(run.counts("va", "rx", "vxlan", Some(B_IP), vxlan.vni).0, 3);
+    let kept = mask(&[CAP_BPF, CAP_NET_ADMIN, CAP_NET_RAW]);
+    let tools = mask(&[CAP_NET_ADMIN, CAP_NET_RAW]);
+    let expected = [
+        ("CapAmb", mask(&[])),
+        ("CapBnd", tools.clone()),
+        ("CapEff", kept.clone()),
+        ("CapInh", tools),
+        ("CapPrm", kept),
+        ("NoNewPrivs", "1".to_string()),
+    ]
+    .map(|(key, value)| (key.to_string(), value));
+    assert_eq!(privileges, BTreeMap::from(expected));
+    assert!(
+        run.stderr
+            .contains("kept=CAP_BPF,CAP_NET_ADMIN,CAP_NET_RAW tools=CAP_NET_ADMIN,CAP_NET_RAW"),
+        "{}",
+        run.stderr
+    );
+}
+
+/// XDP counting in `--xdp-mode auto` (a bridge: generic XDP) leaves
+/// tc ingress unloaded until an interface needs it; loading it then takes
+/// CAP_PERFMON, which the run keeps for that.
+#[test]
+fn perfmon_stays_while_tc_ingress_may_be_loaded() {
+    if !support::have_root("perfmon_stays_while_tc_ingress_may_be_loaded") {
+        return;
+    }
+    let pair = Pair::new("pp");
+    pair.a
+        .exec_ok(&["ip", "link", "add", "br0", "type", "bridge"]);
+    pair.a.exec_ok(&["ip", "link", "set", "br0", "up"]);
+    let observer = ObserverProcess::start(Some(pair.a.name()), &["br0"], &[]);
+    let attach = observer.attach_lines().remove(0);
+    assert_eq!(attach["rx_hook"], "xdp-generic", "{attach}");
+    let privileges = privileges_of(observer.pid());
+    assert_eq!(
+        privileges["CapEff"],
+        mask(&[CAP_BPF, CAP_NET_ADMIN, CAP_NET_RAW, CAP_PERFMON]),
+        "{privileges:?}"
+    );
+    observer.stop_ok();
 }
 
 #[test]

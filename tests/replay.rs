@@ -731,6 +731,78 @@ fn damaged_and_foreign_files_name_the_file_frame_and_exit_status() {
         3
     );
 
+    // Frame 5's original length claims 4 GB and its microseconds are out
+    // of range (as in a fuzzed capture libpcap refuses): damage, not 4 GB
+    // of bytes the snap length cut.
+    let mut claims = good.clone();
+    let at = record_offset(5, record);
+    claims[at + 4..at + 8].copy_from_slice(&2_000_000u32.to_le_bytes());
+    claims[at + 12..at + 16].copy_from_slice(&4_093_509_154u32.to_le_bytes());
+    let (run, files) = replay_bytes(&ns, &claims, "pcap");
+    assert_eq!(
+        check_failure(
+            &run,
+            &files,
+            EXIT_DAMAGED,
+            "frame 5: record header damaged: its timestamp's microseconds field is 2000000 \
+             (at most 999999)"
+        ),
+        4
+    );
+    claims[at + 4..at + 8].copy_from_slice(&0u32.to_le_bytes());
+    let (run, files) = replay_bytes(&ns, &claims, "pcap");
+    assert_eq!(
+        check_failure(
+            &run,
+            &files,
+            EXIT_DAMAGED,
+            "frame 5: record's length field damaged: it claims 4093509154 bytes on the wire \
+             (no packet is longer than 1048576)"
+        ),
+        4
+    );
+    assert_eq!(
+        summary(&run, files.0[0].to_str().unwrap())["truncated_bytes"],
+        0
+    );
+
+    // A runt (10 bytes) and a frame cut inside its VLAN tag (16 bytes):
+    // one truncated_l2 row with both frames and all 26 bytes, from either
+    // engine (it used to be two lines for one key, without the runt's bytes).
+    let mut stubs = good[..24].to_vec();
+    let vlan_cut = [[2u8; 12].as_slice(), &[0x81, 0x00, 0x00, 0x05]].concat();
+    for (i, data) in [vec![2u8; 10], vlan_cut].iter().enumerate() {
+        let len = data.len() as u32;
+        for word in [1_700_000_000 + i as u32, 0, len, len] {
+            stubs.extend_from_slice(&word.to_le_bytes());
+        }
+        stubs.extend_from_slice(data);
+    }
+    let path = temp_path("stubs", "pcap");
+    fs::write(&path, &stubs).unwrap();
+    let _files = TempFiles(vec![path.clone()]);
+    let run = replay_both(&ns, &[path.to_str().unwrap()]);
+    let lines: Vec<&Value> = run
+        .lines
+        .iter()
+        .filter(|l| l["type"] == "unclassified" || l["type"] == "peer")
+        .collect();
+    assert_eq!(lines.len(), 1, "one row: {lines:#?}");
+    assert_eq!(
+        (
+            &lines[0]["reason"],
+            &lines[0]["packets"],
+            &lines[0]["bytes"]
+        ),
+        (
+            &Value::from("truncated_l2"),
+            &Value::from(2),
+            &Value::from(26)
+        ),
+        "{}",
+        lines[0]
+    );
+
     // Not captures at all: nothing is printed.
     let hint = "; record one with `tcpdump -i IFACE -w FILE`";
     let usage = |bytes: &[u8], message: &str| {
@@ -797,6 +869,12 @@ fn damaged_and_foreign_files_name_the_file_frame_and_exit_status() {
     };
     assert_eq!(reason("truncated_encap"), Some(1), "{unclassified:#?}");
     assert_eq!(reason("truncated_l2"), Some(1), "{unclassified:#?}");
+    let l2 = &unclassified[&(
+        path.to_string(),
+        "rx".to_string(),
+        "truncated_l2".to_string(),
+    )];
+    assert_eq!(l2["bytes"], 10, "the runt's captured bytes: {l2}");
 
     // pcapng: a packet of an interface no block declares.
     let mut writer = PcapNgWriter::with_endianness(Vec::new(), Endianness::Little).unwrap();

@@ -8,7 +8,7 @@ kubernetes-validate can make (run by `cargo xtask test`, step deploy-sync):
   extracted from it;
 - daemonset-privileged.yaml is daemonset.yaml except for the container's
   securityContext (privileged: true there; drop ALL plus a few capabilities
-  here);
+  here, at least those that loading needs, and no privilege escalation);
 - the ConfigMap's config.toml parses, has the keys the DaemonSet relies on,
   and its textfile_dir is the directory the DaemonSet mounts and probes.
 
@@ -75,6 +75,8 @@ CONFIG_KEYS = {
 TEXTFILE_NAME = "observer.prom"
 # Capabilities the unprivileged DaemonSet may add (see its comments).
 ALLOWED_CAPS = {"BPF", "NET_ADMIN", "PERFMON", "NET_RAW"}
+# What loading and attaching need (the observer's preflight asks for them).
+START_CAPS = {"BPF", "NET_ADMIN", "PERFMON"}
 
 failures = []
 
@@ -179,6 +181,11 @@ def check_daemonsets():
         extra = set(caps.get("add", [])) - ALLOWED_CAPS
         if extra:
             fail(f"{rel(DAEMONSET)}: container {c['name']} adds unexpected capabilities {sorted(extra)}")
+        missing = START_CAPS - set(caps.get("add", []))
+        if missing:
+            fail(f"{rel(DAEMONSET)}: container {c['name']} lacks {sorted(missing)}, needed to load and attach")
+        if sc.get("allowPrivilegeEscalation") is not False:
+            fail(f"{rel(DAEMONSET)}: container {c['name']} must set allowPrivilegeEscalation: false (no_new_privs)")
         if not sc.get("readOnlyRootFilesystem"):
             fail(f"{rel(DAEMONSET)}: container {c['name']} must have a read-only root filesystem")
     for c in containers(privileged):

@@ -12,7 +12,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::netns::{CmdError, Netns, run_checked, temp_path};
+use crate::netns::{CmdError, Netns, run_checked};
 
 /// One node of an iBGP full mesh (AS 64512, Calico's default), with
 /// timers short enough for a test: hold 6 s, keepalive 2 s, connect retry
@@ -98,6 +98,9 @@ pub struct Bird {
     socket: PathBuf,
     log: PathBuf,
     child: Mutex<Option<Child>>,
+    /// Holds the three files above; removed after the daemon is stopped
+    /// (fields drop after `Drop::drop`).
+    _dir: tempfile::TempDir,
 }
 
 impl Bird {
@@ -110,12 +113,22 @@ impl Bird {
     /// [`Bird::start`] in the namespace named `namespace` (one this crate
     /// did not create: the lab's).
     pub fn start_in(namespace: &str, node: &MeshNode) -> Result<Bird, CmdError> {
+        // A private directory (random name, created exclusively, mode
+        // 0700) rather than names in /tmp: `observer lab` runs as root, and
+        // a name others can predict in a shared directory lets them plant a
+        // symlink root writes through.
+        let dir = tempfile::Builder::new()
+            .prefix("observer-bird-")
+            .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o700))
+            .tempdir()
+            .map_err(|e| CmdError::new(format!("creating a directory for BIRD's files: {e}")))?;
         let bird = Bird {
             namespace: namespace.to_string(),
-            config: temp_path("bird", "conf"),
-            socket: temp_path("bird", "ctl"),
-            log: temp_path("bird", "log"),
+            config: dir.path().join("bird.conf"),
+            socket: dir.path().join("bird.ctl"),
+            log: dir.path().join("bird.log"),
             child: Mutex::new(None),
+            _dir: dir,
         };
         std::fs::write(&bird.config, node.config(&bird.log))
             .map_err(|e| CmdError::new(format!("writing {}: {e}", bird.config.display())))?;
@@ -215,8 +228,5 @@ impl Bird {
 impl Drop for Bird {
     fn drop(&mut self) {
         self.stop();
-        for path in [&self.config, &self.log] {
-            let _ = std::fs::remove_file(path);
-        }
     }
 }

@@ -18,7 +18,7 @@ use observer::{
     cmd::checks::AllowSetSink,
     cmd::replay::{
         capture::{self, Frame},
-        classify::Engine,
+        classify::{Engine, Runts},
         engine::{self, Replayer},
         native::NativeEngine,
     },
@@ -319,11 +319,11 @@ fn frame(number: u64, data: Vec<u8>) -> Frame {
 type Rows = BTreeMap<String, String>;
 
 fn run_batch(engine: &mut dyn Engine, frames: &[Frame], index: u32) -> Rows {
-    let mut runts = 0;
+    let mut runts = Runts::default();
     for f in frames {
         // As `observer replay` does: runts are counted, not run.
         if f.data.len() < ETH_HLEN {
-            runts += 1;
+            runts.add(f.data.len());
             continue;
         }
         engine

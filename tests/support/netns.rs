@@ -227,7 +227,27 @@ impl ObserverProcess {
         args: &[&str],
         env: &[(&str, &str)],
     ) -> ObserverProcess {
-        let mut command = Command::new(Self::binary());
+        Self::spawn_as(&[], netns, args, env)
+    }
+
+    /// [`ObserverProcess::spawn_with_env`] through `wrapper`, a command
+    /// that ends by executing the observer in its own process (e.g.
+    /// `setpriv --reuid=nobody ... --`), so that the process id and the
+    /// signals are the observer's.
+    pub fn spawn_as(
+        wrapper: &[&str],
+        netns: Option<&str>,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> ObserverProcess {
+        let mut command = match wrapper.split_first() {
+            Some((program, wrapper_args)) => {
+                let mut command = Command::new(program);
+                command.args(wrapper_args).arg(Self::binary());
+                command
+            }
+            None => Command::new(Self::binary()),
+        };
         command.envs(env.iter().copied());
         command.args(["attach", "--output", "json"]);
         // Short intervals keep the tests quick, unless the test sets its own.
@@ -267,9 +287,20 @@ impl ObserverProcess {
     /// Spawns the observer on `ifaces` (plus extra `args`) and waits until
     /// it is ready (see [`ObserverProcess::wait_ready`]).
     pub fn start(netns: Option<&str>, ifaces: &[&str], args: &[&str]) -> ObserverProcess {
+        Self::start_as(&[], netns, ifaces, args)
+    }
+
+    /// [`ObserverProcess::start`] through `wrapper` (see
+    /// [`ObserverProcess::spawn_as`]).
+    pub fn start_as(
+        wrapper: &[&str],
+        netns: Option<&str>,
+        ifaces: &[&str],
+        args: &[&str],
+    ) -> ObserverProcess {
         let mut all: Vec<&str> = args.to_vec();
         all.extend_from_slice(ifaces);
-        let process = Self::spawn(netns, &all);
+        let process = Self::spawn_as(wrapper, netns, &all, &[]);
         process.wait_ready(ifaces.len());
         process
     }

@@ -82,6 +82,7 @@ pub fn run(vxlan: &[u8]) -> anyhow::Result<()> {
                 stats: observer.stats_for(map_entries)?,
                 programs_attached: 3,
                 late_intervals: 0,
+                netlink_overruns: 0,
                 at: SystemTime::now(),
                 anomalies: &engine.active(),
                 anomalies_raised: engine.raised(),

@@ -159,6 +159,13 @@ impl Observer {
         events
     }
 
+    /// Whether re-attaching may still load a program: tc ingress was
+    /// deferred, and an interface in `--xdp-mode auto` falls back to it
+    /// when it comes back and XDP is refused there.
+    pub fn may_load_on_reattach(&self) -> bool {
+        !self.tc_ingress_loaded && self.links.iter().any(|l| l.mode == XdpMode::Auto)
+    }
+
     /// Releases the (already defunct) links of attachment `i`.
     fn detach_links(&mut self, i: usize) {
         let links = &mut self.links[i];

@@ -25,17 +25,17 @@ use crate::{
     cli::settings::Settings,
     cmd::bgp::{BgpFollower, SocketStatus},
     cmd::checks::NodeChecks,
+    cmd::privileges,
     model::aggregate::{Aggregator, DropAggregator},
     model::anomalies::{Anomaly, Engine, Event, Known},
     model::bgp_wire::{WireRow, WireTracker},
     model::crosscheck::NetfilterCheck,
-    model::dataplane::{DataPlane, DeclaredTunnel},
     model::hooks::{AttachedWith, Attachment},
     model::routes::{Outage, RouteTracker},
     model::rows::Row,
     model::rows::{DropRow, KernelStats},
     node::allowsets::AllowSetConfig,
-    node::dataplane::{self, ChangeWatcher},
+    node::dataplane::{ChangeWatcher, LiveView},
     node::netns,
     node::preflight,
     report::textfile::{self, ExportInput, Exporter, TEXTFILE_NAME},
@@ -245,11 +245,14 @@ pub struct Monitor<'a> {
     ifaces: HashMap<u32, String>,
     /// Where the textfile was last written, to remove it on exit.
     written: Option<PathBuf>,
+    /// The textfile directory last checked for other users' write
+    /// access, so the warning is given once per directory.
+    checked_dir: Option<PathBuf>,
     engine: Engine,
     /// When counting started; the engine's clock.
     started: Instant,
     /// The node's data plane, re-read when netlink reports a change.
-    dataplane: DataPlaneState,
+    dataplane: LiveView,
     /// The VNIs of this node's vxlan devices as last written into the
     /// programs (from the data-plane view).
     local_vnis: Vec<u32>,
@@ -267,62 +270,6 @@ pub struct Monitor<'a> {
     clock: Clock,
     // Last: the timers and signals above go before the runtime.
     runtime: Runtime,
-}
-
-/// The data-plane view and what keeps it current.
-struct DataPlaneState {
-    view: Option<DataPlane>,
-    declared: Vec<DeclaredTunnel>,
-    /// `None` when notifications could not be subscribed: then the view is
-    /// re-read every interval.
-    watcher: Option<ChangeWatcher>,
-    last_error: Option<String>,
-}
-
-impl DataPlaneState {
-    fn new(declared: Vec<DeclaredTunnel>) -> DataPlaneState {
-        let watcher = ChangeWatcher::new()
-            .inspect_err(|e| {
-                tracing::warn!(error = %format!("{e:#}"), "no netlink change notifications; the data plane is re-read every interval")
-            })
-            .ok();
-        DataPlaneState {
-            view: None,
-            declared,
-            watcher,
-            last_error: None,
-        }
-    }
-
-    /// Re-reads the view when netlink reported a change (always the first
-    /// time); true when the view differs from the previous one.
-    fn refresh(&mut self) -> bool {
-        let changed = self.watcher.as_ref().is_none_or(|w| w.take_changed());
-        if !changed && self.view.is_some() {
-            return false;
-        }
-        match dataplane::read_declaring(&self.declared) {
-            Ok(view) => {
-                self.last_error = None;
-                if self.view.as_ref() == Some(&view) {
-                    return false;
-                }
-                self.view = Some(view);
-                true
-            }
-            Err(e) => {
-                let error = format!("{e:#}");
-                if self.last_error.as_ref() != Some(&error) {
-                    tracing::error!(
-                        error,
-                        "cannot read the data plane (routes, FDB, devices); anomalies use the last view"
-                    );
-                    self.last_error = Some(error);
-                }
-                false
-            }
-        }
-    }
 }
 
 impl<'a> Monitor<'a> {
@@ -382,6 +329,15 @@ impl<'a> Monitor<'a> {
                     .context("writing output")?;
             }
         }
+        // Loaded and attached: from here on the run needs only a few
+        // capabilities. Before the threads below start, which inherit them.
+        privileges::drop_to_steady_state(privileges::Needs {
+            may_load: observer.may_load_on_reattach(),
+            foreign_textfile_dir: settings
+                .textfile_dir
+                .as_deref()
+                .is_some_and(privileges::needs_dac_override),
+        })?;
 
         let max_rows = (settings.max_flows as usize).saturating_mul(ROWS_PER_FLOW);
         let settings_thresholds = settings.thresholds;
@@ -408,9 +364,10 @@ impl<'a> Monitor<'a> {
             checks,
             ifaces,
             written: None,
+            checked_dir: None,
             engine: Engine::new(settings_thresholds, 0.0),
             started: Instant::now(),
-            dataplane: DataPlaneState::new(settings_tunnels),
+            dataplane: LiveView::new(settings_tunnels, ChangeWatcher::new()),
             local_vnis: Vec::new(),
             known: Known {
                 ports: settings_ports,
@@ -486,7 +443,7 @@ impl<'a> Monitor<'a> {
             }
             return Ok(Vec::new());
         }
-        let Some(view) = self.dataplane.view.as_ref() else {
+        let Some(view) = self.dataplane.view() else {
             return Ok(Vec::new());
         };
         let expected_peers = view.expected_peers();
@@ -589,7 +546,7 @@ impl<'a> Monitor<'a> {
     /// routes and the blocks missing now; prints what changed and the
     /// outages that ended, and returns those.
     fn refresh_routes(&mut self, now: f64) -> io::Result<Vec<Outage>> {
-        let Some(view) = self.dataplane.view.as_ref() else {
+        let Some(view) = self.dataplane.view() else {
             return Ok(Vec::new());
         };
         let changes = self.routes.update(now, &view.blocks);
@@ -706,6 +663,7 @@ impl<'a> Monitor<'a> {
                 stats,
                 rows_forgotten: self.aggregator.forgotten_rows(),
                 late_intervals: self.clock.late,
+                netlink_overruns: self.dataplane.overruns(),
                 ifaces: &self.ifaces,
                 attachments: self.observer.attachments(),
                 at,
@@ -807,6 +765,14 @@ impl<'a> Monitor<'a> {
         let Some(dir) = self.settings.textfile_dir.clone() else {
             return;
         };
+        if self.checked_dir.as_ref() != Some(&dir)
+            && let Ok(warning) = textfile::shared_dir_warning(&dir)
+        {
+            if let Some(warning) = warning {
+                tracing::warn!("{warning}");
+            }
+            self.checked_dir = Some(dir.clone());
+        }
         let input = ExportInput {
             rows: read.rows,
             drops: read.drops,
@@ -814,6 +780,7 @@ impl<'a> Monitor<'a> {
             stats,
             programs_attached: self.observer.programs_attached(),
             late_intervals: self.clock.late,
+            netlink_overruns: self.dataplane.overruns(),
             at,
             anomalies: &self.engine.active(),
             anomalies_raised: self.engine.raised(),

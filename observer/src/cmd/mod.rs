@@ -9,4 +9,5 @@ pub mod diagnose;
 pub mod heap;
 pub mod lab;
 pub mod pipe;
+pub mod privileges;
 pub mod replay;

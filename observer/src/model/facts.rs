@@ -247,6 +247,34 @@ impl AllowSets {
         }
     }
 
+    /// Switches off the check of each kind whose set holds more prefixes
+    /// of one family than the programs' tries take (`max`): part of a set
+    /// would flag allowed sources as drops, so none of it is checked, and
+    /// a problem says why.
+    pub fn refuse_oversized(&mut self, max: usize) {
+        for kind in SetKind::ALL {
+            let set = self.get(kind);
+            let v4 = set
+                .prefixes
+                .iter()
+                .filter(|p| matches!(p, IpNet::V4(_)))
+                .count();
+            let largest = v4.max(set.prefixes.len() - v4);
+            if largest <= max {
+                continue;
+            }
+            // No count in the text: problems are told once per text, and
+            // the count moves with every read of a churning set.
+            self.problems.push(format!(
+                "the {} allow-set ({}) holds more than {max} prefixes of one family, more than \
+                 the observer's programs hold: its check is off, sources are not judged against it",
+                kind.name(),
+                set.set_names().join(", ")
+            ));
+            *self.get_mut(kind) = AllowSet::default();
+        }
+    }
+
     /// The set of `kind`.
     pub fn get(&self, kind: SetKind) -> &AllowSet {
         match kind {
@@ -304,6 +332,34 @@ pub fn longest_prefix<T>(items: impl IntoIterator<Item = (IpNet, T)>, addr: IpAd
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_set_larger_than_the_tries_is_not_checked_at_all() {
+        let mut sets = AllowSets::default();
+        let many = (0..5u8).map(|i| IpNet::from(IpAddr::from([10, 0, 0, i])));
+        sets.vxlan
+            .add(SetSource::Ipset("cali40all-vxlan-net".into()), None, many);
+        let v6 = (0..3u16).map(|i| IpNet::from(IpAddr::from([0x2001, 0xdb8, 0, 0, 0, 0, 0, i])));
+        sets.ipip.add(
+            SetSource::AllowCidr,
+            None,
+            v6.chain([IpNet::from(IpAddr::from([10, 9, 9, 9]))]),
+        );
+        let before_ipip = sets.ipip.clone();
+        sets.refuse_oversized(4);
+        assert_eq!(sets.vxlan, AllowSet::default(), "5 IPv4 prefixes > 4: off");
+        assert!(!sets.vxlan.active() && sets.vxlan.allows(IpAddr::from([1, 2, 3, 4])).is_none());
+        assert_eq!(sets.ipip, before_ipip, "3 of each family at most: kept");
+        assert_eq!(
+            sets.problems,
+            vec![
+                "the vxlan allow-set (cali40all-vxlan-net) holds more than 4 prefixes of one family, \
+                 more than the observer's programs hold: its check is off, sources are not judged \
+                 against it"
+                    .to_string()
+            ]
+        );
+    }
 
     #[test]
     fn an_incomplete_read_keeps_the_previous_set_of_its_kind() {

@@ -133,6 +133,7 @@ pub fn read(config: &AllowSetConfig) -> AllowSets {
         }
     }
     add_cidrs(config, &mut snapshot);
+    snapshot.refuse_oversized(observer_common::ALLOW_SET_MAX_PREFIXES as usize);
     snapshot
 }
 

@@ -14,6 +14,16 @@ use std::{
 /// stop the observer.
 pub const TIMEOUT: Duration = Duration::from_secs(10);
 
+/// The most standard output a tool may give. What the observer reads is
+/// small (Calico's 50,000 rules are about 10 MiB of `iptables-save`; a
+/// set of 65,536 prefixes, what the programs hold, about 2 MiB of `ipset
+/// save`); a ruleset or set that others control must not make the
+/// observer hold gigabytes.
+pub const MAX_OUTPUT: u64 = 32 << 20;
+
+/// The most standard error kept for a message.
+const MAX_STDERR: u64 = 16 << 10;
+
 /// Why a tool's output could not be had. Callers branch on the kind: a
 /// tool that is not installed is not asked again within the same read;
 /// after a timeout or failure what it should have read is kept from the
@@ -49,6 +59,20 @@ pub enum ToolError {
         /// Its standard error, trimmed.
         stderr: String,
     },
+    /// It wrote more than [`MAX_OUTPUT`] (the rest was read and dropped,
+    /// so it could finish).
+    #[error(
+        "{command} wrote more than {} MiB: {what} not read (more than the observer reads)",
+        limit >> 20
+    )]
+    TooLarge {
+        /// The command line.
+        command: String,
+        /// The limit it exceeded, in bytes.
+        limit: u64,
+        /// What the observer wanted from it.
+        what: String,
+    },
     /// Starting or waiting for it failed otherwise.
     #[error("running {tool}: {message}")]
     Io {
@@ -62,7 +86,7 @@ pub enum ToolError {
 /// Runs `tool args...`; stdout on success, else why not (see [`ToolError`];
 /// a tool that does not answer within [`TIMEOUT`] is killed).
 pub fn output(tool: &str, args: &[&str], what: &str) -> Result<String, ToolError> {
-    output_within(tool, args, what, TIMEOUT)
+    output_within(tool, args, what, TIMEOUT, MAX_OUTPUT)
 }
 
 fn output_within(
@@ -70,6 +94,7 @@ fn output_within(
     args: &[&str],
     what: &str,
     timeout: Duration,
+    max_output: u64,
 ) -> Result<String, ToolError> {
     let command = || format!("{tool} {}", args.join(" "));
     let io = |e: std::io::Error| ToolError::Io {
@@ -93,14 +118,18 @@ fn output_within(
             }
         })?;
     // Both pipes are drained while waiting: a tool writing more than a
-    // pipe holds would otherwise never exit.
-    let drain = |pipe: Option<Box<dyn Read + Send>>| {
+    // pipe holds would otherwise never exit. Past `limit` bytes the rest is
+    // read and dropped (memory stays bounded, the tool still finishes);
+    // the thread says how many bytes it dropped.
+    let drain = |pipe: Option<Box<dyn Read + Send>>, limit: u64| {
         thread::spawn(move || {
             let mut bytes = Vec::new();
+            let mut dropped = 0;
             if let Some(mut pipe) = pipe {
-                let _ = pipe.read_to_end(&mut bytes);
+                let _ = (&mut pipe).take(limit).read_to_end(&mut bytes);
+                dropped = std::io::copy(&mut pipe, &mut std::io::sink()).unwrap_or(0);
             }
-            bytes
+            (bytes, dropped)
         })
     };
     let stdout = drain(
@@ -108,12 +137,14 @@ fn output_within(
             .stdout
             .take()
             .map(|p| Box::new(p) as Box<dyn Read + Send>),
+        max_output,
     );
     let stderr = drain(
         child
             .stderr
             .take()
             .map(|p| Box::new(p) as Box<dyn Read + Send>),
+        MAX_STDERR,
     );
     let deadline = Instant::now() + timeout;
     let status = loop {
@@ -132,18 +163,25 @@ fn output_within(
             Err(e) => return Err(io(e)),
         }
     };
-    let output = std::process::Output {
-        status,
-        stdout: stdout.join().unwrap_or_default(),
-        stderr: stderr.join().unwrap_or_default(),
-    };
-    if !output.status.success() {
+    let (stdout, stdout_dropped) = stdout.join().unwrap_or_default();
+    let (stderr, _) = stderr.join().unwrap_or_default();
+    if !status.success() {
         return Err(ToolError::Failed {
             command: command(),
-            stderr: String::from_utf8_lossy(&output.stderr).trim().to_string(),
+            stderr: String::from_utf8_lossy(&stderr).trim().to_string(),
         });
     }
-    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    if stdout_dropped > 0 {
+        return Err(ToolError::TooLarge {
+            command: command(),
+            limit: max_output,
+            what: what.to_string(),
+        });
+    }
+    // Rule comments and set names are other people's bytes: invalid UTF-8
+    // becomes U+FFFD rather than an error, so one odd comment does not
+    // hide every counter.
+    Ok(String::from_utf8_lossy(&stdout).into_owned())
 }
 
 #[cfg(test)]
@@ -169,9 +207,15 @@ mod tests {
     #[test]
     fn a_hung_tool_is_killed_and_named() {
         let started = Instant::now();
-        let err = output_within("sleep", &["30"], "its rules", Duration::from_millis(200))
-            .unwrap_err()
-            .to_string();
+        let err = output_within(
+            "sleep",
+            &["30"],
+            "its rules",
+            Duration::from_millis(200),
+            MAX_OUTPUT,
+        )
+        .unwrap_err()
+        .to_string();
         assert!(started.elapsed() < Duration::from_secs(5));
         assert!(
             err.starts_with("sleep 30 did not answer within 0s"),
@@ -184,6 +228,48 @@ mod tests {
     fn large_output_is_read_whole() {
         let out = output("sh", &["-c", "head -c 1000000 /dev/zero | tr '\\0' x"], "x").unwrap();
         assert_eq!(out.len(), 1_000_000);
+    }
+
+    #[test]
+    fn output_past_the_limit_is_refused_and_the_tool_still_finishes() {
+        let started = Instant::now();
+        let err = output_within(
+            "sh",
+            &["-c", "head -c 5000000 /dev/zero"],
+            "its sets",
+            Duration::from_secs(30),
+            1 << 20,
+        )
+        .unwrap_err();
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "not killed by the timeout"
+        );
+        assert_eq!(
+            err.to_string(),
+            "sh -c head -c 5000000 /dev/zero wrote more than 1 MiB: its sets not read \
+             (more than the observer reads)"
+        );
+        let exact = output_within(
+            "sh",
+            &["-c", "head -c 1048576 /dev/zero"],
+            "x",
+            TIMEOUT,
+            1 << 20,
+        );
+        assert_eq!(exact.unwrap().len(), 1 << 20, "the limit itself is read");
+        let noisy =
+            output("sh", &["-c", "head -c 1000000 /dev/zero >&2; exit 1"], "x").unwrap_err();
+        assert!(
+            matches!(&noisy, ToolError::Failed { stderr, .. } if stderr.len() == MAX_STDERR as usize),
+            "stderr kept up to its limit"
+        );
+    }
+
+    #[test]
+    fn invalid_utf8_is_replaced_not_refused() {
+        let out = output("printf", &["a\\377b"], "x").unwrap();
+        assert_eq!(out, "a\u{fffd}b");
     }
 
     #[test]

@@ -162,6 +162,7 @@ pub struct StatsLine<'a> {
     flow_cache_collisions: u64,
     rows_forgotten: u64,
     late_intervals: u64,
+    netlink_overruns: u64,
 }
 
 /// Everything one interval reports.
@@ -175,6 +176,9 @@ pub struct Snapshot<'a> {
     /// Intervals read a whole period or more late since the start (the
     /// process was starved or stopped, or an interval took too long).
     pub late_intervals: u64,
+    /// Times the data-plane change notifications overran their socket
+    /// (notifications lost, the data plane re-read in full).
+    pub netlink_overruns: u64,
     /// Interface names by index.
     pub ifaces: &'a HashMap<u32, String>,
     /// Attachments, for the table header.
@@ -612,6 +616,7 @@ pub fn write_json(out: &mut impl Write, snap: &Snapshot<'_>) -> io::Result<()> {
         flow_cache_collisions: snap.stats.flow_cache_collisions,
         rows_forgotten: snap.rows_forgotten,
         late_intervals: snap.late_intervals,
+        netlink_overruns: snap.netlink_overruns,
     };
     write_line(out, &Line::Stats(stats))?;
     out.flush()
@@ -708,6 +713,7 @@ mod tests {
             stats: KernelStats::default(),
             rows_forgotten: 0,
             late_intervals: 0,
+            netlink_overruns: 0,
             ifaces,
             attachments: &[],
             at: SystemTime::UNIX_EPOCH,

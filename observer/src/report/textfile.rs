@@ -12,7 +12,7 @@ use std::{
     fs,
     io::{self, Write},
     net::IpAddr,
-    os::unix::fs::PermissionsExt,
+    os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt},
     path::{Path, PathBuf},
     time::SystemTime,
 };
@@ -240,6 +240,8 @@ pub struct ExportInput<'a> {
     pub programs_attached: usize,
     /// Intervals read a whole period or more late since the start.
     pub late_intervals: u64,
+    /// Times the data-plane change notifications overran their socket.
+    pub netlink_overruns: u64,
     /// When the counters were read.
     pub at: SystemTime,
     /// Anomalies active now.
@@ -696,6 +698,12 @@ impl Exporter {
                 vec![(vec![], input.late_intervals as f64)],
             ),
             family(
+                "observer_netlink_overruns_total",
+                "Times the data-plane change notifications overran their netlink socket (notifications lost; the data plane was re-read in full).",
+                MetricType::COUNTER,
+                vec![(vec![], input.netlink_overruns as f64)],
+            ),
+            family(
                 "observer_last_update_timestamp_seconds",
                 "Unix time at which the counters in this file were read.",
                 MetricType::GAUGE,
@@ -934,21 +942,70 @@ pub fn encode(families: &[MetricFamily]) -> io::Result<String> {
 
 /// Writes `text` as `dir/name` atomically: a temporary file in the same
 /// directory (name not ending in `.prom`, so node_exporter never reads it
-/// half-written), fsync, mode 0644, rename.
+/// half-written), mode 0644 set on the descriptor, fsync, rename.
+///
+/// The directory may be writable by other users (node_exporter setups
+/// often use a shared one), and the observer runs as root: the temporary
+/// name is random and created with `O_CREAT|O_EXCL|O_NOFOLLOW`, so a
+/// symlink planted under a guessed name is never followed (the rename
+/// replaces a symlink at `dir/name` itself, not what it points to).
 pub fn write_atomic(dir: &Path, name: &str, text: &str) -> io::Result<PathBuf> {
     let final_path = dir.join(name);
-    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
-    let result = (|| {
-        let mut file = fs::File::create(&tmp)?;
-        file.write_all(text.as_bytes())?;
-        file.set_permissions(fs::Permissions::from_mode(0o644))?;
-        file.sync_all()?;
-        fs::rename(&tmp, &final_path)
-    })();
-    if result.is_err() {
-        let _ = fs::remove_file(&tmp);
+    let mut tmp = tempfile::Builder::new()
+        .prefix(&format!(".{name}."))
+        .suffix(".tmp")
+        .make_in(dir, |path| {
+            fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+                .open(path)
+        })?;
+    // On the descriptor, whatever the umask: node_exporter may run as
+    // another user.
+    tmp.as_file()
+        .set_permissions(fs::Permissions::from_mode(0o644))?;
+    tmp.write_all(text.as_bytes())?;
+    tmp.as_file().sync_all()?;
+    // On failure the temporary file is removed when `tmp` drops.
+    tmp.persist(&final_path).map_err(|e| e.error)?;
+    Ok(final_path)
+}
+
+/// Why `dir` is unsafe to share, when users other than this process's
+/// can write to it: they can replace or delete the textfile between two
+/// writes, which no way of writing prevents. `None` for a directory only
+/// its owner (this user or root) can write; an error when it cannot be
+/// looked at (missing: it is checked again once it exists).
+pub fn shared_dir_warning(dir: &Path) -> io::Result<Option<String>> {
+    let meta = fs::metadata(dir)?;
+    let mode = meta.mode();
+    // SAFETY: geteuid has no preconditions.
+    let euid = unsafe { libc::geteuid() };
+    let owner_is_other = meta.uid() != euid && meta.uid() != 0;
+    let group_writes = mode & 0o020 != 0 && meta.gid() != 0;
+    let others_write = mode & 0o002 != 0;
+    if !(owner_is_other || group_writes || others_write) {
+        return Ok(None);
     }
-    result.map(|()| final_path)
+    let who = if others_write {
+        "every user"
+    } else if group_writes {
+        "its group"
+    } else {
+        "its owner"
+    };
+    Ok(Some(format!(
+        "textfile directory {} (mode {:o}, owner uid {}, gid {}) is writable by {who}: \
+         they can replace or delete {TEXTFILE_NAME} between writes (the observer itself \
+         never follows their links); use a directory only root can write, such as \
+         /var/lib/node_exporter/textfile_collector",
+        dir.display(),
+        mode & 0o7777,
+        meta.uid(),
+        meta.gid()
+    )))
 }
 
 #[cfg(test)]
@@ -982,6 +1039,7 @@ mod tests {
             stats: KernelStats::default(),
             programs_attached: 2,
             late_intervals: 0,
+            netlink_overruns: 0,
             at: SystemTime::UNIX_EPOCH,
             anomalies: &[],
             anomalies_raised: raised,
@@ -1494,6 +1552,39 @@ mod tests {
         assert_eq!(names, vec![std::ffi::OsString::from(TEXTFILE_NAME)]);
         let missing = dir.join("missing");
         assert!(write_atomic(&missing, TEXTFILE_NAME, "x").is_err());
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_planted_symlink_is_replaced_not_followed() {
+        let dir =
+            std::env::temp_dir().join(format!("observer-symlink-test-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let victim = dir.join("victim");
+        fs::write(&victim, "precious\n").unwrap();
+        let link = dir.join(TEXTFILE_NAME);
+        std::os::unix::fs::symlink(&victim, &link).unwrap();
+        write_atomic(&dir, TEXTFILE_NAME, "a 1\n").unwrap();
+        assert_eq!(fs::read_to_string(&victim).unwrap(), "precious\n");
+        let meta = fs::symlink_metadata(&link).unwrap();
+        assert!(meta.file_type().is_file(), "the link itself was replaced");
+        assert_eq!(fs::read_to_string(&link).unwrap(), "a 1\n");
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn directories_others_can_write_are_named() {
+        let dir =
+            std::env::temp_dir().join(format!("observer-shared-dir-test-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o755)).unwrap();
+        assert_eq!(shared_dir_warning(&dir).unwrap(), None);
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o1777)).unwrap();
+        let warning = shared_dir_warning(&dir).unwrap().expect("a warning");
+        assert!(warning.contains(&*dir.to_string_lossy()), "{warning}");
+        assert!(warning.contains("mode 1777"), "{warning}");
+        assert!(warning.contains("every user"), "{warning}");
+        assert!(shared_dir_warning(&dir.join("missing")).is_err());
         fs::remove_dir_all(&dir).unwrap();
     }
 }

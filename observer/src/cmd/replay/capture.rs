@@ -67,6 +67,13 @@ const PCAP_MAGICS: [[u8; 4]; 4] = [
 ];
 const PCAPNG_MAGIC: [u8; 4] = [0x0a, 0x0d, 0x0d, 0x0a];
 
+/// The longest original length a record may claim. The largest packet a
+/// Linux capture shows is a BIG TCP super-packet of up to 512 KiB
+/// (`GSO_MAX_SIZE` since 6.3) plus its headers; a record claiming more is
+/// a damaged length field, and counting it would add gigabytes of
+/// "truncated" bytes that were never sent.
+pub const MAX_ORIGINAL_LEN: u32 = 1 << 20;
+
 /// One captured frame, normalised to Ethernet.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Frame {
@@ -334,6 +341,12 @@ impl<R: Read> Frames<R> {
             });
         }
         let captured_len = u32::try_from(data.len()).unwrap_or(u32::MAX);
+        if let Some(reason) = implausible_lengths(captured_len, original_len) {
+            return Err(CaptureError::Damaged {
+                frame: self.count,
+                reason,
+            });
+        }
         self.last_timestamp = timestamp;
         Ok(Frame {
             number: self.count,
@@ -359,6 +372,21 @@ impl<R: Read> Frames<R> {
             Ok(p) => p,
             Err(e) => return Some(Err(self.damaged(&e))),
         };
+        // libpcap writes the fraction below one second; more means the
+        // record header is not where the file says (damaged or shifted).
+        let frac_limit = if nanos { 1_000_000_000 } else { 1_000_000 };
+        if packet.ts_frac >= frac_limit {
+            self.count += 1;
+            return Some(Err(CaptureError::Damaged {
+                frame: self.count,
+                reason: format!(
+                    "record header damaged: its timestamp's {} field is {} (at most {})",
+                    if nanos { "nanoseconds" } else { "microseconds" },
+                    packet.ts_frac,
+                    frac_limit - 1
+                ),
+            }));
+        }
         let frac = u64::from(packet.ts_frac) * if nanos { 1 } else { 1000 };
         let timestamp = Duration::from_secs(u64::from(packet.ts_sec)) + Duration::from_nanos(frac);
         let original_len = packet.orig_len;
@@ -454,6 +482,24 @@ impl<R: Read> Iterator for Frames<R> {
             self.done = true;
         }
         next
+    }
+}
+
+/// Why a record's two length fields cannot both be right, if they cannot:
+/// fewer bytes on the wire than captured, or more than any packet has.
+fn implausible_lengths(captured_len: u32, original_len: u32) -> Option<String> {
+    if original_len > MAX_ORIGINAL_LEN {
+        Some(format!(
+            "record's length field damaged: it claims {original_len} bytes on the wire \
+             (no packet is longer than {MAX_ORIGINAL_LEN})"
+        ))
+    } else if original_len < captured_len {
+        Some(format!(
+            "record's length field damaged: {captured_len} bytes captured of a packet \
+             of {original_len}"
+        ))
+    } else {
+        None
     }
 }
 
@@ -758,6 +804,44 @@ mod tests {
             "{err}"
         );
         assert_eq!(got.len(), 2, "nothing after the error");
+    }
+
+    #[test]
+    fn implausible_lengths_and_times_are_damage() {
+        let frame = ethernet(ETH_P_IP, &ipv4_header([198, 18, 0, 2]));
+        // A 4 GB claim, and fewer bytes on the wire than captured.
+        for (orig, says) in [
+            (4_093_509_154u32, "claims 4093509154"),
+            (20, "34 bytes captured"),
+        ] {
+            let got = all(&pcap(1, &[(&frame, 34), (&frame, orig), (&frame, 34)]));
+            assert!(got[0].is_ok());
+            let err = got[1].as_ref().unwrap_err();
+            assert!(err.is_damage(), "{err}");
+            assert!(
+                err.to_string()
+                    .starts_with("frame 2: record's length field damaged"),
+                "{err}"
+            );
+            assert!(err.to_string().contains(says), "{err}");
+            assert_eq!(got.len(), 2, "nothing after the error");
+        }
+        // The largest plausible claim is a frame.
+        assert!(all(&pcap(1, &[(&frame, MAX_ORIGINAL_LEN)]))[0].is_ok());
+        // Microseconds of a second or more.
+        let mut file = pcap(1, &[(&frame, 34), (&frame, 34)]);
+        let second_ts_frac = 24 + 16 + frame.len() + 4;
+        file[second_ts_frac..second_ts_frac + 4].copy_from_slice(&1_000_000u32.to_le_bytes());
+        let got = all(&file);
+        assert!(got[0].is_ok());
+        let err = got[1].as_ref().unwrap_err();
+        assert!(err.is_damage());
+        assert!(
+            err.to_string().starts_with(
+                "frame 2: record header damaged: its timestamp's microseconds field is 1000000"
+            ),
+            "{err}"
+        );
     }
 
     #[test]

@@ -42,9 +42,27 @@ pub struct FileCounts {
     pub cut: u64,
     /// Frames shorter than an Ethernet header, counted as `truncated_l2`
     /// without a test run (the kernel refuses those).
-    pub runts: u64,
+    pub runts: Runts,
     /// Frames the kernel refused to test-run (see [`FrameOutcome::refused`]).
     pub refused: u64,
+}
+
+/// Frames shorter than an Ethernet header in one capture: neither engine
+/// classifies them, their row is `truncated_l2` with every captured byte.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Runts {
+    /// How many.
+    pub frames: u64,
+    /// Their captured bytes.
+    pub bytes: u64,
+}
+
+impl Runts {
+    /// Counts one runt of `len` bytes.
+    pub fn add(&mut self, len: usize) {
+        self.frames += 1;
+        self.bytes += len as u64;
+    }
 }
 
 /// The rows one capture added.
@@ -66,8 +84,8 @@ pub trait Engine: AllowSetSink {
 
     /// Ends capture number `index`: its rows, with rates over `seconds`
     /// (the capture's time span; rates are 0 when it is unknown), plus
-    /// `runts` frames as unclassified `truncated_l2`.
-    fn finish_file(&mut self, index: u32, seconds: f64, runts: u64) -> Result<FileRows>;
+    /// `runts` as unclassified `truncated_l2`.
+    fn finish_file(&mut self, index: u32, seconds: f64, runts: Runts) -> Result<FileRows>;
 
     /// Self counters after the last capture.
     fn stats(&self) -> Result<KernelStats>;
@@ -157,13 +175,13 @@ impl CaptureRows {
 
     /// Ends capture number `index`: the rows that grew since the previous
     /// capture, with rates over `seconds` (the capture's time span; 0 when
-    /// it is unknown), plus `runts` frames as unclassified `truncated_l2`.
-    pub fn finish(&mut self, index: u32, seconds: f64, runts: u64) -> FileRows {
-        if runts > 0 {
+    /// it is unknown), plus `runts` as unclassified `truncated_l2`.
+    pub fn finish(&mut self, index: u32, seconds: f64, runts: Runts) -> FileRows {
+        if runts.frames > 0 {
             self.add_unclassified(
                 unclassified_id(Direction::Rx, Unclassified::TruncatedL2),
-                runts,
-                0,
+                runts.frames,
+                runts.bytes,
             );
         }
         let mut rows = grown(

@@ -32,7 +32,7 @@ use crate::{
     cmd::checks::AllowSetSink,
     cmd::replay::capture::Frame,
     cmd::replay::classify::{
-        CaptureRows, Engine, FileRows, FrameOutcome, Readings, sent_by, unclassified_id,
+        CaptureRows, Engine, FileRows, FrameOutcome, Readings, Runts, sent_by, unclassified_id,
     },
     model::facts::AllowSets,
     model::rows::{self, DropId, FlowId, KernelReasons, KernelStats},
@@ -176,8 +176,8 @@ impl Engine for Replayer {
 
     /// Ends capture number `index`: its rows, with rates over `seconds`
     /// (the capture's time span; rates are 0 when it is unknown), plus
-    /// `runts` frames as unclassified `truncated_l2`.
-    fn finish_file(&mut self, index: u32, seconds: f64, runts: u64) -> Result<FileRows> {
+    /// `runts` as unclassified `truncated_l2`.
+    fn finish_file(&mut self, index: u32, seconds: f64, runts: Runts) -> Result<FileRows> {
         self.fold()?;
         Ok(self.rows.finish(index, seconds, runts))
     }

@@ -148,6 +148,7 @@ fn replay(args: &ReplayArgs) -> Result<u8> {
         stats: engine.stats()?,
         rows_forgotten: 0,
         late_intervals: 0,
+        netlink_overruns: 0,
         ifaces: &ifaces,
         attachments: &[],
         at,
@@ -213,7 +214,7 @@ fn replay_file(
         // Neither engine classifies a frame shorter than an Ethernet
         // header (the kernel refuses to test-run one).
         if frame.data.len() < ETH_HLEN {
-            counts.runts += 1;
+            counts.runts.add(frame.data.len());
         } else {
             let outcome = engine.run(&frame)?;
             counts.tx_frames += u64::from(outcome.tx);

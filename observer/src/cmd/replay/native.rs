@@ -26,7 +26,7 @@ use crate::{
     cmd::checks::AllowSetSink,
     cmd::replay::{
         capture::Frame,
-        classify::{self, CaptureRows, Engine, FileRows, FrameOutcome},
+        classify::{self, CaptureRows, Engine, FileRows, FrameOutcome, Runts},
     },
     model::{
         facts::{AllowLookup, AllowSets, SetKind},
@@ -161,7 +161,7 @@ impl Engine for NativeEngine {
         })
     }
 
-    fn finish_file(&mut self, index: u32, seconds: f64, runts: u64) -> Result<FileRows> {
+    fn finish_file(&mut self, index: u32, seconds: f64, runts: Runts) -> Result<FileRows> {
         let flows: Vec<(FlowId, FlowCounters)> = self
             .flows
             .iter()

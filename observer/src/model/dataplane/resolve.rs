@@ -3,7 +3,7 @@
 //! apart from the netlink code so that they are tested on hand-built input.
 
 use std::{
-    collections::{BTreeMap, BTreeSet},
+    collections::{BTreeMap, BTreeSet, HashMap},
     net::IpAddr,
 };
 
@@ -68,12 +68,20 @@ pub(super) fn blocks(
     routes: &[Route],
     tunnel_routes: &[TunnelRoute],
 ) -> Vec<BlockRoute> {
+    // Indexed, not searched per route: a node has thousands of routes, and
+    // a route storm re-reads them every interval.
+    let mut by_route: HashMap<(ipnet::IpNet, u32, u32), &TunnelRoute> = HashMap::new();
+    for tunnel in tunnel_routes {
+        by_route
+            .entry((tunnel.dst, tunnel.ifindex, tunnel.table))
+            .or_insert(tunnel);
+    }
     let mut blocks: BTreeMap<ipnet::IpNet, BlockRoute> = BTreeMap::new();
     for route in routes {
         let host_len = route.dst.max_prefix_len();
-        let through_tunnel = tunnel_routes
-            .iter()
-            .find(|t| t.dst == route.dst && t.ifindex == route.ifindex && t.table == route.table);
+        let through_tunnel = by_route
+            .get(&(route.dst, route.ifindex, route.table))
+            .copied();
         if route.table != MAIN_TABLE
             || route.dst.prefix_len() == 0
             || route.dst.prefix_len() == host_len

@@ -1,9 +1,10 @@
 //! Reads the node's data plane through rtnetlink (never by running a
 //! tool) into `model::dataplane`'s view, and says when it changed
 //! ([`ChangeWatcher`]). Everything is read in the network namespace of the
-//! calling thread.
+//! calling thread. [`LiveView`] is the view kept current by both.
 
 pub mod decode;
+mod live;
 mod netlink;
 mod watch;
 
@@ -12,6 +13,7 @@ use std::net::IpAddr;
 use anyhow::Result;
 
 use crate::model::dataplane::{DataPlane, DeclaredTunnel, PeerRoute};
+pub use live::LiveView;
 pub use watch::ChangeWatcher;
 
 /// Reads the view of the calling thread's network namespace (rtnetlink

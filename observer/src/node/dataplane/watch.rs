@@ -1,12 +1,15 @@
 //! Change notifications: a socket subscribed to the rtnetlink groups of
 //! links, addresses, routes and neighbours, drained by a thread that only
-//! raises a flag (bounded: no queue of events is kept).
+//! raises a flag (bounded: no queue of events is kept). Notifications the
+//! kernel could not queue (a full receive buffer: ENOBUFS) raise it too,
+//! since whatever they said is re-read in full; the first overrun is
+//! logged, all are counted.
 
 use std::{
     os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd},
     sync::{
         Arc,
-        atomic::{AtomicBool, Ordering},
+        atomic::{AtomicBool, AtomicU64, Ordering},
     },
     thread::JoinHandle,
 };
@@ -25,6 +28,13 @@ const GROUPS: [(u32, &str); 6] = [
     (libc::RTNLGRP_NEIGH, "RTNLGRP_NEIGH"),
 ];
 
+/// The receive buffer asked for the notification socket. The kernel's
+/// default (`net.core.rmem_default`, 208 KiB) holds a few hundred route
+/// notifications, fewer than one BGP session's worth of withdrawn routes;
+/// this holds several thousand. Memory is only taken while notifications
+/// wait, and the thread drains them at once.
+const RECEIVE_BUFFER: usize = 4 << 20;
+
 /// State shared with the watching thread.
 #[derive(Default)]
 struct Flags {
@@ -33,6 +43,24 @@ struct Flags {
     /// The thread stopped on an error: every call reports a change, since
     /// changes can no longer be seen.
     failed: AtomicBool,
+    overruns: Overruns,
+}
+
+/// Overruns of the notification socket (ENOBUFS: notifications lost).
+/// Said once, then counted: on a node whose routes churn for months a
+/// warning per overrun would flood the log, and the count is exported.
+#[derive(Default)]
+struct Overruns(AtomicU64);
+
+impl Overruns {
+    /// Counts one overrun; true for the first, the one to log.
+    fn count(&self) -> bool {
+        self.0.fetch_add(1, Ordering::Relaxed) == 0
+    }
+
+    fn total(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
 }
 
 /// Says whether the data plane of the network namespace it was created in
@@ -47,10 +75,18 @@ pub struct ChangeWatcher {
 impl ChangeWatcher {
     /// Subscribes in the calling thread's network namespace (the socket
     /// stays there whichever thread uses it) and starts the watching
-    /// thread.
+    /// thread; the socket's receive buffer is 4 MiB.
     pub fn new() -> Result<ChangeWatcher> {
+        Self::with_receive_buffer(RECEIVE_BUFFER)
+    }
+
+    /// [`ChangeWatcher::new`] with a receive buffer of `bytes` (the kernel
+    /// doubles it for its bookkeeping and raises it to its minimum, about
+    /// 2 KiB).
+    pub fn with_receive_buffer(bytes: usize) -> Result<ChangeWatcher> {
         let mut socket = Socket::new(NETLINK_ROUTE)
             .context("opening a NETLINK_ROUTE socket for change notifications")?;
+        set_receive_buffer(&socket, bytes)?;
         socket
             .bind_auto()
             .context("binding the NETLINK_ROUTE notification socket")?;
@@ -94,6 +130,62 @@ impl ChangeWatcher {
         self.flags.changed.swap(false, Ordering::AcqRel)
             || self.flags.failed.load(Ordering::Acquire)
     }
+
+    /// How often the socket overran (the kernel dropped notifications)
+    /// since the watcher started.
+    pub fn overruns(&self) -> u64 {
+        self.flags.overruns.total()
+    }
+}
+
+/// Sets the socket's receive buffer to `bytes`: SO_RCVBUFFORCE, which
+/// needs CAP_NET_ADMIN and goes beyond `net.core.rmem_max`, else SO_RCVBUF
+/// (capped at `net.core.rmem_max`). netlink-sys only has the latter.
+fn set_receive_buffer(socket: &Socket, bytes: usize) -> Result<()> {
+    let value = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
+    let set = |option| {
+        // SAFETY: passes a valid c_int and its size.
+        let ret = unsafe {
+            libc::setsockopt(
+                socket.as_raw_fd(),
+                libc::SOL_SOCKET,
+                option,
+                (&value as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        if ret == 0 {
+            Ok(())
+        } else {
+            Err(std::io::Error::last_os_error())
+        }
+    };
+    set(libc::SO_RCVBUFFORCE)
+        .or_else(|_| set(libc::SO_RCVBUF))
+        .with_context(|| {
+            format!("setting the receive buffer of the notification socket to {bytes} bytes")
+        })
+}
+
+/// The socket's receive buffer as the kernel accounts it (twice what was
+/// set), for the overrun warning.
+fn receive_buffer(socket: &Socket) -> std::io::Result<usize> {
+    let mut value: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: value and len are valid for writes of their sizes.
+    let ret = unsafe {
+        libc::getsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUF,
+            (&mut value as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    };
+    if ret != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(usize::try_from(value).unwrap_or(0))
 }
 
 impl Drop for ChangeWatcher {
@@ -155,12 +247,33 @@ fn watch(socket: &Socket, stop: RawFd, flags: &Flags) {
                 Some(libc::EAGAIN) => break,
                 Some(libc::EINTR) => continue,
                 // Notifications were lost (socket buffer overrun): some
-                // change happened, which is all the flag says.
-                Some(libc::ENOBUFS) => flags.changed.store(true, Ordering::Release),
+                // change happened, which is all the flag says, and the
+                // whole view is re-read anyway.
+                Some(libc::ENOBUFS) => {
+                    flags.changed.store(true, Ordering::Release);
+                    if flags.overruns.count() {
+                        warn_overrun(socket);
+                    }
+                }
                 _ => return fail(flags, "reading", err),
             }
         }
     }
+}
+
+/// The one warning of a run about overruns.
+fn warn_overrun(socket: &Socket) {
+    let buffer = match receive_buffer(socket) {
+        Ok(bytes) => format!("{bytes} bytes"),
+        Err(e) => format!("size unknown: {e}"),
+    };
+    tracing::warn!(
+        "data-plane change notifications were lost: the netlink socket's receive buffer \
+         ({buffer}) overran (ENOBUFS) while the data plane changed faster than they \
+         were read; the whole data plane is re-read at the next interval, so the view \
+         stays exact. Said once: later overruns are only counted \
+         (observer_netlink_overruns_total)"
+    );
 }
 
 fn fail(flags: &Flags, doing: &str, err: std::io::Error) {
@@ -169,4 +282,19 @@ fn fail(flags: &Flags, doing: &str, err: std::io::Error) {
          every refresh now re-reads the data plane"
     );
     flags.failed.store(true, Ordering::Release);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_first_overrun_is_said_and_every_one_counted() {
+        let overruns = Overruns::default();
+        assert_eq!(overruns.total(), 0);
+        assert!(overruns.count(), "the first overrun is logged");
+        assert!(!overruns.count(), "the second is only counted");
+        assert!(!overruns.count());
+        assert_eq!(overruns.total(), 3);
+    }
 }
