@@ -139,53 +139,27 @@ impl ChangeWatcher {
 }
 
 /// Sets the socket's receive buffer to `bytes`: SO_RCVBUFFORCE, which
-/// needs CAP_NET_ADMIN and goes beyond `net.core.rmem_max`, else SO_RCVBUF
-/// (capped at `net.core.rmem_max`). netlink-sys only has the latter.
+/// needs CAP_NET_ADMIN and goes beyond `net.core.rmem_max` (netlink-sys
+/// has no call for it), else netlink-sys's SO_RCVBUF (capped at
+/// `net.core.rmem_max`).
 fn set_receive_buffer(socket: &Socket, bytes: usize) -> Result<()> {
     let value = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
-    let set = |option| {
-        // SAFETY: passes a valid c_int and its size.
-        let ret = unsafe {
-            libc::setsockopt(
-                socket.as_raw_fd(),
-                libc::SOL_SOCKET,
-                option,
-                (&value as *const libc::c_int).cast(),
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-            )
-        };
-        if ret == 0 {
-            Ok(())
-        } else {
-            Err(std::io::Error::last_os_error())
-        }
-    };
-    set(libc::SO_RCVBUFFORCE)
-        .or_else(|_| set(libc::SO_RCVBUF))
-        .with_context(|| {
-            format!("setting the receive buffer of the notification socket to {bytes} bytes")
-        })
-}
-
-/// The socket's receive buffer as the kernel accounts it (twice what was
-/// set), for the overrun warning.
-fn receive_buffer(socket: &Socket) -> std::io::Result<usize> {
-    let mut value: libc::c_int = 0;
-    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-    // SAFETY: value and len are valid for writes of their sizes.
-    let ret = unsafe {
-        libc::getsockopt(
+    // SAFETY: passes a valid c_int and its size.
+    let forced = unsafe {
+        libc::setsockopt(
             socket.as_raw_fd(),
             libc::SOL_SOCKET,
-            libc::SO_RCVBUF,
-            (&mut value as *mut libc::c_int).cast(),
-            &mut len,
+            libc::SO_RCVBUFFORCE,
+            (&value as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
         )
-    };
-    if ret != 0 {
-        return Err(std::io::Error::last_os_error());
+    } == 0;
+    if forced {
+        return Ok(());
     }
-    Ok(usize::try_from(value).unwrap_or(0))
+    socket.set_rx_buf_sz(value).with_context(|| {
+        format!("setting the receive buffer of the notification socket to {bytes} bytes")
+    })
 }
 
 impl Drop for ChangeWatcher {
@@ -263,7 +237,7 @@ fn watch(socket: &Socket, stop: RawFd, flags: &Flags) {
 
 /// The one warning of a run about overruns.
 fn warn_overrun(socket: &Socket) {
-    let buffer = match receive_buffer(socket) {
+    let buffer = match socket.get_rx_buf_sz() {
         Ok(bytes) => format!("{bytes} bytes"),
         Err(e) => format!("size unknown: {e}"),
     };
