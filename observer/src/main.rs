@@ -46,6 +46,17 @@ fn main() -> ExitCode {
             cmd::replay::run(args).map(ExitCode::from),
             ExitCode::from(cmd::replay::EXIT_USAGE),
         ),
+        // 0 every pair healthy, 1 a finding, 2 could not run.
+        Command::Probe(args) => exit(
+            cmd::probe::run(args).map(|healthy| {
+                if healthy {
+                    ExitCode::SUCCESS
+                } else {
+                    ExitCode::from(1)
+                }
+            }),
+            ExitCode::from(2),
+        ),
         // 0 as designed, 1 with fallbacks, 2 cannot run.
         Command::Check(args) => exit(
             cmd::check::run(args.output).map(|verdict| ExitCode::from(verdict.exit_code())),

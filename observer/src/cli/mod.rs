@@ -2,7 +2,11 @@
 
 pub mod settings;
 
-use std::{net::IpAddr, path::PathBuf, time::Duration};
+use std::{
+    net::{IpAddr, Ipv4Addr},
+    path::PathBuf,
+    time::Duration,
+};
 
 use clap::{Args, Parser, Subcommand};
 
@@ -135,6 +139,85 @@ pub enum Command {
     ///          OBSERVER_LOG=debug observer check    # with the verifier's log on failure
     #[command(verbatim_doc_comment)]
     Check(CheckArgs),
+
+    /// Ask the network now: does each encapsulation reach each peer, who
+    /// answers, and how big may a packet be?
+    ///
+    /// For each peer node (from the tunnel routes, FDB and neighbour
+    /// entries; or the PEERs named) and each encapsulation its routes use
+    /// (plus --encap), sends ICMP echo requests encapsulated as the node's
+    /// own tunnel would: inner source this node's tunnel address, inner
+    /// destination the peer's own (VTEP) address. The peer's kernel
+    /// decapsulates and answers through its own tunnel: no agent runs on
+    /// the peer. Answers are read on the underlay, before this node's
+    /// firewall, with the observer's own parser: per peer and
+    /// encapsulation, answered of sent, round-trip time, the outer source
+    /// the answers arrived from (another address than the peer's is source
+    /// NAT on the way), and, with a size ladder of DF probes, the largest
+    /// inner packet that gets through (compared with the tunnel device's
+    /// MTU). Tunnel packets of the peers that arrive during the run from
+    /// another address than the peer's are reported too. Ends with a
+    /// conclusion in words.
+    ///
+    /// Bounds: probes go only to nodes of the data plane or to the PEERs
+    /// named; --count per pair (default 5, at most 100) plus, per answered
+    /// pair, one ladder probe per halving of the size range (11 on a
+    /// 1500-byte link), all paced at --rate (default 20 per second for the
+    /// whole run, at most 200). Probe packets carry the
+    /// payload "observer". Needs CAP_NET_RAW (raw and packet sockets).
+    ///
+    /// Exit status: 0 every pair answered, from the peer, at the device
+    /// MTU; 1 a finding (or a pair that cannot be probed); 2 could not run.
+    ///
+    /// Example: observer probe
+    ///          observer probe 10.10.60.127 --encap ipip --encap vxlan
+    ///          observer probe --netns node-a --output json | jq 'select(.type=="probe")'
+    #[command(verbatim_doc_comment)]
+    Probe(ProbeArgs),
+}
+
+/// Options of `observer probe`.
+#[derive(Debug, Clone, Args)]
+pub struct ProbeArgs {
+    /// Peer nodes to probe (underlay IPv4 addresses). Default: every node
+    /// the tunnel routes lead to.
+    #[arg(value_name = "PEER")]
+    pub peers: Vec<Ipv4Addr>,
+
+    /// Also probe with this encapsulation: vxlan[:PORT], geneve[:PORT],
+    /// ipip (repeatable). The routes' own are always probed.
+    #[arg(long = "encap", value_name = "ENCAP")]
+    pub encaps: Vec<crate::model::probe::Encap>,
+
+    /// Probe inside this named network namespace (see `ip netns list`).
+    #[arg(long, value_name = "NAME")]
+    pub netns: Option<String>,
+
+    /// Reachability probes per peer and encapsulation (1-100).
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=100), value_name = "N")]
+    pub count: u32,
+
+    /// Probes per second, for the whole run (1-200).
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=200), value_name = "PER_SECOND")]
+    pub rate: u32,
+
+    /// How long to wait for an answer after the last probe of a round.
+    #[arg(long, value_parser = parse_duration, default_value = "1s", value_name = "DURATION")]
+    pub timeout: Duration,
+
+    /// Skip the size ladder (reachability only).
+    #[arg(long)]
+    pub no_ladder: bool,
+
+    /// A device that carries an encapsulation the kernel does not know it
+    /// carries (a userspace tunnel on a TUN device), as NAME=PROTO.
+    #[arg(long = "tunnel-device", value_name = "NAME=PROTO")]
+    pub tunnel_devices: Vec<crate::model::dataplane::DeclaredTunnel>,
+
+    /// table (for people) or json (one object per line). Default: table
+    /// on a terminal, json otherwise.
+    #[arg(long, value_enum, value_name = "FORMAT")]
+    pub output: Option<Format>,
 }
 
 /// Options of `observer check`.
@@ -187,6 +270,13 @@ pub struct LabArgs {
     /// kernel without IPIP).
     #[arg(long, value_enum, default_value_t = BgpEncap::None, value_name = "MODE")]
     pub bgp_encap: BgpEncap,
+
+    /// Instead of the pings, run `observer probe` on every node at once
+    /// (each probes the others over VXLAN and IPIP, with a size ladder)
+    /// while the observers watch; the write-up starts with each node's
+    /// probe results. Not for the BGP scenarios.
+    #[arg(long)]
+    pub probe: bool,
 }
 
 /// How the BGP scenarios' nodes carry pod traffic (`observer lab

@@ -10,4 +10,5 @@ pub mod heap;
 pub mod lab;
 pub mod pipe;
 pub mod privileges;
+pub mod probe;
 pub mod replay;

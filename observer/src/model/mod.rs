@@ -11,6 +11,7 @@ pub mod dataplane;
 pub mod facts;
 pub mod hooks;
 pub mod ports;
+pub mod probe;
 pub mod routes;
 pub mod rows;
 pub mod verdicts;

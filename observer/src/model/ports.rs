@@ -1,7 +1,7 @@
 //! Which UDP ports mean which encapsulation; written into the programs'
 //! `UDP_PORTS` map before they are attached.
 
-use observer_common::{PORT_MATCH_SOURCE, Proto, ports};
+use observer_common::{PORT_MATCH_SOURCE, Proto, parse::PortTable, ports};
 
 /// The UDP port assignment, with the defaults Calico, flannel, Cilium and
 /// WireGuard use.
@@ -58,6 +58,29 @@ impl PortConfig {
             }
         }
         Ok(entries.into_iter().map(|(p, v, _)| (p, v)).collect())
+    }
+}
+
+/// The port table as an array indexed by port, like the programs'
+/// `UDP_PORTS` map: what the parser reads when it runs natively
+/// (`observer replay`, `observer probe`).
+pub struct PortArray(Box<[u8; 65536]>);
+
+impl PortArray {
+    /// The table of `config`.
+    pub fn new(config: &PortConfig) -> Result<PortArray, String> {
+        let mut table = Box::new([0u8; 65536]);
+        for (port, tag) in config.entries()? {
+            table[usize::from(port)] = tag;
+        }
+        Ok(PortArray(table))
+    }
+}
+
+impl PortTable for PortArray {
+    #[inline]
+    fn tag(&self, port: u16) -> u8 {
+        self.0[usize::from(port)]
     }
 }
 

@@ -9,5 +9,6 @@ pub mod localnet;
 pub mod netfilter;
 pub mod netns;
 pub mod preflight;
+pub mod probe;
 pub mod tools;
 pub mod tunnel_kinds;

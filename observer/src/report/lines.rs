@@ -21,6 +21,7 @@ use crate::{
     model::crosscheck::NetfilterCheck,
     model::dataplane::{BlockRoute, ExpectedPeer, TunnelDevice, TunnelRoute, UnderlayInterface},
     model::hooks::Attachment,
+    model::probe::{Arrival, Encap, Finding, Rtt, Skipped},
     model::routes::Outage,
     model::rows::Row,
     model::rows::{DropRow, KernelStats, by_rate, direction_name},
@@ -468,6 +469,92 @@ pub struct AllowSetLine {
     pub problems: Vec<String>,
 }
 
+/// `{"type":"probe",...}`: what the probes of one (peer, encapsulation)
+/// found.
+#[derive(Serialize)]
+pub struct ProbeLine<'a> {
+    /// When the run started.
+    pub ts: &'a str,
+    /// The peer's underlay address.
+    pub peer: IpAddr,
+    /// The encapsulation (`vxlan`, `vxlan:8472`, `geneve`, `ipip`).
+    pub encap: Encap,
+    /// The local tunnel device whose address the answers go to.
+    pub device: &'a str,
+    /// Reachability probes sent.
+    pub sent: u32,
+    /// Of those, answered.
+    pub answered: u32,
+    /// Round-trip times; null when nothing was answered.
+    pub rtt: Option<Rtt>,
+    /// Where the answers came from: outer source, how they arrived
+    /// (`other`: not encapsulated), how many.
+    pub answer_sources: Vec<AnswerSource>,
+    /// The largest inner packet (bytes of IP) answered with DF set; null
+    /// when nothing was answered.
+    pub max_size: Option<u32>,
+    /// The tunnel device's MTU.
+    pub device_mtu: u32,
+    /// Probes the size ladder sent.
+    pub ladder_sent: u32,
+    /// `ok`, or the first finding's kind.
+    pub verdict: &'static str,
+    /// Everything wrong with the pair.
+    pub findings: Vec<Finding>,
+}
+
+/// One source answers came from.
+#[derive(Serialize)]
+pub struct AnswerSource {
+    /// Outer source address.
+    pub from: IpAddr,
+    /// The encapsulation they arrived in (`other`: none).
+    #[serde(serialize_with = "crate::model::facts::proto_name")]
+    pub proto: Proto,
+    /// Answers.
+    pub answers: u32,
+}
+
+/// `{"type":"probe_arrival",...}`: a peer's tunnel packets that arrived
+/// during the run, by the outer source they arrived from.
+#[derive(Serialize)]
+pub struct ArrivalLine<'a> {
+    /// When the run started.
+    pub ts: &'a str,
+    /// The fact.
+    #[serde(flatten)]
+    pub fact: &'a Arrival,
+    /// Whether `arrived_from` is another address than the node's.
+    pub rewritten: bool,
+    /// Whether `arrived_from` is a node.
+    pub from_a_node: bool,
+    /// Packets seen.
+    pub packets: u64,
+}
+
+/// `{"type":"probe_summary",...}`: the run's totals and conclusion.
+#[derive(Serialize)]
+pub struct SummaryLine<'a> {
+    /// When the run started.
+    pub ts: &'a str,
+    /// Pairs probed.
+    pub pairs: usize,
+    /// Pairs with a finding.
+    pub pairs_with_findings: usize,
+    /// Pairs that could not be probed.
+    pub skipped: usize,
+    /// Probe packets sent, ladder included.
+    pub probes_sent: u64,
+    /// Frames the listener's queue overflowed by.
+    pub listener_drops: u64,
+    /// Arriving packets whose key found no room.
+    pub arrivals_overflow: u64,
+    /// Whether everything was healthy (exit status 0).
+    pub healthy: bool,
+    /// The conclusion in words.
+    pub conclusion: &'a str,
+}
+
 /// Every JSON line the observer prints: the schema (README "Output"). Each
 /// variant's `type` is its name in snake case; `lab` lines and `observer
 /// check`'s single object are outside it.
@@ -510,6 +597,14 @@ pub enum Line<'a> {
     Replay(ReplayLine<'a>),
     /// The last line of `observer diagnose`.
     Diagnosis(DiagnosisLine<'a>),
+    /// `observer probe`: one (peer, encapsulation).
+    Probe(ProbeLine<'a>),
+    /// `observer probe`: a pair that could not be probed.
+    ProbeSkipped(&'a Skipped),
+    /// `observer probe`: a peer's tunnel packets that arrived.
+    ProbeArrival(ArrivalLine<'a>),
+    /// `observer probe`: the last line, with the conclusion.
+    ProbeSummary(SummaryLine<'a>),
 }
 
 /// Writes one interval as JSON lines: rows that changed during the interval

@@ -3,6 +3,7 @@
 //! node_exporter textfile (`textfile`).
 
 pub mod lines;
+pub mod probe;
 pub mod table;
 pub mod textfile;
 

@@ -17,6 +17,7 @@ mod bgp_facts;
 mod cleanup;
 mod mesh;
 mod observers;
+mod probes;
 mod report;
 pub mod scenarios;
 mod shell;
@@ -66,6 +67,13 @@ pub fn run(args: LabArgs) -> Result<()> {
     cleanup::remove_stale_labs();
     let scenario = args.scenario;
     if scenario.is_bgp() {
+        if args.probe {
+            bail!(
+                "--probe runs on the incident's scenarios (incident, udp-block, mtu, \
+                 encap-mismatch, healthy), not on {}",
+                scenario.name()
+            );
+        }
         return bgp::run(&args);
     }
     let mut view = View::new(
@@ -126,6 +134,10 @@ pub fn run(args: LabArgs) -> Result<()> {
     view.note("observers starting on gpu, cp1 and cp2 (observer diagnose ... eth0)")?;
     let first_ready = observers.wait_ready(&mut view, args.attach_timeout)?;
 
+    if args.probe {
+        return probe_run(args, lab, names, ipip, observers, view, backstop);
+    }
+
     // The pings are sized to end within --duration of the first observer
     // being ready; the observers are stopped after them in any case.
     let tail = PING_LINGER + Duration::from_secs(1);
@@ -183,6 +195,58 @@ pub fn run(args: LabArgs) -> Result<()> {
     view.summary(&Summary {
         scenario,
         pings: &results,
+        probes: Vec::new(),
+        facts: &facts,
+        nodes: (0..NODES.len())
+            .map(|i| (observers.command(i), observers.lines[i].as_slice()))
+            .collect(),
+    })
+}
+
+/// `--probe`: `observer probe` on every node at once instead of the
+/// pings, while the observers watch; then the write-up with the probes'
+/// results.
+fn probe_run(
+    args: LabArgs,
+    mut lab: Cleanup,
+    names: Names,
+    ipip: topology::IpipKind,
+    mut observers: Observers,
+    mut view: View,
+    backstop: Duration,
+) -> Result<()> {
+    let extra: Vec<String> = match ipip {
+        topology::IpipKind::Userspace => vec!["--tunnel-device".into(), "tunl0=ipip".into()],
+        topology::IpipKind::Kernel => Vec::new(),
+    };
+    let mut runs = probes::start(&mut lab, &names.nodes, &extra)?;
+    view.traffic_started();
+    view.note("observer probe on gpu, cp1 and cp2 at once, in place of the pings")?;
+    view.lab_line(
+        &json!({"fact": "probe", "commands": runs.iter().map(|r| &r.command).collect::<Vec<_>>()}),
+    )?;
+    probes::finish(&mut lab, &mut runs, &mut observers, &mut view, backstop)?;
+    // The probes' last answers reach the observers' counters.
+    let linger = Instant::now() + PING_LINGER;
+    while Instant::now() < linger {
+        observers.pump(&mut view)?;
+    }
+    observers.stop(&mut lab);
+    observers.wait_end(&mut lab, &mut view, TRAFFIC_SLACK)?;
+    let counters = names
+        .nodes
+        .iter()
+        .map(|ns| topology::rule_counters(ns))
+        .collect::<Result<Vec<_>>>()?;
+    drop(lab);
+    let facts = report::facts(&observers.lines, &counters);
+    view.summary(&Summary {
+        scenario: args.scenario,
+        pings: &[],
+        probes: runs
+            .iter()
+            .map(|r| (r.command.as_str(), r.lines.as_slice()))
+            .collect(),
         facts: &facts,
         nodes: (0..NODES.len())
             .map(|i| (observers.command(i), observers.lines[i].as_slice()))

@@ -46,8 +46,10 @@ pub struct View {
 pub struct Summary<'a> {
     /// The scenario run.
     pub scenario: Scenario,
-    /// What the pings reported.
+    /// What the pings reported (none with `--probe`).
     pub pings: &'a [PingResult],
+    /// With `--probe`, per node: the probe's command line and its lines.
+    pub probes: Vec<(&'a str, &'a [Value])>,
     /// The facts in the observers' output.
     pub facts: &'a [Fact],
     /// Per node: the observer's command line and every line it printed.
@@ -201,6 +203,15 @@ impl View {
                 line["fact"] = "ping".into();
                 self.lab_line(&line)?;
             }
+            for (node, (_, lines)) in summary.probes.iter().enumerate() {
+                for line in lines.iter() {
+                    let mut tagged = json!({"node": self.nodes[node]});
+                    if let (Some(out), Some(fields)) = (tagged.as_object_mut(), line.as_object()) {
+                        out.extend(fields.clone());
+                    }
+                    print_line(format_args!("{tagged}"))?;
+                }
+            }
             for fact in summary.facts {
                 self.lab_line(fact)?;
             }
@@ -221,13 +232,61 @@ fn print_line(line: fmt::Arguments<'_>) -> Result<()> {
     writeln!(io::stdout().lock(), "{line}").context("writing output")
 }
 
+/// One node's probe lines, as `observer probe` prints its table.
+fn write_probes(out: &mut impl Write, lines: &[Value]) -> io::Result<()> {
+    for line in lines {
+        let text = |key: &str| line[key].as_str().unwrap_or("-").to_string();
+        let number = |key: &str| line[key].as_u64().map_or("-".into(), |n| n.to_string());
+        match line["type"].as_str() {
+            Some("probe") => {
+                let from = line["answer_sources"]
+                    .as_array()
+                    .map(|sources| {
+                        sources
+                            .iter()
+                            .filter_map(|s| s["from"].as_str())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    })
+                    .unwrap_or_default();
+                writeln!(
+                    out,
+                    "  {:<14} {:<6} {:>3}/{:<3} answered  from {:<15} max size {:>5} (device MTU {:>5})  {}",
+                    text("peer"),
+                    text("encap"),
+                    number("answered"),
+                    number("sent"),
+                    if from.is_empty() { "-".into() } else { from },
+                    number("max_size"),
+                    number("device_mtu"),
+                    text("verdict")
+                )?;
+            }
+            Some("probe_summary") => writeln!(out, "  {}", text("conclusion"))?,
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
 /// The text write-up: pings, paths, each node's account, the lab diagnosis.
 fn write_up(out: &mut impl Write, summary: &Summary, findings: &[String]) -> io::Result<()> {
-    writeln!(out)?;
-    writeln!(
-        out,
-        "== pings (what the lab sent; the ping processes' own summaries)"
-    )?;
+    for (node, (command, lines)) in NODES.iter().zip(&summary.probes) {
+        writeln!(out)?;
+        writeln!(
+            out,
+            "== probes from {} {} — {command}",
+            node.name, node.addr
+        )?;
+        write_probes(out, lines)?;
+    }
+    if !summary.pings.is_empty() {
+        writeln!(out)?;
+        writeln!(
+            out,
+            "== pings (what the lab sent; the ping processes' own summaries)"
+        )?;
+    }
     for p in summary.pings {
         writeln!(
             out,

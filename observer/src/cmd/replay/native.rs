@@ -19,7 +19,7 @@ use observer_common::{
     ClassifierDrop, Direction, DropKey, FlowKey, FlowValue,
     checks::{self, CheckFacts},
     drop_origin,
-    parse::{self, Classified, PortTable, SliceFrame},
+    parse::{self, Classified, SliceFrame},
 };
 
 use crate::{
@@ -30,20 +30,10 @@ use crate::{
     },
     model::{
         facts::{AllowLookup, AllowSets, SetKind},
-        ports::PortConfig,
+        ports::{PortArray, PortConfig},
         rows::{self, DropCounters, DropId, FlowCounters, FlowId, KernelReasons, KernelStats},
     },
 };
-
-/// The port table as an array indexed by port, like the `UDP_PORTS` map.
-struct Ports(Box<[u8; 65536]>);
-
-impl PortTable for Ports {
-    #[inline]
-    fn tag(&self, port: u16) -> u8 {
-        self.0[usize::from(port)]
-    }
-}
 
 /// The checks' node facts for a replay: the allow-sets only.
 #[derive(Default)]
@@ -73,7 +63,7 @@ impl CheckFacts for ReplayFacts {
 
 /// Replays frames with the native classifier.
 pub struct NativeEngine {
-    ports: Ports,
+    ports: PortArray,
     facts: ReplayFacts,
     local: Vec<IpAddr>,
     /// Flow and drop counters since the start (interface index 0), like
@@ -90,12 +80,8 @@ impl NativeEngine {
     /// A classifier with the UDP ports of `ports`; frames whose outer
     /// source is in `local` count as sent.
     pub fn new(ports: &PortConfig, local: Vec<IpAddr>) -> Result<NativeEngine> {
-        let mut table = Box::new([0u8; 65536]);
-        for (port, tag) in ports.entries().map_err(|e| anyhow!(e))? {
-            table[usize::from(port)] = tag;
-        }
         Ok(NativeEngine {
-            ports: Ports(table),
+            ports: PortArray::new(ports).map_err(|e| anyhow!(e))?,
             facts: ReplayFacts::default(),
             local,
             flows: HashMap::new(),

@@ -1,0 +1,366 @@
+//! `observer probe` end to end: the lab's scenarios probed from every node
+//! at once (`observer lab --probe`), with exact answers, sources and sizes,
+//! and the gpu observer's count of the probes Calico drops beside the DROP
+//! rule's counter; and the count and rate bounds, checked on the wire with
+//! tcpdump in a two-node Calico VXLAN pair.
+
+mod support;
+
+use std::{collections::BTreeSet, process::Command, time::Duration};
+
+use observer_testkit::{
+    netns::run,
+    pair::{NODE_A, NODE_B, Pair},
+};
+use serde_json::Value;
+use support::{
+    lab::{fact, lab_pid, leftovers, n, path, run_lab_with},
+    netns::Tcpdump,
+};
+
+/// How long the observers may run (the probes end them sooner).
+const LAB_DURATION: Duration = Duration::from_secs(8);
+
+const GPU: &str = "10.10.10.62";
+const CP1: &str = "10.10.60.127";
+const CP2: &str = "10.10.60.209";
+const ROUTER: &str = "10.10.10.244";
+
+/// Runs `observer lab --scenario S --probe` (root only: `None` without);
+/// checks that it succeeded and left nothing behind.
+fn probe_lab(test: &str, scenario: &str) -> Option<Vec<Value>> {
+    if !support::have_root(test) {
+        return None;
+    }
+    let (output, lines) = run_lab_with(scenario, LAB_DURATION, &["--probe"]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{}\n{stderr}", output.status);
+    let pid = lab_pid(&lines);
+    assert!(leftovers(pid).is_empty(), "{:?}", leftovers(pid));
+    Some(lines)
+}
+
+/// The `probe` line of `node`'s run for (peer, encap).
+fn probe<'a>(lines: &'a [Value], node: &str, peer: &str, encap: &str) -> &'a Value {
+    let found: Vec<&Value> = lines
+        .iter()
+        .filter(|l| {
+            l["node"] == node && l["type"] == "probe" && l["peer"] == peer && l["encap"] == encap
+        })
+        .collect();
+    assert_eq!(found.len(), 1, "{node} -> {peer} {encap}: {found:?}");
+    found[0]
+}
+
+/// `node`'s `probe_summary` line.
+fn summary<'a>(lines: &'a [Value], node: &str) -> &'a Value {
+    lines
+        .iter()
+        .find(|l| l["node"] == node && l["type"] == "probe_summary")
+        .unwrap_or_else(|| panic!("no probe_summary from {node}"))
+}
+
+/// Asserts every probe answered from `peer` itself: 5 of 5, the answers'
+/// only source the peer in the same encapsulation, and `max_size`.
+fn assert_answered(line: &Value, peer: &str, proto: &str, max_size: u64) {
+    assert_eq!((n(line, "sent"), n(line, "answered")), (5, 5), "{line}");
+    assert_eq!(
+        line["answer_sources"],
+        serde_json::json!([{"from": peer, "proto": proto, "answers": 5}]),
+        "{line}"
+    );
+    assert_eq!(n(line, "max_size"), max_size, "{line}");
+    assert!(line["rtt"]["max_ms"].as_f64().unwrap() > 0.0, "{line}");
+}
+
+/// Asserts nothing was answered.
+fn assert_unanswered(line: &Value) {
+    assert_eq!((n(line, "sent"), n(line, "answered")), (5, 0), "{line}");
+    assert_eq!(line["verdict"], "unanswered", "{line}");
+    assert_eq!(line["max_size"], Value::Null, "{line}");
+    assert_eq!(n(line, "ladder_sent"), 0, "{line}");
+}
+
+const NODES: [(&str, &str); 3] = [("gpu", GPU), ("cp1", CP1), ("cp2", CP2)];
+
+#[test]
+fn healthy_lab_every_peer_answers_both_encapsulations_at_the_device_mtu() {
+    let Some(lines) = probe_lab(
+        "healthy_lab_every_peer_answers_both_encapsulations_at_the_device_mtu",
+        "healthy",
+    ) else {
+        return;
+    };
+    for (node, _) in NODES {
+        for (_, peer) in NODES.iter().filter(|(other, _)| *other != node) {
+            let vxlan = probe(&lines, node, peer, "vxlan");
+            assert_answered(vxlan, peer, "vxlan", 1450);
+            assert_eq!(n(vxlan, "device_mtu"), 1450);
+            assert_eq!(vxlan["verdict"], "ok", "{vxlan}");
+            let ipip = probe(&lines, node, peer, "ipip");
+            assert_answered(ipip, peer, "ipip", 1480);
+            assert_eq!(n(ipip, "device_mtu"), 1480);
+            assert_eq!(ipip["verdict"], "ok", "{ipip}");
+        }
+        let summary = summary(&lines, node);
+        assert_eq!(summary["healthy"], true, "{summary}");
+        assert_eq!(n(summary, "pairs"), 4);
+        assert_eq!(n(summary, "listener_drops"), 0);
+    }
+    // The observers count every probe and answer at the wire, exactly:
+    // gpu's VXLAN to cp1 is gpu's probes plus its answers to cp1's.
+    let path = path(&lines, "vxlan", "gpu", "cp1");
+    let gpu_probes = probe(&lines, "gpu", CP1, "vxlan");
+    let cp1_probes = probe(&lines, "cp1", GPU, "vxlan");
+    let probes = |l: &Value| n(l, "sent") + n(l, "ladder_sent");
+    assert_eq!(
+        n(path, "sent"),
+        probes(gpu_probes) + probes(cp1_probes),
+        "{path}"
+    );
+    assert_eq!(n(path, "received"), n(path, "sent"), "{path}");
+}
+
+#[test]
+fn incident_lab_vxlan_is_unanswered_ipip_answers_and_udp_is_source_nated() {
+    let Some(lines) = probe_lab(
+        "incident_lab_vxlan_is_unanswered_ipip_answers_and_udp_is_source_nated",
+        "incident",
+    ) else {
+        return;
+    };
+    // From gpu: VXLAN to cp1 unanswered, IPIP answered from cp1's own
+    // address.
+    let gpu_vxlan = probe(&lines, "gpu", CP1, "vxlan");
+    assert_unanswered(gpu_vxlan);
+    assert_answered(probe(&lines, "gpu", CP1, "ipip"), CP1, "ipip", 1480);
+    // cp1's VXLAN reaches gpu (rewritten), so gpu's side is one way.
+    assert_eq!(gpu_vxlan["findings"][1]["kind"], "one_way", "{gpu_vxlan}");
+    // From cp1: VXLAN to gpu unanswered; IPIP answered.
+    assert_unanswered(probe(&lines, "cp1", GPU, "vxlan"));
+    assert_answered(probe(&lines, "cp1", GPU, "ipip"), GPU, "ipip", 1480);
+    // gpu sees the control-plane nodes' VXLAN arrive from the router.
+    let arrivals: BTreeSet<(String, String, String)> = lines
+        .iter()
+        .filter(|l| l["node"] == "gpu" && l["type"] == "probe_arrival" && l["rewritten"] == true)
+        .map(|l| {
+            let text = |key: &str| l[key].as_str().unwrap().to_string();
+            (text("arrived_from"), text("proto"), text("from_node"))
+        })
+        .collect();
+    assert_eq!(
+        arrivals,
+        BTreeSet::from([
+            (ROUTER.to_string(), "vxlan".to_string(), CP1.to_string()),
+            (ROUTER.to_string(), "vxlan".to_string(), CP2.to_string()),
+        ])
+    );
+    let conclusion = summary(&lines, "gpu")["conclusion"].as_str().unwrap();
+    for words in [
+        "VXLAN to 10.10.60.127 unanswered (5 probes)",
+        "IPIP to 10.10.60.127 answered from the peer's own address",
+        "The path to 10.10.60.127 carries IPIP but not VXLAN",
+        "VXLAN from 10.10.60.127 arrives from 10.10.10.244, which is no node",
+        "UDP is source-NATed on the way",
+    ] {
+        assert!(conclusion.contains(words), "{words:?} not in {conclusion}");
+    }
+    // gpu's observer counts every VXLAN probe of cp1 and cp2 (the router
+    // rewrote their source) as a calico_allow_set drop, exactly as many as
+    // Calico's DROP rule counted.
+    let probes_to_gpu = n(probe(&lines, "cp1", GPU, "vxlan"), "sent")
+        + n(probe(&lines, "cp2", GPU, "vxlan"), "sent");
+    let drops = fact(
+        &lines,
+        "allow_set_drops",
+        &[("node", "gpu"), ("proto", "vxlan")],
+    );
+    assert_eq!(n(drops, "observer_packets"), probes_to_gpu, "{drops}");
+    assert_eq!(n(drops, "drop_rule_packets"), probes_to_gpu, "{drops}");
+    let drop_row = lines
+        .iter()
+        .rev()
+        .find(|l| {
+            l["node"] == "gpu"
+                && l["type"] == "drop"
+                && l["peer"] == ROUTER
+                && l["reason"] == "calico_allow_set"
+        })
+        .expect("a calico_allow_set drop row for the router's address on gpu");
+    assert_eq!(n(drop_row, "packets"), probes_to_gpu, "{drop_row}");
+}
+
+#[test]
+fn mtu_lab_ladder_finds_the_largest_size_through_the_1400_byte_link() {
+    let Some(lines) = probe_lab(
+        "mtu_lab_ladder_finds_the_largest_size_through_the_1400_byte_link",
+        "mtu",
+    ) else {
+        return;
+    };
+    // Toward gpu the router forwards onto its 1400-byte link with DF set:
+    // 1400 - 50 bytes of VXLAN, 1400 - 20 of IPIP.
+    for cp in ["cp1", "cp2"] {
+        let vxlan = probe(&lines, cp, GPU, "vxlan");
+        assert_answered(vxlan, GPU, "vxlan", 1350);
+        assert_eq!(vxlan["verdict"], "device_mtu_too_big", "{vxlan}");
+        assert_eq!(
+            vxlan["findings"],
+            serde_json::json!([{"kind": "device_mtu_too_big", "max_size": 1350, "device_mtu": 1450}])
+        );
+        assert_answered(probe(&lines, cp, GPU, "ipip"), GPU, "ipip", 1380);
+    }
+    // From gpu the router's end of that link receives: a veth accepts
+    // MTU + 4 bytes (room for a VLAN tag), so 1404-byte packets pass, and
+    // the router fragments the answers (not DF) on the way back.
+    assert_answered(probe(&lines, "gpu", CP1, "vxlan"), CP1, "vxlan", 1354);
+    assert_answered(probe(&lines, "gpu", CP1, "ipip"), CP1, "ipip", 1384);
+    // Between the control-plane nodes everything fits.
+    assert_answered(probe(&lines, "cp1", CP2, "vxlan"), CP2, "vxlan", 1450);
+    assert_answered(probe(&lines, "cp1", CP2, "ipip"), CP2, "ipip", 1480);
+    let conclusion = summary(&lines, "cp1")["conclusion"].as_str().unwrap();
+    assert!(
+        conclusion.contains(
+            "the path carries at most 1350-byte packets but vxlan.calico's MTU is 1450: packets \
+             of 1351-1450 bytes are lost (set the MTU to 1350)"
+        ),
+        "{conclusion}"
+    );
+}
+
+#[test]
+fn udp_block_lab_vxlan_is_lost_one_way_only_and_ipip_is_fine() {
+    let Some(lines) = probe_lab(
+        "udp_block_lab_vxlan_is_lost_one_way_only_and_ipip_is_fine",
+        "udp-block",
+    ) else {
+        return;
+    };
+    // gpu's VXLAN is blocked; cp1's reaches gpu (from cp1's own address)
+    // but gpu's answers are blocked too: unanswered from both ends, and
+    // only gpu sees the peer's VXLAN arrive: the lost way is gpu's.
+    let gpu_vxlan = probe(&lines, "gpu", CP1, "vxlan");
+    assert_unanswered(gpu_vxlan);
+    assert_eq!(gpu_vxlan["findings"][1]["kind"], "one_way", "{gpu_vxlan}");
+    let cp1_vxlan = probe(&lines, "cp1", GPU, "vxlan");
+    assert_unanswered(cp1_vxlan);
+    assert_eq!(
+        cp1_vxlan["findings"],
+        serde_json::json!([{"kind": "unanswered"}]),
+        "{cp1_vxlan}"
+    );
+    // No address is rewritten: nothing arrives from another source.
+    for (node, _) in NODES {
+        assert!(
+            !lines.iter().any(|l| l["node"] == node
+                && l["type"] == "probe_arrival"
+                && l["rewritten"] == true),
+            "{node}"
+        );
+    }
+    for (node, peer) in [("gpu", CP1), ("cp1", GPU), ("gpu", CP2), ("cp2", GPU)] {
+        let ipip = probe(&lines, node, peer, "ipip");
+        assert_answered(ipip, peer, "ipip", 1480);
+        assert_eq!(ipip["verdict"], "ok", "{ipip}");
+    }
+    assert_answered(probe(&lines, "cp1", CP2, "vxlan"), CP2, "vxlan", 1450);
+    assert!(
+        summary(&lines, "gpu")["conclusion"]
+            .as_str()
+            .unwrap()
+            .contains("the way from this node to the peer loses it (one way)")
+    );
+}
+
+/// Seconds since the epoch of each frame `filter` selects in `capture`
+/// (`tcpdump -tt -nr`).
+fn timestamps(capture: &std::path::Path, filter: &str) -> Vec<f64> {
+    let output = run(
+        "tcpdump",
+        &["-tt", "-nr", capture.to_str().unwrap(), filter],
+    );
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().next()?.parse().ok())
+        .collect()
+}
+
+#[test]
+fn probes_stay_within_their_count_and_rate_on_the_wire() {
+    if !support::have_root("probes_stay_within_their_count_and_rate_on_the_wire") {
+        return;
+    }
+    let pair = Pair::new("prb");
+    pair.calico();
+    let filter = format!("udp dst port 4789 and src host {}", NODE_A.underlay);
+    let tcpdump = Tcpdump::start(&pair.b, "vb", &filter);
+    let output = Command::new(env!("CARGO_BIN_EXE_observer"))
+        .args([
+            "probe",
+            "--netns",
+            pair.a.name(),
+            "--count",
+            "7",
+            "--rate",
+            "10",
+            "--timeout",
+            "500ms",
+            "--output",
+            "json",
+        ])
+        .output()
+        .expect("running observer probe");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    let lines: Vec<Value> = String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let [probe, summary] = &lines[..] else {
+        panic!("{lines:?}")
+    };
+    assert_eq!(probe["peer"], NODE_B.underlay);
+    assert_eq!((n(probe, "sent"), n(probe, "answered")), (7, 7), "{probe}");
+    // The ladder from 84 to 1450 bytes: one probe per halving.
+    assert_eq!(n(probe, "ladder_sent"), 11, "{probe}");
+    assert_eq!(n(probe, "max_size"), 1450, "{probe}");
+    assert_eq!(n(summary, "probes_sent"), 18, "{summary}");
+
+    // On the wire: exactly the probes the run counted, never closer
+    // together than the rate allows (1/10 s; tcpdump's timestamps are
+    // the kernel's, 1 ms of slack for them).
+    let capture = tcpdump.stop_after(18);
+    assert_eq!(capture.count(&filter), 18);
+    let times = timestamps(capture.path(), &filter);
+    assert_eq!(times.len(), 18);
+    let closest = times
+        .windows(2)
+        .map(|w| w[1] - w[0])
+        .fold(f64::INFINITY, f64::min);
+    assert!(
+        closest >= 0.099,
+        "two probes {closest:.4} s apart at --rate 10"
+    );
+    // Every probe carries the observer's mark, "obse(rver)", after the
+    // UDP, VXLAN, Ethernet, IPv4 and ICMP headers (8 + 8 + 14 + 20 + 8).
+    assert_eq!(
+        capture.count(&format!("{filter} and udp[58:4] = 0x6f627365")),
+        18
+    );
+}
+
+#[test]
+fn probe_refuses_without_peers_and_names_what_to_do() {
+    if !support::have_root("probe_refuses_without_peers_and_names_what_to_do") {
+        return;
+    }
+    let pair = Pair::new("prn");
+    let output = Command::new(env!("CARGO_BIN_EXE_observer"))
+        .args(["probe", "--netns", pair.a.name()])
+        .output()
+        .expect("running observer probe");
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("nothing to probe"), "{stderr}");
+    assert!(stderr.contains("name a peer"), "{stderr}");
+}
