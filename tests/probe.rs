@@ -14,7 +14,7 @@ use observer_testkit::{
 };
 use serde_json::Value;
 use support::{
-    lab::{fact, lab_pid, leftovers, n, path, run_lab_with},
+    lab::{fact, lab_pid, leftovers, n, node_findings, run_lab_with},
     netns::Tcpdump,
 };
 
@@ -107,18 +107,40 @@ fn healthy_lab_every_peer_answers_both_encapsulations_at_the_device_mtu() {
         assert_eq!(n(summary, "pairs"), 4);
         assert_eq!(n(summary, "listener_drops"), 0);
     }
-    // The observers count every probe and answer at the wire, exactly:
-    // gpu's VXLAN to cp1 is gpu's probes plus its answers to cp1's.
-    let path = path(&lines, "vxlan", "gpu", "cp1");
-    let gpu_probes = probe(&lines, "gpu", CP1, "vxlan");
-    let cp1_probes = probe(&lines, "cp1", GPU, "vxlan");
+    // The observers count every probe and every answer (which carries the
+    // probe's payload) apart from the peers' rows, exactly, and raise
+    // nothing: gpu sent its own probes and an answer to each of the
+    // others' (all answered here), and received as many.
     let probes = |l: &Value| n(l, "sent") + n(l, "ladder_sent");
-    assert_eq!(
-        n(path, "sent"),
-        probes(gpu_probes) + probes(cp1_probes),
-        "{path}"
-    );
-    assert_eq!(n(path, "received"), n(path, "sent"), "{path}");
+    for (node, addr) in NODES {
+        let own = n(summary(&lines, node), "probes_sent");
+        let answered: u64 = NODES
+            .iter()
+            .filter(|(other, _)| *other != node)
+            .flat_map(|(other, _)| ["vxlan", "ipip"].map(|encap| probe(&lines, other, addr, encap)))
+            .map(probes)
+            .sum();
+        let stats = final_stats(&lines, node);
+        assert_eq!(n(stats, "probe_tx_packets"), own + answered, "{node}: {stats}");
+        assert_eq!(n(stats, "probe_rx_packets"), own + answered, "{node}: {stats}");
+        assert!(node_findings(&lines, node).is_empty(), "{node}");
+        assert!(
+            !lines.iter().any(|l| l["node"] == node
+                && l["type"] == "peer"
+                && l["proto"] != "other"
+                && n(l, "packets") > 0),
+            "{node}: a probe reached a peer's row"
+        );
+    }
+}
+
+/// `node`'s observer's last stats line.
+fn final_stats<'a>(lines: &'a [Value], node: &str) -> &'a Value {
+    lines
+        .iter()
+        .rev()
+        .find(|l| l["node"] == node && l["type"] == "stats" && l["final"] == true)
+        .unwrap_or_else(|| panic!("no final stats line from {node}"))
 }
 
 #[test]
@@ -341,10 +363,10 @@ fn probes_stay_within_their_count_and_rate_on_the_wire() {
         closest >= 0.099,
         "two probes {closest:.4} s apart at --rate 10"
     );
-    // Every probe carries the observer's mark, "obse(rver)", after the
+    // Every probe carries the observer's mark, "OBSP(ROBE)", after the
     // UDP, VXLAN, Ethernet, IPv4 and ICMP headers (8 + 8 + 14 + 20 + 8).
     assert_eq!(
-        capture.count(&format!("{filter} and udp[58:4] = 0x6f627365")),
+        capture.count(&format!("{filter} and udp[58:4] = 0x4f425350")),
         18
     );
 }

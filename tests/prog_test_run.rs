@@ -1916,6 +1916,58 @@ fn plain_traffic_takes_no_cache_slot_and_no_map_entry() {
     h.finish(test);
 }
 
+/// `observer probe`'s packets (inner ICMP payload starting with
+/// `PROBE_MAGIC`) take no row on any hook: they are counted in the probe
+/// stats of their direction; the same frame with another payload is an
+/// ordinary tunnel row.
+#[test]
+fn probe_packets_are_counted_apart_from_the_rows() {
+    let test = "probe_packets_are_counted_apart_from_the_rows";
+    if !support::have_root(test) {
+        return;
+    }
+    let mut h = Harness::new(&LoadConfig::default());
+    let o = pair("192.0.2.191", "192.0.2.192");
+    let i = pair("10.9.0.1", "10.9.0.2");
+    let inner = |payload: &[u8]| {
+        ipv4(v4(i.0), v4(i.1), IPPROTO_ICMP, &icmp4_echo(9, 1, payload))
+    };
+    let mut marked = observer_common::PROBE_MAGIC.to_vec();
+    marked.extend_from_slice(&[0; 48]);
+    let frames = [
+        ("vxlan", vxlan_frame(o.0, o.1, 4096, &eth(ETH_P_IP, &inner(&marked)))),
+        ("ipip", ipip_frame(o.0, o.1, &inner(&marked))),
+    ];
+    let mut expected = (0, 0);
+    for (name, frame) in &frames {
+        for hook in HOOKS {
+            let Some(changed) = h.run(hook, frame, None, 3) else {
+                continue;
+            };
+            assert!(changed.is_empty(), "{test}: {name} probe through {hook:?}: {changed:?}");
+            match direction(hook) {
+                Direction::Rx => expected.0 += 3,
+                Direction::Tx => expected.1 += 3,
+            }
+        }
+    }
+    let stats = h.obs.read_stats().expect("reading stats");
+    assert_eq!(
+        (stats.probe_rx_packets, stats.probe_tx_packets),
+        expected,
+        "{test}: {stats:?}"
+    );
+    assert!(expected.0 >= 4 && expected.1 >= 2, "{expected:?}");
+    // One byte off the mark: an ordinary VXLAN row.
+    let mut unmarked = marked.clone();
+    unmarked[7] ^= 1;
+    let frame = vxlan_frame(o.0, o.1, 4096, &eth(ETH_P_IP, &inner(&unmarked)));
+    let changed = h.run(Hook::Xdp, &frame, None, 1).expect("xdp runs");
+    assert_eq!(changed.len(), 1, "{changed:?}");
+    assert_eq!(changed[0].id.proto, Proto::Vxlan);
+    h.finish(test);
+}
+
 // ------------------------------------------- builders checked by etherparse
 
 /// The builders produce frames an independent parser accepts, with correct

@@ -473,10 +473,19 @@ pub enum Stat {
     /// New keys inserted into [`BGP_MAP`] (minus its live entries: its
     /// LRU evictions).
     BgpInserts = 4,
+    /// `observer probe` packets received (counted here, not in flows;
+    /// see [`PROBE_MAGIC`]).
+    ProbeRxPackets = 5,
+    /// `observer probe` packets sent.
+    ProbeTxPackets = 6,
 }
 
+/// The first bytes of the inner ICMP payload of every `observer probe`
+/// packet: the programs count such packets apart from the flows.
+pub const PROBE_MAGIC: [u8; 8] = *b"OBSPROBE";
+
 /// Number of slots in [`STATS_MAP`].
-pub const STAT_COUNT: u32 = 5;
+pub const STAT_COUNT: u32 = 7;
 
 /// Proves at compile time, on both sides, that a map type has no padding:
 /// its size is the sum of its fields' sizes and its last field ends it.

@@ -297,6 +297,11 @@ pub struct Classified {
     pub vxlan_flags: u8,
     /// The outer IP packet is a fragment (first or later).
     pub outer_fragment: bool,
+    /// An `observer probe` packet: a tunnel packet whose inner ICMP
+    /// payload starts with [`crate::PROBE_MAGIC`]. Counted apart, never
+    /// in a flow row, so that probing never moves the passive counters
+    /// (drop checks still apply: a probe dropped here is a drop).
+    pub probe: bool,
     /// Where the outer IP packet ends according to its length field
     /// (0 when unknown): a shorter linear buffer means the frame has more
     /// data in fragments.
@@ -329,6 +334,7 @@ impl Classified {
             l2_len: 0,
             vxlan_flags: 0,
             outer_fragment: false,
+            probe: false,
             ip_end: 0,
         }
     }
@@ -355,6 +361,15 @@ impl Encap {
         }
     }
 }
+
+/// [`crate::PROBE_MAGIC`] as the two words a read of it gives.
+const PROBE_WORDS: [u32; 2] = {
+    let m = crate::PROBE_MAGIC;
+    [
+        u32::from_ne_bytes([m[0], m[1], m[2], m[3]]),
+        u32::from_ne_bytes([m[4], m[5], m[6], m[7]]),
+    ]
+};
 
 /// Classifies the frame as seen in `direction`.
 #[inline(always)]
@@ -473,6 +488,13 @@ pub fn classify<F: Frame, P: PortTable>(f: &F, direction: Direction, ports: &P) 
     c.vni = encap.vni;
     c.vxlan_flags = encap.flags;
     inner_headers(f, encap.inner, encap.inner_off, &mut c);
+    // One compare for other traffic; the payload is read only for ICMP,
+    // as two words compared one by one (an array compare may become a
+    // memcmp call, which eBPF does not have).
+    c.probe = c.l4_proto == IPPROTO_ICMP
+        && c.l4_off != 0
+        && f.read::<[u32; 2]>(c.l4_off + 8)
+            .is_some_and(|w| w[0] == PROBE_WORDS[0] && w[1] == PROBE_WORDS[1]);
     c
 }
 

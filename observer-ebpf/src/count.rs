@@ -4,7 +4,7 @@
 //! compare), else the LRU map.
 
 use aya_ebpf::bindings::BPF_NOEXIST;
-use observer_common::{FLOW_CACHE_SLOTS, FlowCacheSlot, FlowKey, FlowValue, Stat};
+use observer_common::{Direction, FLOW_CACHE_SLOTS, FlowCacheSlot, FlowKey, FlowValue, Stat};
 
 use crate::{
     maps::{FLOW_CACHE, FLOWS, PLAIN, STATS},
@@ -20,6 +20,15 @@ pub fn record(
     packets: u64,
     bytes: u64,
 ) -> Option<&'static mut FlowCacheSlot> {
+    if c.probe {
+        let stat = if key.direction == Direction::Rx as u8 {
+            Stat::ProbeRxPackets
+        } else {
+            Stat::ProbeTxPackets
+        };
+        add(stat, packets);
+        return None;
+    }
     if let Some(plain) = key.plain_slot().and_then(|slot| PLAIN.get_ptr_mut(slot)) {
         // SAFETY: this CPU's slot; the hooks that write PLAIN (XDP and tc)
         // never interrupt one another on a CPU, and userspace only reads it.
@@ -127,8 +136,14 @@ fn record_in_map(key: &FlowKey, c: &Classified, packets: u64, bytes: u64) {
 /// Adds one to this CPU's `stat`.
 #[inline(always)]
 pub fn bump(stat: Stat) {
+    add(stat, 1);
+}
+
+/// Adds `n` to this CPU's `stat`.
+#[inline(always)]
+fn add(stat: Stat, n: u64) {
     if let Some(counter) = STATS.get_ptr_mut(stat as u32) {
         // SAFETY: per-CPU slot of this CPU.
-        unsafe { *counter += 1 };
+        unsafe { *counter += n };
     }
 }

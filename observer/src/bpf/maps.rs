@@ -254,6 +254,8 @@ impl Observer {
             flow_cache_slots: read(Stat::FlowCacheClaims)?,
             flow_cache_collisions: read(Stat::FlowCacheCollisions)?,
             bgp_inserts: read(Stat::BgpInserts)?,
+            probe_rx_packets: read(Stat::ProbeRxPackets)?,
+            probe_tx_packets: read(Stat::ProbeTxPackets)?,
         })
     }
 }

@@ -163,8 +163,10 @@ pub enum Command {
     /// named; --count per pair (default 5, at most 100) plus, per answered
     /// pair, one ladder probe per halving of the size range (11 on a
     /// 1500-byte link), all paced at --rate (default 20 per second for the
-    /// whole run, at most 200). Probe packets carry the
-    /// payload "observer". Needs CAP_NET_RAW (raw and packet sockets).
+    /// whole run, at most 200). Probe packets carry the payload
+    /// "OBSPROBE": the observer's programs count them apart
+    /// (observer_probe_packets_total), never in a peer's row. Needs
+    /// CAP_NET_RAW (raw and packet sockets).
     ///
     /// Exit status: 0 every pair answered, from the peer, at the device
     /// MTU; 1 a finding (or a pair that cannot be probed); 2 could not run.

@@ -27,8 +27,9 @@ use crate::model::{
 };
 
 /// The first bytes of every probe's ICMP payload: a probe is recognisable
-/// on the wire (and in a capture) as the observer's.
-pub const MAGIC: &[u8; 8] = b"observer";
+/// on the wire (and in a capture) as the observer's, and the programs
+/// count it apart from the flows.
+pub const MAGIC: &[u8; 8] = &observer_common::PROBE_MAGIC;
 
 /// The smallest inner packet: IPv4 (20) + ICMP echo (8) + [`MAGIC`].
 pub const MIN_INNER: u32 = 20 + 8 + MAGIC.len() as u32;
@@ -460,8 +461,12 @@ pub fn read_frame(frame: &[u8], ports: &impl PortTable, id: u16) -> Option<Seen>
     if c.l4_proto == IPPROTO_ICMP && c.l4_off != 0 {
         let icmp = frame.get(c.l4_off..c.l4_off + 8)?;
         let echo_reply = icmp[0] == 0 && icmp[1] == 0;
-        let ours = u16::from_be_bytes([icmp[4], icmp[5]]) == id
-            && frame.get(c.l4_off + 8..c.l4_off + 8 + MAGIC.len()) == Some(&MAGIC[..]);
+        // The programs' parser marks tunnelled probes; an answer that
+        // arrived plain is checked here.
+        let marked = c.probe
+            || (c.proto == Proto::Other
+                && frame.get(c.l4_off + 8..c.l4_off + 8 + MAGIC.len()) == Some(&MAGIC[..]));
+        let ours = marked && u16::from_be_bytes([icmp[4], icmp[5]]) == id;
         if echo_reply && ours {
             let from = match c.proto {
                 Proto::Other => plain_source(frame, c.l2_len)?,

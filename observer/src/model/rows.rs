@@ -350,6 +350,10 @@ pub struct KernelStats {
     pub flow_cache_collisions: u64,
     /// Keys ever inserted into the BGP map.
     pub bgp_inserts: u64,
+    /// `observer probe` packets received, counted apart from the rows.
+    pub probe_rx_packets: u64,
+    /// `observer probe` packets sent.
+    pub probe_tx_packets: u64,
 }
 
 impl KernelStats {

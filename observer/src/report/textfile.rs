@@ -668,6 +668,21 @@ impl Exporter {
                 ],
             ),
             family(
+                "observer_probe_packets_total",
+                "observer probe packets (inner ICMP payload starting OBSPROBE) seen at the wire, counted apart from observer_encap_packets_total so that probing never moves the passive counters.",
+                MetricType::COUNTER,
+                vec![
+                    (
+                        vec![("direction", "rx".to_string())],
+                        input.stats.probe_rx_packets as f64,
+                    ),
+                    (
+                        vec![("direction", "tx".to_string())],
+                        input.stats.probe_tx_packets as f64,
+                    ),
+                ],
+            ),
+            family(
                 "observer_flow_cache_collisions_total",
                 "Packets counted in the flow map because their per-CPU cache slot held another flow (the slower path; counts stay exact).",
                 MetricType::COUNTER,
@@ -1376,6 +1391,7 @@ mod tests {
             "observer_map_evictions_total",
             "observer_lost_events_total",
             "observer_flow_cache_collisions_total",
+            "observer_probe_packets_total",
             "observer_last_update_timestamp_seconds",
             "observer_export_errors_total",
         ] {

@@ -127,10 +127,14 @@ impl Engine for NativeEngine {
         let bytes = frame.data.len() as u64;
         let f = SliceFrame(&frame.data);
         let c = parse::classify(&f, direction, &self.ports);
-        self.flows
-            .entry(FlowKey::of(0, direction, &c))
-            .and_modify(|value| value.add(&c, 1, bytes))
-            .or_insert_with(|| FlowValue::first(&c, 1, bytes));
+        // Probe packets are counted apart by the programs (`count::record`),
+        // never in a flow row: the same here.
+        if !c.probe {
+            self.flows
+                .entry(FlowKey::of(0, direction, &c))
+                .and_modify(|value| value.add(&c, 1, bytes))
+                .or_insert_with(|| FlowValue::first(&c, 1, bytes));
+        }
         if !tx && parse::needs_checks(&c) {
             let drops = &mut self.drops;
             checks::classifier_drops(&c, bytes, &mut self.facts, |reason| {
