@@ -593,6 +593,67 @@ fn udp_no_ports(ns: &Netns) -> u64 {
     values[at].parse().unwrap()
 }
 
+/// `observer probe` on this kernel: from A of a Calico VXLAN pair, with
+/// the observer attached to A's underlay. Every probe is answered, and
+/// the programs count probes and answers apart (probe stats), never in
+/// the peer's row.
+#[test]
+fn probes_are_answered_and_counted_apart() {
+    if !have_root("probes_are_answered_and_counted_apart") {
+        return;
+    }
+    let pair = observer_testkit::pair::Pair::new("kpr");
+    pair.calico();
+    let observer = ObserverProcess::start(Some(pair.a.name()), &[pair.a_iface()], &[]);
+    let output = std::process::Command::new(ObserverProcess::binary())
+        .args([
+            "probe",
+            "--netns",
+            pair.a.name(),
+            "--count",
+            "3",
+            "--no-ladder",
+        ])
+        .args(["--output", "json"])
+        .output()
+        .expect("running observer probe");
+    let run = observer.stop();
+    let lines: Vec<Value> = String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let answered = lines
+        .iter()
+        .find(|l| l["type"] == "probe")
+        .and_then(|l| l["answered"].as_u64())
+        .unwrap_or(0);
+    let stats = run.final_stats();
+    let stat = |key: &str| stats[key].as_u64().unwrap_or(u64::MAX);
+    let in_rows: u64 = run
+        .peers()
+        .values()
+        .filter(|row| row["proto"] == "vxlan")
+        .map(|row| row["packets"].as_u64().unwrap_or(0))
+        .sum();
+    let mut checks = Checks::default();
+    checks.compare("probe_answered", answered, 3, "probes sent");
+    checks.compare("probe_tx_apart", stat("probe_tx_packets"), 3, "probes sent");
+    checks.compare(
+        "probe_rx_apart",
+        stat("probe_rx_packets"),
+        answered,
+        "answers",
+    );
+    checks.compare("probe_in_rows", in_rows, 0, "nothing");
+    checks.finish();
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
 /// The lab's incident, with the kernel's own tunl0 where the kernel has
 /// IPIP: the same facts as tests/lab.rs.
 #[test]

@@ -121,8 +121,16 @@ fn healthy_lab_every_peer_answers_both_encapsulations_at_the_device_mtu() {
             .map(probes)
             .sum();
         let stats = final_stats(&lines, node);
-        assert_eq!(n(stats, "probe_tx_packets"), own + answered, "{node}: {stats}");
-        assert_eq!(n(stats, "probe_rx_packets"), own + answered, "{node}: {stats}");
+        assert_eq!(
+            n(stats, "probe_tx_packets"),
+            own + answered,
+            "{node}: {stats}"
+        );
+        assert_eq!(
+            n(stats, "probe_rx_packets"),
+            own + answered,
+            "{node}: {stats}"
+        );
         assert!(node_findings(&lines, node).is_empty(), "{node}");
         assert!(
             !lines.iter().any(|l| l["node"] == node

@@ -1929,13 +1929,14 @@ fn probe_packets_are_counted_apart_from_the_rows() {
     let mut h = Harness::new(&LoadConfig::default());
     let o = pair("192.0.2.191", "192.0.2.192");
     let i = pair("10.9.0.1", "10.9.0.2");
-    let inner = |payload: &[u8]| {
-        ipv4(v4(i.0), v4(i.1), IPPROTO_ICMP, &icmp4_echo(9, 1, payload))
-    };
+    let inner = |payload: &[u8]| ipv4(v4(i.0), v4(i.1), IPPROTO_ICMP, &icmp4_echo(9, 1, payload));
     let mut marked = observer_common::PROBE_MAGIC.to_vec();
     marked.extend_from_slice(&[0; 48]);
     let frames = [
-        ("vxlan", vxlan_frame(o.0, o.1, 4096, &eth(ETH_P_IP, &inner(&marked)))),
+        (
+            "vxlan",
+            vxlan_frame(o.0, o.1, 4096, &eth(ETH_P_IP, &inner(&marked))),
+        ),
         ("ipip", ipip_frame(o.0, o.1, &inner(&marked))),
     ];
     let mut expected = (0, 0);
@@ -1944,7 +1945,10 @@ fn probe_packets_are_counted_apart_from_the_rows() {
             let Some(changed) = h.run(hook, frame, None, 3) else {
                 continue;
             };
-            assert!(changed.is_empty(), "{test}: {name} probe through {hook:?}: {changed:?}");
+            assert!(
+                changed.is_empty(),
+                "{test}: {name} probe through {hook:?}: {changed:?}"
+            );
             match direction(hook) {
                 Direction::Rx => expected.0 += 3,
                 Direction::Tx => expected.1 += 3,

@@ -135,7 +135,7 @@ const COLUMNS: [&str; 4] = ["5.10", "6.1", "6.12", HOST];
 /// What `cargo xtask test` runs: the VMs (its `test` step covers the host).
 const VM_COLUMNS: [&str; 3] = ["5.10", "6.1", "6.12"];
 
-const DEFAULT_TIMEOUT_MINUTES: u64 = 15;
+const DEFAULT_TIMEOUT_MINUTES: u64 = 20;
 /// The suite's timeouts are multiplied by this inside a VM (TCG).
 const TIME_SCALE: &str = "6";
 

@@ -183,7 +183,6 @@ pub fn probe_once(view: &DataPlane, settings: &Settings) -> Result<Run> {
             .sources
             .entry((answer.from, answer.proto))
             .or_default() += 1;
-        outcome.max_size = Some(BASE_INNER);
     }
 
     // The size ladder: one probe per answered pair and round, bisecting.

@@ -577,7 +577,7 @@ pub struct Outcome {
     /// Answers by the outer source they arrived from, and how they arrived.
     pub sources: BTreeMap<(IpAddr, Proto), u32>,
     /// The largest inner packet answered (the size ladder); `None` when
-    /// nothing was answered.
+    /// nothing was answered or the ladder was not climbed.
     pub max_size: Option<u32>,
     /// Probes the size ladder sent.
     pub ladder_sent: u32,

@@ -493,7 +493,7 @@ pub struct ProbeLine<'a> {
     /// (`other`: not encapsulated), how many.
     pub answer_sources: Vec<AnswerSource>,
     /// The largest inner packet (bytes of IP) answered with DF set; null
-    /// when nothing was answered.
+    /// when nothing was answered or with --no-ladder.
     pub max_size: Option<u32>,
     /// The tunnel device's MTU.
     pub device_mtu: u32,

@@ -190,6 +190,7 @@ pub fn conclusion(run: &Run) -> String {
     }
     // Peers whose every pair is healthy are named together at the end.
     let mut fine: Vec<String> = Vec::new();
+    let mut fine_measured = true;
     for (peer, outcomes) in &by_peer {
         let findings: Vec<Vec<Finding>> = outcomes.iter().map(|o| findings(run, o)).collect();
         if findings.iter().all(Vec::is_empty) {
@@ -198,6 +199,7 @@ pub fn conclusion(run: &Run) -> String {
                 .map(|o| prose(o.target.encap.proto()))
                 .collect();
             fine.push(format!("{peer} ({})", encaps.join(", ")));
+            fine_measured &= outcomes.iter().all(|o| o.max_size.is_some());
             continue;
         }
         let mut parts = Vec::new();
@@ -241,7 +243,10 @@ pub fn conclusion(run: &Run) -> String {
                 }
             }
             if outcome.answered > 0 && findings.is_empty() {
-                part.push_str(" from the peer's own address, up to the device MTU");
+                part.push_str(" from the peer's own address");
+                if outcome.max_size.is_some() {
+                    part.push_str(", up to the device MTU");
+                }
             }
             parts.push(part);
         }
@@ -289,11 +294,16 @@ pub fn conclusion(run: &Run) -> String {
     }
     if !fine.is_empty() {
         sentences.push(format!(
-            "{} answered from the peer's own address, up to the device MTU: {}",
+            "{} answered from the peer's own address{}: {}",
             if sentences.is_empty() {
                 "Every pair"
             } else {
                 "Every other pair"
+            },
+            if fine_measured {
+                ", up to the device MTU"
+            } else {
+                ""
             },
             fine.join(", ")
         ));
