@@ -394,3 +394,171 @@ fn probe_refuses_without_peers_and_names_what_to_do() {
     assert!(stderr.contains("nothing to probe"), "{stderr}");
     assert!(stderr.contains("name a peer"), "{stderr}");
 }
+
+/// Runs `observer ARGS` to its end; (exit code, JSON lines, stderr).
+fn observer(args: &[&str]) -> (Option<i32>, Vec<Value>, String) {
+    let output = Command::new(env!("CARGO_BIN_EXE_observer"))
+        .args(args)
+        .args(["--bird-socket", "/nonexistent/bird.ctl"])
+        .output()
+        .expect("running observer");
+    let lines = String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    (
+        output.status.code(),
+        lines,
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn diagnose_probe_folds_the_probes_into_the_verdict() {
+    if !support::have_root("diagnose_probe_folds_the_probes_into_the_verdict") {
+        return;
+    }
+    let pair = Pair::new("prd");
+    pair.calico();
+    let a = pair.a.name().to_string();
+    let diagnose = [
+        "diagnose",
+        "--netns",
+        &a,
+        "--probe",
+        "--duration",
+        "4s",
+        "--output",
+        "json",
+    ];
+    let (code, lines, stderr) = observer(&diagnose);
+    assert_eq!(code, Some(0), "{stderr}");
+    let probe = lines
+        .iter()
+        .find(|l| l["type"] == "probe")
+        .expect("a probe line");
+    assert_eq!((n(probe, "sent"), n(probe, "answered")), (5, 5), "{probe}");
+    let diagnosis = lines.last().unwrap();
+    assert_eq!(diagnosis["type"], "diagnosis");
+    assert_eq!(diagnosis["healthy"], true, "{diagnosis}");
+    assert_eq!(diagnosis["probe"]["healthy"], true, "{diagnosis}");
+    assert!(
+        diagnosis["text"]
+            .as_str()
+            .unwrap()
+            .contains("Probes (observer probe")
+    );
+
+    // B drops VXLAN: no anomaly (no pod traffic flows), but the probes go
+    // unanswered, and that is the diagnosis's finding.
+    pair.b.exec_ok(&[
+        "iptables", "-A", "INPUT", "-p", "udp", "--dport", "4789", "-j", "DROP",
+    ]);
+    let (code, lines, stderr) = observer(&diagnose);
+    assert_eq!(code, Some(1), "{stderr}");
+    let probe = lines
+        .iter()
+        .find(|l| l["type"] == "probe")
+        .expect("a probe line");
+    assert_eq!(probe["verdict"], "unanswered", "{probe}");
+    let diagnosis = lines.last().unwrap();
+    assert_eq!(diagnosis["healthy"], false, "{diagnosis}");
+    assert_eq!(diagnosis["findings"], serde_json::json!([]), "{diagnosis}");
+    let conclusion = diagnosis["probe"]["conclusion"].as_str().unwrap();
+    assert!(
+        conclusion.starts_with(&format!(
+            "VXLAN to {} unanswered (5 probes)",
+            NODE_B.underlay
+        )),
+        "{conclusion}"
+    );
+}
+
+#[test]
+fn attach_probe_interval_exports_the_probe_series() {
+    if !support::have_root("attach_probe_interval_exports_the_probe_series") {
+        return;
+    }
+    let pair = Pair::new("pri");
+    pair.calico();
+    let dir = tempfile::tempdir().expect("a textfile directory");
+    let textfile = dir.path().join("observer.prom");
+    let attach = Command::new(env!("CARGO_BIN_EXE_observer"))
+        .args(["attach", "--netns", pair.a.name(), pair.a_iface()])
+        .args([
+            "--probe-interval",
+            "3s",
+            "--interval",
+            "500ms",
+            "--output",
+            "json",
+        ])
+        .args(["--bird-socket", "/nonexistent/bird.ctl", "--textfile-dir"])
+        .arg(dir.path())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("starting observer attach");
+    // The textfile once two probe runs are in it (it is removed at exit).
+    let deadline = std::time::Instant::now() + support::netns::scaled(Duration::from_secs(30));
+    let text = loop {
+        let text = std::fs::read_to_string(&textfile).unwrap_or_default();
+        if text.contains("observer_probe_runs_total 2") {
+            break text;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no second probe run:\n{text}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    support::netns::signal(attach.id(), libc::SIGINT);
+    let output = attach.wait_with_output().expect("observer attach ends");
+    assert!(output.status.success());
+
+    let peer = NODE_B.underlay;
+    for series in [
+        format!("observer_probe_answered_ratio{{peer=\"{peer}\",encap=\"vxlan\"}} 1"),
+        format!("observer_probe_max_size_bytes{{peer=\"{peer}\",encap=\"vxlan\"}} 1450"),
+        // Five reachability probes per run, each answered, each timed.
+        format!("observer_probe_rtt_seconds_count{{peer=\"{peer}\",encap=\"vxlan\"}} 10"),
+        format!(
+            "observer_probe_rtt_seconds_bucket{{peer=\"{peer}\",encap=\"vxlan\",le=\"+Inf\"}} 10"
+        ),
+    ] {
+        assert!(text.lines().any(|l| l == series), "{series} not in\n{text}");
+    }
+    // promtool reads the file as it was (the observer removed it at exit).
+    let copy = dir.path().join("copy.prom");
+    std::fs::write(&copy, &text).unwrap();
+    let check = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::fs::File::open(&copy).unwrap())
+        .output()
+        .expect("running promtool");
+    assert!(
+        check.status.success(),
+        "{}",
+        String::from_utf8_lossy(&check.stdout)
+    );
+
+    // The JSON lines carry every run; the probes and their answers are
+    // counted apart, exactly (five plus eleven ladder probes a run).
+    let lines: Vec<Value> = String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let runs: Vec<&Value> = lines
+        .iter()
+        .filter(|l| l["type"] == "probe_summary")
+        .collect();
+    assert!(runs.len() >= 2, "{runs:?}");
+    let sent: u64 = runs.iter().map(|r| n(r, "probes_sent")).sum();
+    let stats = lines
+        .iter()
+        .rev()
+        .find(|l| l["type"] == "stats" && l["final"] == true)
+        .expect("final stats");
+    assert_eq!(n(stats, "probe_tx_packets"), sent, "{stats}");
+    assert_eq!(n(stats, "probe_rx_packets"), sent, "{stats}");
+}

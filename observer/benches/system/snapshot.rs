@@ -92,6 +92,8 @@ pub fn run(vxlan: &[u8]) -> anyhow::Result<()> {
                 events: &[],
                 route_outages: &[],
                 blocks_missing: 0,
+                probe_runs: &[],
+                probe_latest: None,
             };
             let families = exporter.families(&input);
             let families_at = Instant::now();

@@ -196,11 +196,11 @@ pub struct ProbeArgs {
     pub netns: Option<String>,
 
     /// Reachability probes per peer and encapsulation (1-100).
-    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=100), value_name = "N")]
+    #[arg(long, default_value_t = crate::model::probe::DEFAULT_COUNT, value_parser = clap::value_parser!(u32).range(1..=100), value_name = "N")]
     pub count: u32,
 
     /// Probes per second, for the whole run (1-200).
-    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=200), value_name = "PER_SECOND")]
+    #[arg(long, default_value_t = crate::model::probe::DEFAULT_RATE, value_parser = clap::value_parser!(u32).range(1..=200), value_name = "PER_SECOND")]
     pub rate: u32,
 
     /// How long to wait for an answer after the last probe of a round.
@@ -237,6 +237,13 @@ pub struct DiagnoseArgs {
     /// Same options as attach.
     #[command(flatten)]
     pub attach: AttachArgs,
+
+    /// Also run `observer probe` (every peer node, the routes'
+    /// encapsulations, probe's default bounds) while watching, and fold
+    /// its results into the write-up: a finding of the probes is a
+    /// finding of the diagnosis. Needs CAP_NET_RAW.
+    #[arg(long)]
+    pub probe: bool,
 }
 
 /// Options of `observer lab`.
@@ -331,6 +338,14 @@ pub struct AttachArgs {
     /// Attach inside this named network namespace (see `ip netns list`).
     #[arg(long, value_name = "NAME")]
     pub netns: Option<String>,
+
+    /// Probe every peer node over the routes' encapsulations (what
+    /// `observer probe` does, with its default bounds: 5 probes per pair
+    /// and a size ladder, 20 per second) now and then every DURATION, on
+    /// a thread of its own; the textfile gets observer_probe_* series and
+    /// JSON output `probe` lines. Needs CAP_NET_RAW. [default: off]
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+    pub probe_interval: Option<Duration>,
 
     /// How often to read the counters, print and export [default: 1s].
     #[arg(long, value_parser = parse_duration, value_name = "DURATION")]

@@ -51,6 +51,7 @@ pub struct FileConfig {
     bird_sockets: Option<Vec<PathBuf>>,
     bgp_flaps: Option<u32>,
     bgp_flap_window: Option<String>,
+    probe_interval: Option<String>,
 }
 
 impl FileConfig {
@@ -97,6 +98,8 @@ pub struct Settings {
     pub tunnel_devices: Vec<DeclaredTunnel>,
     /// BIRD control sockets whose BGP sessions are followed.
     pub bird_sockets: Vec<PathBuf>,
+    /// How often to probe the peers (`None`: never).
+    pub probe_interval: Option<Duration>,
 }
 
 impl PortArgs {
@@ -205,6 +208,9 @@ impl Settings {
                     .map(PathBuf::from)
                     .collect(),
             ),
+            probe_interval: args
+                .probe_interval
+                .or(duration("probe_interval", file.probe_interval)?),
             thresholds: {
                 let defaults = Thresholds::default();
                 Thresholds {
@@ -273,6 +279,10 @@ impl Settings {
         // The reading thread is started with them.
         if self.bird_sockets != new.bird_sockets {
             changed.push("bird_sockets");
+        }
+        // So is the probing thread.
+        if self.probe_interval != new.probe_interval {
+            changed.push("probe_interval");
         }
         if new.interfaces.iter().any(|i| !self.interfaces.contains(i))
             || self.interfaces.iter().any(|i| !new.interfaces.contains(i))

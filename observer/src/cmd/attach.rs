@@ -26,11 +26,14 @@ use crate::{
     cmd::bgp::{BgpFollower, SocketStatus},
     cmd::checks::NodeChecks,
     cmd::privileges,
+    cmd::probe,
+    cmd::probing::ProbeWorker,
     model::aggregate::{Aggregator, DropAggregator},
     model::anomalies::{Anomaly, Engine, Event, Known},
     model::bgp_wire::{WireRow, WireTracker},
     model::crosscheck::NetfilterCheck,
     model::hooks::{AttachedWith, Attachment},
+    model::probe::Run,
     model::routes::{Outage, RouteTracker},
     model::rows::Row,
     model::rows::{DropRow, KernelStats},
@@ -53,6 +56,11 @@ use crate::{
 /// kernel keys so totals stay monotonic, within this bound.
 const ROWS_PER_FLOW: usize = 4;
 
+/// How long [`Monitor::finish`] waits for `diagnose --probe`'s run when it
+/// has not ended with the watch (probe's bounds keep a run of a few dozen
+/// peers well within it).
+const PROBE_WAIT: Duration = Duration::from_secs(120);
+
 /// Runs the attach command: prints every interval until a signal,
 /// `--duration` or a closed stdout ends the run.
 pub fn run(args: AttachArgs) -> Result<()> {
@@ -66,6 +74,7 @@ pub fn run(args: AttachArgs) -> Result<()> {
         format,
         print: true,
         duration: args.duration,
+        probe_once: false,
     };
     let mut monitor = Monitor::start(&args, options)?;
     loop {
@@ -90,6 +99,9 @@ pub struct Options {
     pub print: bool,
     /// How long the run lasts; `None`: until a signal.
     pub duration: Option<Duration>,
+    /// Probe the peers once, at the start (`diagnose --probe`);
+    /// [`Monitor::finish`] waits for that run.
+    pub probe_once: bool,
 }
 
 /// What one interval read, as [`Monitor::tick`] returns it (after printing
@@ -118,6 +130,7 @@ struct Read<'r> {
     bgp_wire: &'r [WireRow],
     events: &'r [Event],
     route_outages: &'r [Outage],
+    probe_runs: &'r [Run],
 }
 
 /// What a finished run leaves, as [`Monitor::finish`] returns it.
@@ -129,6 +142,8 @@ pub struct Finished {
     pub known: Known,
     /// How long it ran.
     pub seconds: f64,
+    /// The probe run of [`Options::probe_once`], or why there is none.
+    pub probe: Option<Result<Run, String>>,
 }
 
 /// The signals the run reacts to.
@@ -267,6 +282,12 @@ pub struct Monitor<'a> {
     routes: RouteTracker,
     /// BGP at the wire (the programs' TCP/179 counters) over time.
     wire: WireTracker,
+    /// The probing thread (`--probe-interval`, `diagnose --probe`).
+    prober: Option<ProbeWorker>,
+    /// Its latest run.
+    probe_latest: Option<Run>,
+    /// Whether [`Monitor::finish`] waits for the one probe run.
+    probe_once: bool,
     clock: Clock,
     // Last: the timers and signals above go before the runtime.
     runtime: Runtime,
@@ -345,6 +366,16 @@ impl<'a> Monitor<'a> {
         let settings_ports = settings.ports.clone();
         let settings_bird_sockets = settings.bird_sockets.clone();
         let settings_interval = settings.interval;
+        let prober = if options.probe_once || settings.probe_interval.is_some() {
+            let every = settings.probe_interval.filter(|_| !options.probe_once);
+            Some(ProbeWorker::start(
+                settings.tunnel_devices.clone(),
+                probe::Settings::default(),
+                every,
+            )?)
+        } else {
+            None
+        };
         let checks = NodeChecks::new(allow_set_config(&settings), settings.allow_set_refresh);
         let ifaces = observer
             .attachments()
@@ -377,6 +408,9 @@ impl<'a> Monitor<'a> {
             bgp: BgpFollower::start(settings_bird_sockets, settings_interval),
             routes: RouteTracker::default(),
             wire: WireTracker::default(),
+            prober,
+            probe_latest: None,
+            probe_once: options.probe_once,
             clock,
             runtime,
         };
@@ -413,10 +447,21 @@ impl<'a> Monitor<'a> {
     /// Ends the run: detaches everything and removes the textfile.
     pub fn finish(mut self) -> Finished {
         self.remove_textfile();
+        let seconds = self.started.elapsed().as_secs_f64();
+        let probe = match (self.probe_once, self.probe_latest.take(), &mut self.prober) {
+            (false, _, _) => None,
+            (true, Some(run), _) => Some(Ok(run)),
+            (true, None, Some(prober)) => Some(match prober.last_error() {
+                Some(error) => Err(error.to_string()),
+                None => prober.wait(PROBE_WAIT),
+            }),
+            (true, None, None) => None,
+        };
         Finished {
             interfaces: self.settings.interfaces.clone(),
             known: std::mem::take(&mut self.known),
-            seconds: self.started.elapsed().as_secs_f64(),
+            seconds,
+            probe,
         }
         // Dropping the observer closes the links: everything is detached.
     }
@@ -640,6 +685,14 @@ impl<'a> Monitor<'a> {
             self.netfilter = checks.clone();
         }
         let stats = self.observer.stats_for(map_entries)?;
+        let probe_runs = self
+            .prober
+            .as_mut()
+            .map(ProbeWorker::take)
+            .unwrap_or_default();
+        if let Some(latest) = probe_runs.last() {
+            self.probe_latest = Some(latest.clone());
+        }
         let at = SystemTime::now();
         let events = self.engine.observe(now, at, &rows, &drop_rows, &self.known);
         for event in &events {
@@ -652,6 +705,7 @@ impl<'a> Monitor<'a> {
                 bgp_wire: &bgp_wire,
                 events: &events,
                 route_outages: &route_outages,
+                probe_runs: &probe_runs,
             },
             stats,
             at,
@@ -683,7 +737,12 @@ impl<'a> Monitor<'a> {
                 .and_then(|()| {
                     let mut out = io::stdout().lock();
                     match self.format {
-                        Format::Json => lines::write_json(&mut out, &snapshot),
+                        // diagnose prints its one run with the write-up.
+                        Format::Json => probe_runs
+                            .iter()
+                            .filter(|_| !self.probe_once)
+                            .try_for_each(|run| report::probe::write_json(&mut out, run))
+                            .and_then(|()| lines::write_json(&mut out, &snapshot)),
                         Format::Table => table::write_table(
                             &mut out,
                             &snapshot,
@@ -790,6 +849,8 @@ impl<'a> Monitor<'a> {
             events: read.events,
             route_outages: read.route_outages,
             blocks_missing: self.known.missing_blocks.len(),
+            probe_runs: read.probe_runs,
+            probe_latest: self.probe_latest.as_ref(),
         };
         let families = self.exporter.families(&input);
         let result = textfile::encode(&families)

@@ -19,6 +19,7 @@ use crate::{
     model::anomalies::{self, Anomaly, Event, FindingRecord, Kind, Known},
     model::crosscheck::NetfilterCheck,
     model::dataplane::DeclaredTunnel,
+    model::probe::Run,
     model::routes::Outage,
     model::rows::DropRow,
     model::rows::Row,
@@ -27,7 +28,7 @@ use crate::{
     node::netns,
     report::{
         self, Format, Line,
-        lines::{self, DiagnosisLine, Measured},
+        lines::{self, DiagnosisLine, Measured, ProbeVerdict},
     },
 };
 
@@ -120,9 +121,23 @@ pub struct Outcome {
     pub route_outages: Vec<Outage>,
     /// Route outages not kept.
     pub route_outages_not_kept: u64,
+    /// `--probe`: the probe run, or why it could not run.
+    pub probe: Option<Result<Run, String>>,
 }
 
 impl Outcome {
+    /// Whether nothing was found: no anomaly, and the probes (when run)
+    /// found nothing either.
+    pub fn healthy(&self) -> bool {
+        self.findings.is_empty() && self.probe_healthy()
+    }
+
+    fn probe_healthy(&self) -> bool {
+        self.probe
+            .as_ref()
+            .is_none_or(|p| p.as_ref().is_ok_and(report::probe::healthy))
+    }
+
     /// One verdict per node pair: every node the data plane or BIRD
     /// names, and every peer a finding is about.
     pub fn verdicts(&self) -> Vec<PairVerdict> {
@@ -138,6 +153,7 @@ impl Outcome {
 
 /// Runs the diagnosis; `Ok(true)` when nothing was found.
 pub fn run(args: DiagnoseArgs) -> Result<bool> {
+    let probe = args.probe;
     let mut args = args.attach;
     if let Some(name) = &args.netns {
         netns::enter(name)?;
@@ -153,9 +169,10 @@ pub fn run(args: DiagnoseArgs) -> Result<bool> {
         // Intervals as JSON lines, or as a live table on a terminal.
         print: format == Format::Json || io::stdout().is_terminal(),
         duration: Some(args.duration.unwrap_or(DURATION)),
+        probe_once: probe,
     };
     let outcome = observe(&args, options)?;
-    let healthy = outcome.findings.is_empty();
+    let healthy = outcome.healthy();
     let text = write_up(&outcome, args.netns.as_deref());
     let mut out = io::stdout().lock();
     match format {
@@ -172,13 +189,30 @@ pub fn run(args: DiagnoseArgs) -> Result<bool> {
                 pairs: outcome.verdicts(),
                 route_outages: &outcome.route_outages,
                 netfilter: &outcome.netfilter,
+                probe: outcome.probe.as_ref().map(|p| match p {
+                    Ok(run) => ProbeVerdict {
+                        healthy: report::probe::healthy(run),
+                        conclusion: report::probe::conclusion(run),
+                    },
+                    Err(e) => ProbeVerdict {
+                        healthy: false,
+                        conclusion: format!("the probes could not run: {e}"),
+                    },
+                }),
                 text: &text,
             };
-            report::write_line(&mut out, &Line::Diagnosis(line))
+            match &outcome.probe {
+                Some(Ok(run)) => report::probe::write_json(&mut out, run),
+                _ => Ok(()),
+            }
+            .and_then(|()| report::write_line(&mut out, &Line::Diagnosis(line)))
         }
         Format::Table => write!(out, "{text}"),
     }
     .context("writing output")?;
+    if let Some(Err(e)) = &outcome.probe {
+        bail!("the probes could not run: {e}");
+    }
     Ok(healthy)
 }
 
@@ -210,6 +244,7 @@ fn observe(args: &AttachArgs, options: Options) -> Result<Outcome> {
         known: finished.known,
         interfaces: finished.interfaces,
         seconds: finished.seconds,
+        probe: finished.probe,
         ..outcome
     })
 }
@@ -359,13 +394,38 @@ pub fn write_up(outcome: &Outcome, netns: Option<&str>) -> String {
             let _ = writeln!(t, "  ({} more not kept)", outcome.route_outages_not_kept);
         }
     }
+    match &outcome.probe {
+        Some(Ok(run)) => {
+            let _ = writeln!(
+                t,
+                "\nProbes (observer probe: encapsulated echo requests to every peer node, answered by its kernel):"
+            );
+            let mut table = Vec::new();
+            let _ = report::probe::write_table(&mut table, run);
+            for line in String::from_utf8_lossy(&table).lines() {
+                let _ = writeln!(t, "  {line}");
+            }
+        }
+        Some(Err(e)) => {
+            let _ = writeln!(t, "\nProbes: could not run: {e}");
+        }
+        None => {}
+    }
     let findings = outcome.findings.list();
     if findings.is_empty() {
-        let _ = writeln!(
-            t,
-            "\nHealthy: no anomaly in {:.0} s. Exit status 0.",
-            outcome.seconds
-        );
+        let _ = if outcome.probe_healthy() {
+            writeln!(
+                t,
+                "\nHealthy: no anomaly in {:.0} s. Exit status 0.",
+                outcome.seconds
+            )
+        } else {
+            writeln!(
+                t,
+                "\nNo anomaly in {:.0} s, but the probes found what is above. Exit status 1.",
+                outcome.seconds
+            )
+        };
         return t;
     }
     let _ = writeln!(t, "\nFindings ({}):", findings.len());

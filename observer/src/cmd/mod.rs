@@ -11,4 +11,5 @@ pub mod lab;
 pub mod pipe;
 pub mod privileges;
 pub mod probe;
+pub mod probing;
 pub mod replay;

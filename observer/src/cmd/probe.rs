@@ -44,6 +44,22 @@ pub struct Settings {
     pub ladder: bool,
 }
 
+impl Default for Settings {
+    /// Every node of the view, the routes' encapsulations, probe's default
+    /// bounds, with the ladder (`attach --probe-interval`, `diagnose
+    /// --probe`).
+    fn default() -> Settings {
+        Settings {
+            peers: Vec::new(),
+            encaps: Vec::new(),
+            count: probe::DEFAULT_COUNT,
+            rate: probe::DEFAULT_RATE,
+            timeout: probe::DEFAULT_TIMEOUT,
+            ladder: true,
+        }
+    }
+}
+
 /// Runs `observer probe`; returns whether every pair was healthy.
 pub fn run(args: ProbeArgs) -> Result<bool> {
     if let Some(ns) = &args.netns {

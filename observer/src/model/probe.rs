@@ -34,6 +34,14 @@ pub const MAGIC: &[u8; 8] = &observer_common::PROBE_MAGIC;
 /// The smallest inner packet: IPv4 (20) + ICMP echo (8) + [`MAGIC`].
 pub const MIN_INNER: u32 = 20 + 8 + MAGIC.len() as u32;
 
+/// Reachability probes per pair by default: few enough to be harmless on a
+/// production node, enough to tell loss from silence.
+pub const DEFAULT_COUNT: u32 = 5;
+/// Probes per second of a run by default.
+pub const DEFAULT_RATE: u32 = 20;
+/// Wait for answers after a round by default.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
+
 /// IP protocol number of ICMP.
 const IPPROTO_ICMP: u8 = 1;
 
@@ -669,7 +677,7 @@ impl Outcome {
 pub const MAX_ARRIVALS: usize = 256;
 
 /// What one probe run found.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Run {
     /// When it started.
     pub at: SystemTime,

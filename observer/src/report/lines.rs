@@ -410,7 +410,20 @@ pub struct DiagnosisLine<'a> {
     /// Route outages of pod blocks that ended during the run.
     pub route_outages: &'a [Outage],
     pub netfilter: &'a [NetfilterCheck],
+    /// `diagnose --probe`: what the probes found (their `probe` lines come
+    /// before this line); absent without `--probe`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub probe: Option<ProbeVerdict>,
     pub text: &'a str,
+}
+
+/// The probes' part of a diagnosis.
+#[derive(Serialize)]
+pub struct ProbeVerdict {
+    /// Whether the probes found nothing wrong.
+    pub healthy: bool,
+    /// Their conclusion in words.
+    pub conclusion: String,
 }
 
 /// Packets per (peer, encapsulation) over the whole run.

@@ -11,7 +11,7 @@ use std::{
     collections::{BTreeMap, HashMap},
     fs,
     io::{self, Write},
-    net::IpAddr,
+    net::{IpAddr, Ipv4Addr},
     os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt},
     path::{Path, PathBuf},
     time::SystemTime,
@@ -33,6 +33,7 @@ use crate::{
     model::anomalies::{Anomaly, Event, Kind},
     model::bgp::BgpSession,
     model::bgp_wire::{WireCounters, WireRow},
+    model::probe::{Encap, Outcome, Run},
     model::routes::Outage,
     model::rows::DropRow,
     model::rows::Row,
@@ -261,6 +262,12 @@ pub struct ExportInput<'a> {
     pub route_outages: &'a [Outage],
     /// Pod blocks routed to a node before and without a route now.
     pub blocks_missing: usize,
+    /// Probe runs that ended since the previous export (`attach
+    /// --probe-interval`): their round-trip times go into
+    /// `observer_probe_rtt_seconds`.
+    pub probe_runs: &'a [Run],
+    /// The latest probe run, if probing ran.
+    pub probe_latest: Option<&'a Run>,
 }
 
 /// Upper bounds of `observer_anomaly_duration_seconds`'s buckets: seconds
@@ -271,19 +278,45 @@ pub const DURATION_BUCKETS: [f64; 12] = [
     5.0, 15.0, 30.0, 60.0, 120.0, 240.0, 360.0, 600.0, 1200.0, 2400.0, 3600.0, 7200.0,
 ];
 
-/// How long the anomalies of one kind lasted: a Prometheus histogram,
-/// cumulative since the start.
-#[derive(Debug, Default)]
+/// Upper bounds of `observer_probe_rtt_seconds`'s buckets: 100 µs (a rack)
+/// to 2.5 s (beyond any sane overlay).
+pub const RTT_BUCKETS: [f64; 12] = [
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 2.5,
+];
+
+/// Probe pairs (peer, encapsulation) whose series the textfile keeps.
+pub const MAX_PROBE_PAIRS: usize = 1024;
+
+/// Durations as a Prometheus histogram, cumulative since the start: how
+/// long the anomalies of one kind lasted ([`DURATION_BUCKETS`]), or the
+/// round-trip times of one probe pair ([`RTT_BUCKETS`]).
+#[derive(Debug)]
 struct DurationHistogram {
-    /// Anomalies at or below each bound of [`DURATION_BUCKETS`].
-    at_or_below: [u64; DURATION_BUCKETS.len()],
+    bounds: &'static [f64],
+    /// Observations at or below each bound.
+    at_or_below: Vec<u64>,
     count: u64,
     sum: f64,
 }
 
+impl Default for DurationHistogram {
+    fn default() -> Self {
+        DurationHistogram::with_bounds(&DURATION_BUCKETS)
+    }
+}
+
 impl DurationHistogram {
+    fn with_bounds(bounds: &'static [f64]) -> DurationHistogram {
+        DurationHistogram {
+            bounds,
+            at_or_below: vec![0; bounds.len()],
+            count: 0,
+            sum: 0.0,
+        }
+    }
+
     fn observe(&mut self, seconds: f64) {
-        for (bound, n) in DURATION_BUCKETS.iter().zip(&mut self.at_or_below) {
+        for (bound, n) in self.bounds.iter().zip(&mut self.at_or_below) {
             if seconds <= *bound {
                 *n += 1;
             }
@@ -298,13 +331,13 @@ impl DurationHistogram {
         histogram.set_sample_count(self.count);
         histogram.set_sample_sum(self.sum);
         histogram.set_bucket(
-            DURATION_BUCKETS
+            self.bounds
                 .iter()
-                .zip(self.at_or_below)
+                .zip(&self.at_or_below)
                 .map(|(bound, n)| {
                     let mut bucket = HistogramBucket::default();
                     bucket.set_upper_bound(*bound);
-                    bucket.set_cumulative_count(n);
+                    bucket.set_cumulative_count(*n);
                     bucket
                 })
                 .collect(),
@@ -342,6 +375,10 @@ pub struct Exporter {
     durations: BTreeMap<Kind, DurationHistogram>,
     /// How long pod blocks had no route, per outage.
     route_outages: DurationHistogram,
+    /// Round-trip times of each probe pair (at most [`MAX_PROBE_PAIRS`]).
+    probe_rtts: BTreeMap<(Ipv4Addr, Encap), DurationHistogram>,
+    /// Probe runs absorbed so far.
+    probe_runs: u64,
 }
 
 impl Exporter {
@@ -357,6 +394,8 @@ impl Exporter {
             bgp_evictions_exported: 0,
             durations: BTreeMap::new(),
             route_outages: DurationHistogram::default(),
+            probe_rtts: BTreeMap::new(),
+            probe_runs: 0,
         }
     }
 
@@ -440,8 +479,90 @@ impl Exporter {
         family
     }
 
+    /// Adds the round-trip times of the probe runs in `input`, then
+    /// returns the probe families: nothing until probing ran once.
+    fn probe_families(&mut self, input: &ExportInput<'_>) -> Vec<MetricFamily> {
+        for run in input.probe_runs {
+            self.probe_runs += 1;
+            for outcome in &run.outcomes {
+                let key = (outcome.target.peer, outcome.target.encap);
+                let room = self.probe_rtts.len() < MAX_PROBE_PAIRS;
+                let histogram = match self.probe_rtts.get_mut(&key) {
+                    Some(histogram) => histogram,
+                    None if room => self
+                        .probe_rtts
+                        .entry(key)
+                        .or_insert_with(|| DurationHistogram::with_bounds(&RTT_BUCKETS)),
+                    None => continue,
+                };
+                for rtt in &outcome.rtts {
+                    histogram.observe(rtt.as_secs_f64());
+                }
+            }
+        }
+        let Some(latest) = input.probe_latest else {
+            return Vec::new();
+        };
+        let labels = |o: &Outcome| -> Labels {
+            vec![
+                ("peer", o.target.peer.to_string()),
+                ("encap", o.target.encap.to_string()),
+            ]
+        };
+        let kept = |o: &&Outcome| {
+            self.probe_rtts
+                .contains_key(&(o.target.peer, o.target.encap))
+        };
+        let mut rtt = MetricFamily::default();
+        rtt.set_name("observer_probe_rtt_seconds".to_string());
+        rtt.set_help(
+            "Round-trip time of observer's encapsulated probes (attach --probe-interval), per peer node and encapsulation, since the start.".to_string(),
+        );
+        rtt.set_field_type(MetricType::HISTOGRAM);
+        rtt.set_metric(
+            self.probe_rtts
+                .iter()
+                .map(|((peer, encap), histogram)| {
+                    histogram.metric(&[("peer", &peer.to_string()), ("encap", &encap.to_string())])
+                })
+                .collect(),
+        );
+        vec![
+            family(
+                "observer_probe_answered_ratio",
+                "Share of the last probe run's reachability probes that the peer answered, per peer node and encapsulation (0: unanswered, the incident's silent VXLAN).",
+                MetricType::GAUGE,
+                latest
+                    .outcomes
+                    .iter()
+                    .filter(kept)
+                    .map(|o| (labels(o), f64::from(o.answered) / f64::from(o.sent.max(1))))
+                    .collect(),
+            ),
+            rtt,
+            family(
+                "observer_probe_max_size_bytes",
+                "Largest inner packet (bytes of IP) the last probe run's size ladder got answered with DF set, per peer node and encapsulation; below the tunnel device's MTU, larger packets are lost.",
+                MetricType::GAUGE,
+                latest
+                    .outcomes
+                    .iter()
+                    .filter(kept)
+                    .filter_map(|o| Some((labels(o), f64::from(o.max_size?))))
+                    .collect(),
+            ),
+            family(
+                "observer_probe_runs_total",
+                "Probe runs completed since the start.",
+                MetricType::COUNTER,
+                vec![(vec![], self.probe_runs as f64)],
+            ),
+        ]
+    }
+
     /// Builds the metric families for `input`.
     pub fn families(&mut self, input: &ExportInput<'_>) -> Vec<MetricFamily> {
+        let probes = self.probe_families(input);
         let durations = self.duration_family(input.events);
         let route_outages = self.route_outage_family(input.route_outages);
         let labeled = self.labeled_peers(input);
@@ -731,6 +852,9 @@ impl Exporter {
                 vec![(vec![], self.errors as f64)],
             ),
         ]
+        .into_iter()
+        .chain(probes)
+        .collect()
     }
 }
 
@@ -1064,7 +1188,84 @@ mod tests {
             events: &[],
             route_outages: &[],
             blocks_missing: 0,
+            probe_runs: &[],
+            probe_latest: None,
         }
+    }
+
+    /// A probe run of one VXLAN pair: `answered` of 5, 1 ms each, ladder
+    /// up to `max_size`.
+    fn probe_run(answered: u32, max_size: u32) -> Run {
+        use crate::model::probe::Target;
+        let peer = Ipv4Addr::new(10, 10, 60, 127);
+        Run {
+            at: SystemTime::UNIX_EPOCH,
+            outcomes: vec![Outcome {
+                target: Target {
+                    peer,
+                    encap: Encap::Vxlan { port: 4789 },
+                    device: "vxlan.calico".into(),
+                    device_mtu: 1450,
+                    vni: 4096,
+                    inner_src: Ipv4Addr::new(10, 244, 0, 0),
+                    inner_dst: Ipv4Addr::new(10, 244, 1, 0),
+                    macs: None,
+                    underlay_mtu: 1500,
+                },
+                sent: 5,
+                answered,
+                rtts: vec![std::time::Duration::from_millis(1); answered as usize],
+                sources: BTreeMap::new(),
+                max_size: Some(max_size),
+                ladder_sent: 11,
+                peer_arrivals: 0,
+            }],
+            skipped: Vec::new(),
+            arrivals: BTreeMap::new(),
+            arrivals_overflow: 0,
+            nodes: Default::default(),
+            sent: 16,
+            listener_drops: 0,
+        }
+    }
+
+    #[test]
+    fn probe_series_follow_the_latest_run_and_count_each_rtt_once() {
+        let ifaces = HashMap::new();
+        let raised = BTreeMap::new();
+        let mut exporter = Exporter::new(10);
+        let text = encode(&exporter.families(&empty_input(&ifaces, &raised))).unwrap();
+        assert!(!text.contains("observer_probe_answered_ratio"), "{text}");
+
+        let run = probe_run(3, 1350);
+        let with_run = ExportInput {
+            probe_runs: std::slice::from_ref(&run),
+            probe_latest: Some(&run),
+            ..empty_input(&ifaces, &raised)
+        };
+        let text = encode(&exporter.families(&with_run)).unwrap();
+        let labels = r#"{peer="10.10.60.127",encap="vxlan"}"#;
+        for line in [
+            format!("observer_probe_answered_ratio{labels} 0.6"),
+            format!("observer_probe_max_size_bytes{labels} 1350"),
+            format!("observer_probe_rtt_seconds_count{labels} 3"),
+            r#"observer_probe_rtt_seconds_bucket{peer="10.10.60.127",encap="vxlan",le="0.001"} 3"#
+                .to_string(),
+            r#"observer_probe_rtt_seconds_bucket{peer="10.10.60.127",encap="vxlan",le="0.0005"} 0"#
+                .to_string(),
+            "observer_probe_runs_total 1".to_string(),
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} not in\n{text}");
+        }
+        // The next export without a new run repeats the gauges and adds
+        // no round-trip time twice.
+        let again = ExportInput {
+            probe_latest: Some(&run),
+            ..empty_input(&ifaces, &raised)
+        };
+        let text = encode(&exporter.families(&again)).unwrap();
+        assert!(text.contains(&format!("observer_probe_rtt_seconds_count{labels} 3")));
+        assert!(text.contains("observer_probe_runs_total 1"));
     }
 
     fn export(exporter: &mut Exporter, rows: &[Row], drops: &[DropRow]) -> String {
