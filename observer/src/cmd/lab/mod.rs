@@ -122,12 +122,7 @@ pub fn run(args: LabArgs) -> Result<()> {
         .map(|(node, namespace)| ObserverSpec {
             node: node.name.to_string(),
             namespace: namespace.clone(),
-            args: match ipip {
-                topology::IpipKind::Userspace => {
-                    vec!["--tunnel-device".into(), "tunl0=ipip".into()]
-                }
-                topology::IpipKind::Kernel => Vec::new(),
-            },
+            args: tunnel_args(ipip),
         })
         .collect();
     let mut observers = Observers::spawn(&mut lab, &specs, backstop)?;
@@ -189,13 +184,29 @@ pub fn run(args: LabArgs) -> Result<()> {
         .iter()
         .map(|ns| topology::rule_counters(ns))
         .collect::<Result<Vec<_>>>()?;
+    // The decisive experiment as one command, once the observers and the
+    // rule counters have what the pings did.
+    view.note("observer probe on gpu, cp1 and cp2 at once")?;
+    let mut runs = probes::start(&mut lab, &names.nodes, &tunnel_args(ipip))?;
+    probes::finish(
+        &mut lab,
+        &mut runs,
+        || {
+            std::thread::sleep(Duration::from_millis(50));
+            Ok(())
+        },
+        TRAFFIC_SLACK,
+    )?;
     drop(lab);
 
     let facts = report::facts(&observers.lines, &counters);
     view.summary(&Summary {
         scenario,
         pings: &results,
-        probes: Vec::new(),
+        probes: runs
+            .iter()
+            .map(|r| (r.command.as_str(), r.lines.as_slice()))
+            .collect(),
         facts: &facts,
         nodes: (0..NODES.len())
             .map(|i| (observers.command(i), observers.lines[i].as_slice()))
@@ -215,17 +226,13 @@ fn probe_run(
     mut view: View,
     backstop: Duration,
 ) -> Result<()> {
-    let extra: Vec<String> = match ipip {
-        topology::IpipKind::Userspace => vec!["--tunnel-device".into(), "tunl0=ipip".into()],
-        topology::IpipKind::Kernel => Vec::new(),
-    };
-    let mut runs = probes::start(&mut lab, &names.nodes, &extra)?;
+    let mut runs = probes::start(&mut lab, &names.nodes, &tunnel_args(ipip))?;
     view.traffic_started();
     view.note("observer probe on gpu, cp1 and cp2 at once, in place of the pings")?;
     view.lab_line(
         &json!({"fact": "probe", "commands": runs.iter().map(|r| &r.command).collect::<Vec<_>>()}),
     )?;
-    probes::finish(&mut lab, &mut runs, &mut observers, &mut view, backstop)?;
+    probes::finish(&mut lab, &mut runs, || observers.pump(&mut view), backstop)?;
     // The probes' last answers reach the observers' counters.
     let linger = Instant::now() + PING_LINGER;
     while Instant::now() < linger {
@@ -252,6 +259,15 @@ fn probe_run(
             .map(|i| (observers.command(i), observers.lines[i].as_slice()))
             .collect(),
     })
+}
+
+/// The arguments that declare the lab's userspace tunl0 (on a kernel
+/// without IPIP) to the observers and the probes.
+fn tunnel_args(ipip: topology::IpipKind) -> Vec<String> {
+    match ipip {
+        topology::IpipKind::Userspace => vec!["--tunnel-device".into(), "tunl0=ipip".into()],
+        topology::IpipKind::Kernel => Vec::new(),
+    }
 }
 
 /// Refuses to start without root or without the tools `scenario` runs.

@@ -1,6 +1,7 @@
-//! The lab's probes (`observer lab --probe`): `observer probe --netns
-//! <node>` on every node at once, in place of the pings, while the
-//! observers watch; their JSON lines are collected per node.
+//! The lab's probes: `observer probe --netns <node>` on every node at
+//! once; their JSON lines are collected per node. After the pings, once
+//! the observers stopped (so the pings' counts stay the pings'); or, with
+//! `--probe`, in place of the pings while the observers watch.
 
 use std::{
     io::Read,
@@ -12,11 +13,7 @@ use std::{
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
 
-use super::{
-    cleanup::{Cleanup, check_interrupted},
-    observers::Observers,
-    view::View,
-};
+use super::cleanup::{Cleanup, check_interrupted};
 
 /// One node's probe run.
 pub struct NodeProbe {
@@ -68,14 +65,14 @@ pub fn start(lab: &mut Cleanup, namespaces: &[String], args: &[String]) -> Resul
         .collect()
 }
 
-/// Waits (passing the observers' lines to `view`) until every probe run
-/// ended, at most `timeout`; reads their lines. A run that could not probe
-/// (exit status 2) fails the lab.
+/// Waits until every probe run ended, at most `timeout`, calling `pump`
+/// meanwhile (the observers' lines, when they still run; else a pause);
+/// reads their lines. A run that could not probe (exit status 2) fails the
+/// lab.
 pub fn finish(
     lab: &mut Cleanup,
     probes: &mut [NodeProbe],
-    observers: &mut Observers,
-    view: &mut View,
+    mut pump: impl FnMut() -> Result<()>,
     timeout: Duration,
 ) -> Result<()> {
     let deadline = Instant::now() + timeout;
@@ -85,7 +82,7 @@ pub fn finish(
         if Instant::now() >= deadline {
             bail!("the probes did not end within {timeout:?}");
         }
-        observers.pump(view)?;
+        pump()?;
         for (probe, status) in probes.iter().zip(statuses.iter_mut()) {
             if status.is_none() {
                 *status = lab.child(probe.child).try_wait()?;
