@@ -324,28 +324,20 @@ fn probes_stay_within_their_count_and_rate_on_the_wire() {
     pair.calico();
     let filter = format!("udp dst port 4789 and src host {}", NODE_A.underlay);
     let tcpdump = Tcpdump::start(&pair.b, "vb", &filter);
-    let output = Command::new(env!("CARGO_BIN_EXE_observer"))
-        .args([
-            "probe",
-            "--netns",
-            pair.a.name(),
-            "--count",
-            "7",
-            "--rate",
-            "10",
-            "--timeout",
-            "500ms",
-            "--output",
-            "json",
-        ])
-        .output()
-        .expect("running observer probe");
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(0), "{stderr}");
-    let lines: Vec<Value> = String::from_utf8_lossy(&output.stdout)
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let (code, lines, stderr) = observer(&[
+        "probe",
+        "--netns",
+        pair.a.name(),
+        "--count",
+        "7",
+        "--rate",
+        "10",
+        "--timeout",
+        "500ms",
+        "--output",
+        "json",
+    ]);
+    assert_eq!(code, Some(0), "{stderr}");
     let [probe, summary] = &lines[..] else {
         panic!("{lines:?}")
     };
@@ -385,12 +377,8 @@ fn probe_refuses_without_peers_and_names_what_to_do() {
         return;
     }
     let pair = Pair::new("prn");
-    let output = Command::new(env!("CARGO_BIN_EXE_observer"))
-        .args(["probe", "--netns", pair.a.name()])
-        .output()
-        .expect("running observer probe");
-    assert_eq!(output.status.code(), Some(2));
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    let (code, _, stderr) = observer(&["probe", "--netns", pair.a.name()]);
+    assert_eq!(code, Some(2));
     assert!(stderr.contains("nothing to probe"), "{stderr}");
     assert!(stderr.contains("name a peer"), "{stderr}");
 }
@@ -399,7 +387,6 @@ fn probe_refuses_without_peers_and_names_what_to_do() {
 fn observer(args: &[&str]) -> (Option<i32>, Vec<Value>, String) {
     let output = Command::new(env!("CARGO_BIN_EXE_observer"))
         .args(args)
-        .args(["--bird-socket", "/nonexistent/bird.ctl"])
         .output()
         .expect("running observer");
     let lines = String::from_utf8_lossy(&output.stdout)

@@ -137,12 +137,9 @@ pub fn probe_once(view: &DataPlane, settings: &Settings) -> Result<Run> {
     for target in &plan.targets {
         sources.push(node::probe::source_toward(target.peer)?);
     }
-    let underlay: BTreeSet<u32> = view
-        .underlay
-        .iter()
-        .map(|u| u.ifindex)
-        .chain(view.peer_routes.iter().map(|r| r.ifindex))
-        .collect();
+    // What arrives on a tunnel device was decapsulated already (its
+    // encapsulated copy came in on the underlay first): not read twice.
+    let tunnel_devices: BTreeSet<u32> = view.devices.iter().map(|d| d.ifindex).collect();
     let nodes: BTreeSet<IpAddr> = view.expected_peers().into_keys().collect();
 
     let mut prober = Prober {
@@ -150,7 +147,7 @@ pub fn probe_once(view: &DataPlane, settings: &Settings) -> Result<Run> {
         sender,
         listener,
         ports: table,
-        underlay,
+        tunnel_devices,
         // Any identifier is as good; the process id keeps two concurrent
         // runs on one node apart.
         id: std::process::id() as u16,
@@ -270,7 +267,7 @@ struct Prober<'a> {
     sender: Sender,
     listener: Listener,
     ports: PortArray,
-    underlay: BTreeSet<u32>,
+    tunnel_devices: BTreeSet<u32>,
     id: u16,
     next_seq: u16,
     /// Probes sent and not yet answered: sequence -> (pair, sent at).
@@ -325,7 +322,7 @@ impl Prober<'_> {
                 return Ok(());
             };
             let at = Instant::now();
-            if !self.underlay.contains(&received.ifindex) {
+            if self.tunnel_devices.contains(&received.ifindex) {
                 continue;
             }
             match probe::read_frame(received.frame, &self.ports, self.id) {

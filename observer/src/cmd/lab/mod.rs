@@ -179,11 +179,7 @@ pub fn run(args: LabArgs) -> Result<()> {
     observers.stop(&mut lab);
     observers.wait_end(&mut lab, &mut view, TRAFFIC_SLACK)?;
     let results = traffic::finish(&mut lab, pings, Duration::from_secs(5))?;
-    let counters = names
-        .nodes
-        .iter()
-        .map(|ns| topology::rule_counters(ns))
-        .collect::<Result<Vec<_>>>()?;
+    let counters = rule_counters(&names)?;
     // The decisive experiment as one command, once the observers and the
     // rule counters have what the pings did.
     view.note("observer probe on gpu, cp1 and cp2 at once")?;
@@ -198,11 +194,31 @@ pub fn run(args: LabArgs) -> Result<()> {
         TRAFFIC_SLACK,
     )?;
     drop(lab);
+    summarize(&view, scenario, &results, &runs, &observers, &counters)
+}
 
-    let facts = report::facts(&observers.lines, &counters);
+/// The rule counters of every node, read at the end.
+fn rule_counters(names: &Names) -> Result<Vec<topology::RuleCounts>> {
+    names
+        .nodes
+        .iter()
+        .map(|ns| topology::rule_counters(ns))
+        .collect()
+}
+
+/// The write-up, from what the pings, the probes and the observers said.
+fn summarize(
+    view: &View,
+    scenario: scenarios::Scenario,
+    pings: &[traffic::PingResult],
+    runs: &[probes::NodeProbe],
+    observers: &Observers,
+    counters: &[topology::RuleCounts],
+) -> Result<()> {
+    let facts = report::facts(&observers.lines, counters);
     view.summary(&Summary {
         scenario,
-        pings: &results,
+        pings,
         probes: runs
             .iter()
             .map(|r| (r.command.as_str(), r.lines.as_slice()))
@@ -240,25 +256,9 @@ fn probe_run(
     }
     observers.stop(&mut lab);
     observers.wait_end(&mut lab, &mut view, TRAFFIC_SLACK)?;
-    let counters = names
-        .nodes
-        .iter()
-        .map(|ns| topology::rule_counters(ns))
-        .collect::<Result<Vec<_>>>()?;
+    let counters = rule_counters(&names)?;
     drop(lab);
-    let facts = report::facts(&observers.lines, &counters);
-    view.summary(&Summary {
-        scenario: args.scenario,
-        pings: &[],
-        probes: runs
-            .iter()
-            .map(|r| (r.command.as_str(), r.lines.as_slice()))
-            .collect(),
-        facts: &facts,
-        nodes: (0..NODES.len())
-            .map(|i| (observers.command(i), observers.lines[i].as_slice()))
-            .collect(),
-    })
+    summarize(&view, args.scenario, &[], &runs, &observers, &counters)
 }
 
 /// The arguments that declare the lab's userspace tunl0 (on a kernel
