@@ -170,27 +170,36 @@ fn incident_lab_vxlan_is_unanswered_ipip_answers_and_udp_is_source_nated() {
     assert_unanswered(probe(&lines, "cp1", GPU, "vxlan"));
     assert_answered(probe(&lines, "cp1", GPU, "ipip"), GPU, "ipip", 1480);
     // gpu sees the control-plane nodes' VXLAN arrive from the router.
-    let arrivals: BTreeSet<(String, String, String)> = lines
+    // Calico's allow-set on gpu refuses that source: dropped there.
+    let arrivals: BTreeSet<(String, String, String, String)> = lines
         .iter()
         .filter(|l| l["node"] == "gpu" && l["type"] == "probe_arrival" && l["rewritten"] == true)
         .map(|l| {
-            let text = |key: &str| l[key].as_str().unwrap().to_string();
-            (text("arrived_from"), text("proto"), text("from_node"))
+            let text = |key: &str| l[key].as_str().unwrap_or("-").to_string();
+            (
+                text("arrived_from"),
+                text("proto"),
+                text("from_node"),
+                text("refused_by"),
+            )
         })
         .collect();
-    assert_eq!(
-        arrivals,
-        BTreeSet::from([
-            (ROUTER.to_string(), "vxlan".to_string(), CP1.to_string()),
-            (ROUTER.to_string(), "vxlan".to_string(), CP2.to_string()),
-        ])
-    );
+    let refused = |cp: &str| {
+        (
+            ROUTER.to_string(),
+            "vxlan".to_string(),
+            cp.to_string(),
+            "cali40all-vxlan-net".to_string(),
+        )
+    };
+    assert_eq!(arrivals, BTreeSet::from([refused(CP1), refused(CP2)]));
     let conclusion = summary(&lines, "gpu")["conclusion"].as_str().unwrap();
     for words in [
         "VXLAN to 10.10.60.127 unanswered (5 probes)",
         "IPIP to 10.10.60.127 answered from the peer's own address",
         "The path to 10.10.60.127 carries IPIP but not VXLAN",
         "VXLAN from 10.10.60.127 arrives from 10.10.10.244, which is no node",
+        "this node's allow-set cali40all-vxlan-net refuses that source, so Calico drops them here",
         "UDP is source-NATed on the way",
     ] {
         assert!(conclusion.contains(words), "{words:?} not in {conclusion}");
@@ -548,4 +557,24 @@ fn attach_probe_interval_exports_the_probe_series() {
         .expect("final stats");
     assert_eq!(n(stats, "probe_tx_packets"), sent, "{stats}");
     assert_eq!(n(stats, "probe_rx_packets"), sent, "{stats}");
+}
+
+#[test]
+fn probe_without_cap_net_raw_says_what_it_needs() {
+    use std::os::unix::process::CommandExt;
+    if !support::have_root("probe_without_cap_net_raw_says_what_it_needs") {
+        return;
+    }
+    // As nobody (no capabilities), a named peer over IPIP: the run gets
+    // as far as opening its sockets.
+    let output = Command::new(env!("CARGO_BIN_EXE_observer"))
+        .args(["probe", "192.0.2.1", "--encap", "ipip", "--output", "json"])
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .expect("running observer probe as nobody");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("needs CAP_NET_RAW"), "{stderr}");
+    assert!(output.stdout.is_empty());
 }

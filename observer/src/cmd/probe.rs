@@ -23,7 +23,7 @@ use crate::{
             Run, Seen, Target,
         },
     },
-    node::{self, probe::Listener, probe::Sender},
+    node::{self, allowsets::AllowSetConfig, probe::Listener, probe::Sender},
     report::{Format, probe as report},
 };
 
@@ -174,6 +174,7 @@ pub fn probe_once(view: &DataPlane, settings: &Settings) -> Result<Run> {
             max_size: None,
             ladder_sent: 0,
             peer_arrivals: 0,
+            refused: BTreeMap::new(),
         })
         .collect();
     // Listen first, for as long as an answer may take: the peers' own
@@ -231,6 +232,10 @@ pub fn probe_once(view: &DataPlane, settings: &Settings) -> Result<Run> {
         }
     }
 
+    // What this node's firewall does to what arrived: Calico's allow-sets,
+    // read once the run is over (packets from a refused source reached
+    // the wire and died here).
+    let allow = node::allowsets::read(&AllowSetConfig::default());
     for outcome in &mut outcomes {
         let peer = IpAddr::V4(outcome.target.peer);
         let proto = outcome.target.encap.proto();
@@ -240,7 +245,20 @@ pub fn probe_once(view: &DataPlane, settings: &Settings) -> Result<Run> {
             .filter(|(a, _)| a.node == peer && a.proto == proto)
             .map(|(_, packets)| packets)
             .sum();
+        outcome.refused = outcome
+            .sources
+            .keys()
+            .filter_map(|&(from, proto)| Some((from, probe::refusing_set(&allow, proto, from)?)))
+            .collect();
     }
+    let refused = prober
+        .arrivals
+        .keys()
+        .filter_map(|a| {
+            let sets = probe::refusing_set(&allow, a.proto, a.arrived_from)?;
+            Some(((a.proto, a.arrived_from), sets))
+        })
+        .collect();
     Ok(Run {
         at,
         outcomes,
@@ -248,6 +266,7 @@ pub fn probe_once(view: &DataPlane, settings: &Settings) -> Result<Run> {
         arrivals: prober.arrivals,
         arrivals_overflow: prober.arrivals_overflow,
         nodes,
+        refused,
         sent: prober.sent,
         listener_drops: prober.listener.drops(),
     })

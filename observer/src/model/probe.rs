@@ -23,6 +23,7 @@ use serde::Serialize;
 
 use crate::model::{
     dataplane::{DataPlane, MacAddr, TunnelRoute},
+    facts::{AllowSets, SetKind},
     rows::decode_addr,
 };
 
@@ -592,6 +593,10 @@ pub struct Outcome {
     /// The peer's own tunnel packets of this encapsulation that arrived
     /// during the run (from any source).
     pub peer_arrivals: u64,
+    /// Answer sources this node's allow-set refuses, with the set's
+    /// names: those answers arrived at the wire and Calico drops them
+    /// here.
+    pub refused: BTreeMap<IpAddr, String>,
 }
 
 /// One thing wrong with a pair.
@@ -621,6 +626,14 @@ pub enum Finding {
     },
     /// Answers arrived without the encapsulation.
     NotEncapsulated,
+    /// Answers arrived at the wire from a source this node's allow-set
+    /// refuses: Calico drops them here.
+    DroppedHere {
+        /// The source.
+        from: IpAddr,
+        /// The allow-set(s) that refuse it.
+        sets: String,
+    },
     /// The tunnel device lets through packets the path cannot carry.
     DeviceMtuTooBig {
         /// The largest inner packet answered.
@@ -651,6 +664,12 @@ impl Outcome {
         }
         let peer = IpAddr::V4(self.target.peer);
         for &(from, proto) in self.sources.keys() {
+            if let Some(sets) = self.refused.get(&from) {
+                findings.push(Finding::DroppedHere {
+                    from,
+                    sets: sets.clone(),
+                });
+            }
             if proto == Proto::Other {
                 findings.push(Finding::NotEncapsulated);
             } else if from != peer {
@@ -693,6 +712,9 @@ pub struct Run {
     pub arrivals_overflow: u64,
     /// The nodes of the view (to say whether an address is one).
     pub nodes: BTreeSet<IpAddr>,
+    /// Arrival sources this node's allow-set refuses, by encapsulation,
+    /// with the set's names (Calico drops those packets here).
+    pub refused: BTreeMap<(Proto, IpAddr), String>,
     /// Probes sent, all phases.
     pub sent: u64,
     /// Frames the listener's queue overflowed by (answers may be among).
@@ -721,6 +743,14 @@ impl Arrival {
     pub fn rewritten(&self) -> bool {
         self.arrived_from != self.node
     }
+}
+
+/// The names of the allow-set of `allow` that refuses tunnel packets of
+/// `proto` from `from` (Calico drops them here); `None` when it allows
+/// them or no set guards that encapsulation.
+pub fn refusing_set(allow: &AllowSets, proto: Proto, from: IpAddr) -> Option<String> {
+    let set = allow.get(SetKind::guarding(proto)?);
+    (set.allows(from) == Some(false)).then(|| set.set_names().join(", "))
 }
 
 /// The [`Arrival`] `seen` is, if any: a tunnel packet whose inner source
@@ -1027,6 +1057,7 @@ mod tests {
             max_size: Some(1450),
             ladder_sent: 9,
             peer_arrivals: 0,
+            refused: BTreeMap::new(),
         };
         assert_eq!(outcome.findings(|_| true), []);
         outcome.answered = 4;
@@ -1045,6 +1076,15 @@ mod tests {
                     device_mtu: 1450
                 }
             ]
+        );
+        let snat: IpAddr = "10.10.10.244".parse().unwrap();
+        outcome.refused = BTreeMap::from([(snat, "cali40all-vxlan-net".to_string())]);
+        assert_eq!(
+            outcome.findings(|_| false)[1],
+            Finding::DroppedHere {
+                from: snat,
+                sets: "cali40all-vxlan-net".into()
+            }
         );
         outcome.answered = 0;
         assert_eq!(outcome.findings(|_| true), [Finding::Unanswered]);

@@ -541,6 +541,9 @@ pub struct ArrivalLine<'a> {
     pub fact: &'a Arrival,
     /// Whether `arrived_from` is another address than the node's.
     pub rewritten: bool,
+    /// The allow-set of this node that refuses `arrived_from` (Calico
+    /// drops these packets here); null when none does.
+    pub refused_by: Option<&'a str>,
     /// Whether `arrived_from` is a node.
     pub from_a_node: bool,
     /// Packets seen.

@@ -36,6 +36,7 @@ fn verdict(findings: &[Finding]) -> &'static str {
         Some(Finding::Loss { .. }) => "loss",
         Some(Finding::AnswerSource { .. }) => "answer_source",
         Some(Finding::NotEncapsulated) => "not_encapsulated",
+        Some(Finding::DroppedHere { .. }) => "dropped_here",
         Some(Finding::DeviceMtuTooBig { .. }) => "device_mtu_too_big",
     }
 }
@@ -81,6 +82,10 @@ pub fn write_json(out: &mut impl Write, run: &Run) -> io::Result<()> {
             &Line::ProbeArrival(ArrivalLine {
                 ts: &ts,
                 fact,
+                refused_by: run
+                    .refused
+                    .get(&(fact.proto, fact.arrived_from))
+                    .map(String::as_str),
                 rewritten: fact.rewritten(),
                 from_a_node: run.nodes.contains(&fact.arrived_from),
                 packets,
@@ -235,6 +240,10 @@ pub fn conclusion(run: &Run) -> String {
                         outcome.target.device,
                         max_size + 1
                     )),
+                    Finding::DroppedHere { from, sets } => part.push_str(&format!(
+                        ", but this node's allow-set {sets} refuses {from}: Calico drops the \
+                         answers here"
+                    )),
                     Finding::OneWay { arrived } => part.push_str(&format!(
                         ", though {arrived} of the peer's own {name} packets arrived here: \
                          the way from this node to the peer loses it (one way)"
@@ -277,8 +286,17 @@ pub fn conclusion(run: &Run) -> String {
             fact.proto,
             Proto::Vxlan | Proto::Geneve | Proto::VxlanGpe | Proto::Wireguard
         );
+        let dropped = run.refused.get(&(fact.proto, fact.arrived_from)).map_or(
+            String::new(),
+            |sets| {
+                format!(
+                    "; this node's allow-set {sets} refuses that source, so Calico drops them here"
+                )
+            },
+        );
         sentences.push(format!(
-            "{} from {} arrives from {}, {} ({packets} packets): {} is source-NATed on the way",
+            "{} from {} arrives from {}, {} ({packets} packets{dropped}): {} is source-NATed on \
+             the way",
             prose(fact.proto),
             fact.node,
             fact.arrived_from,
@@ -355,6 +373,7 @@ mod tests {
             max_size: (answered > 0).then_some(max_size),
             ladder_sent: 11,
             peer_arrivals: 0,
+            refused: BTreeMap::new(),
         }
     }
 
@@ -366,6 +385,7 @@ mod tests {
             arrivals,
             arrivals_overflow: 0,
             nodes: BTreeSet::from([IpAddr::V4(GPU), IpAddr::V4(CP1)]),
+            refused: BTreeMap::new(),
             sent: 42,
             listener_drops: 0,
         }
@@ -374,7 +394,7 @@ mod tests {
     #[test]
     fn the_incident_reads_as_the_incident() {
         let snat: IpAddr = "10.10.10.244".parse().unwrap();
-        let run = run(
+        let mut run = run(
             vec![
                 outcome(Encap::Vxlan { port: 4789 }, 0, CP1, 0),
                 outcome(Encap::Ipip, 5, CP1, 1450),
@@ -388,14 +408,17 @@ mod tests {
                 5,
             )]),
         );
+        run.refused
+            .insert((Proto::Vxlan, snat), "cali40all-vxlan-net".into());
         assert!(!healthy(&run));
         assert_eq!(
             conclusion(&run),
             "VXLAN to 10.10.60.127 unanswered (5 probes); IPIP to 10.10.60.127 answered from the \
              peer's own address, up to the device MTU. The path to 10.10.60.127 \
              carries IPIP but not VXLAN: something on it filters or rewrites VXLAN. VXLAN from \
-             10.10.60.127 arrives from 10.10.10.244, which is no node (5 packets): UDP is \
-             source-NATed on the way."
+             10.10.60.127 arrives from 10.10.10.244, which is no node (5 packets; this node's \
+             allow-set cali40all-vxlan-net refuses that source, so Calico drops them here): UDP \
+             is source-NATed on the way."
         );
         let mut json = Vec::new();
         write_json(&mut json, &run).unwrap();
@@ -416,6 +439,7 @@ mod tests {
         assert_eq!(lines[2]["proto"], "vxlan");
         assert_eq!(lines[2]["from_a_node"], false);
         assert_eq!(lines[2]["rewritten"], true);
+        assert_eq!(lines[2]["refused_by"], "cali40all-vxlan-net");
         assert_eq!(lines[3]["pairs_with_findings"], 1);
         assert_eq!(lines[3]["healthy"], false);
     }

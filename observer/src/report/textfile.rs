@@ -1219,11 +1219,13 @@ mod tests {
                 max_size: Some(max_size),
                 ladder_sent: 11,
                 peer_arrivals: 0,
+                refused: BTreeMap::new(),
             }],
             skipped: Vec::new(),
             arrivals: BTreeMap::new(),
             arrivals_overflow: 0,
             nodes: Default::default(),
+            refused: BTreeMap::new(),
             sent: 16,
             listener_drops: 0,
         }
