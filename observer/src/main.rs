@@ -27,16 +27,7 @@ fn main() -> ExitCode {
         ),
         // 0 healthy, 1 problem found, 2 could not run (clap's usage errors
         // also exit 2).
-        Command::Diagnose(args) => exit(
-            cmd::diagnose::run(args).map(|healthy| {
-                if healthy {
-                    ExitCode::SUCCESS
-                } else {
-                    ExitCode::from(1)
-                }
-            }),
-            ExitCode::from(2),
-        ),
+        Command::Diagnose(args) => exit(cmd::diagnose::run(args).map(found), ExitCode::from(2)),
         Command::Lab(args) => exit(
             cmd::lab::run(args).map(|()| ExitCode::SUCCESS),
             ExitCode::FAILURE,
@@ -47,21 +38,21 @@ fn main() -> ExitCode {
             ExitCode::from(cmd::replay::EXIT_USAGE),
         ),
         // 0 every pair healthy, 1 a finding, 2 could not run.
-        Command::Probe(args) => exit(
-            cmd::probe::run(args).map(|healthy| {
-                if healthy {
-                    ExitCode::SUCCESS
-                } else {
-                    ExitCode::from(1)
-                }
-            }),
-            ExitCode::from(2),
-        ),
+        Command::Probe(args) => exit(cmd::probe::run(args).map(found), ExitCode::from(2)),
         // 0 as designed, 1 with fallbacks, 2 cannot run.
         Command::Check(args) => exit(
             cmd::check::run(args.output).map(|verdict| ExitCode::from(verdict.exit_code())),
             ExitCode::from(2),
         ),
+    }
+}
+
+/// 0 when a check found nothing (`healthy`), 1 when it found something.
+fn found(healthy: bool) -> ExitCode {
+    if healthy {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
     }
 }
 

@@ -85,17 +85,18 @@ pub fn run(args: ProbeArgs) -> Result<bool> {
     Ok(report::healthy(&run))
 }
 
-/// The address and MAC of each tunnel device of `view`, by index.
+/// The address and MAC of each tunnel device of `view`, by index (only
+/// those: a node may have hundreds of other links).
 fn local_ends(view: &DataPlane) -> HashMap<u32, LocalEnd> {
-    view.links
+    view.devices
         .iter()
-        .map(|link| {
+        .map(|device| {
             let addr = view.addresses.iter().find_map(|a| match a.addr {
-                IpAddr::V4(v4) if a.ifindex == link.ifindex => Some(v4),
+                IpAddr::V4(v4) if a.ifindex == device.ifindex => Some(v4),
                 _ => None,
             });
-            let mac = node::probe::mac_of(&link.name);
-            (link.ifindex, LocalEnd { addr, mac })
+            let mac = node::probe::mac_of(&device.name);
+            (device.ifindex, LocalEnd { addr, mac })
         })
         .collect()
 }
