@@ -310,8 +310,11 @@ impl Prober<'_> {
         self.next_seq = self.next_seq.wrapping_add(1);
         let packet = probe::packet(target, src, ProbeId { id: self.id, seq }, size);
         let now = Instant::now();
-        self.next_send = now + self.pace;
-        match self.sender.send(&packet, target.peer) {
+        let sent = self.sender.send(&packet, target.peer);
+        // Paced from when the kernel took it, so that a send that took
+        // long does not bring the next one closer on the wire.
+        self.next_send = Instant::now() + self.pace;
+        match sent {
             Ok(()) => {
                 self.pending.insert(seq, (index, now));
                 self.sent += 1;
