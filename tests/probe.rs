@@ -582,3 +582,63 @@ fn probe_without_cap_net_raw_says_what_it_needs() {
     assert!(stderr.contains("needs CAP_NET_RAW"), "{stderr}");
     assert!(output.stdout.is_empty());
 }
+
+#[test]
+fn udp_port_probes_say_whether_plain_udp_crosses() {
+    if !support::have_root("udp_port_probes_say_whether_plain_udp_crosses") {
+        return;
+    }
+    let pair = Pair::new("pru");
+    pair.calico();
+    let probe = [
+        "probe",
+        "--netns",
+        pair.a.name(),
+        "--encap",
+        "udp:9999",
+        "--output",
+        "json",
+    ];
+    let (code, lines, stderr) = observer(&probe);
+    assert_eq!(code, Some(0), "{stderr}");
+    let udp = lines
+        .iter()
+        .find(|l| l["type"] == "probe" && l["encap"] == "udp:9999")
+        .expect("a udp:9999 line");
+    // B's kernel answers each with "port unreachable" from its address.
+    assert_eq!((n(udp, "sent"), n(udp, "answered")), (5, 5), "{udp}");
+    assert_eq!(
+        udp["answer_sources"],
+        serde_json::json!([{"from": NODE_B.underlay, "proto": "other", "answers": 5}])
+    );
+    assert_eq!(udp["max_size"], Value::Null, "{udp}");
+    assert_eq!(n(udp, "ladder_sent"), 0, "{udp}");
+
+    // B drops UDP to 9999: VXLAN still answers, plain UDP/9999 does not.
+    pair.b.exec_ok(&[
+        "iptables", "-A", "INPUT", "-p", "udp", "--dport", "9999", "-j", "DROP",
+    ]);
+    let (code, lines, stderr) = observer(&probe);
+    assert_eq!(code, Some(1), "{stderr}");
+    let verdicts: BTreeSet<(String, String)> = lines
+        .iter()
+        .filter(|l| l["type"] == "probe")
+        .map(|l| (l["encap"].to_string(), l["verdict"].to_string()))
+        .collect();
+    assert_eq!(
+        verdicts,
+        BTreeSet::from([
+            ("\"udp:9999\"".to_string(), "\"unanswered\"".to_string()),
+            ("\"vxlan\"".to_string(), "\"ok\"".to_string()),
+        ])
+    );
+    let summary = lines.last().unwrap();
+    let conclusion = summary["conclusion"].as_str().unwrap();
+    assert!(
+        conclusion.contains(&format!(
+            "The path to {} carries VXLAN but not UDP/9999",
+            NODE_B.underlay
+        )),
+        "{conclusion}"
+    );
+}

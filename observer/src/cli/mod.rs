@@ -187,7 +187,10 @@ pub struct ProbeArgs {
     pub peers: Vec<Ipv4Addr>,
 
     /// Also probe with this encapsulation: vxlan[:PORT], geneve[:PORT],
-    /// ipip (repeatable). The routes' own are always probed.
+    /// ipip, or udp:PORT (a plain UDP datagram to a port nothing listens
+    /// on, answered by the peer's kernel with "port unreachable": does
+    /// UDP to that port cross at all?). Repeatable. The routes' own are
+    /// always probed.
     #[arg(long = "encap", value_name = "ENCAP")]
     pub encaps: Vec<crate::model::probe::Encap>,
 

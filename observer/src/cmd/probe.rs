@@ -127,7 +127,8 @@ pub fn probe_once(view: &DataPlane, settings: &Settings) -> Result<Run> {
         match target.encap {
             Encap::Vxlan { port } => ports.vxlan.push(port),
             Encap::Geneve { port } => ports.geneve.push(port),
-            Encap::Ipip => {}
+            // Answered with ICMP, which the listener takes anyway.
+            Encap::Ipip | Encap::Udp { .. } => {}
         }
     }
     let table = PortArray::new(&ports).map_err(anyhow::Error::msg)?;
@@ -204,7 +205,10 @@ pub fn probe_once(view: &DataPlane, settings: &Settings) -> Result<Run> {
     if settings.ladder {
         let mut ladders: Vec<Option<Ladder>> = outcomes
             .iter()
-            .map(|o| (o.answered > 0).then(|| Ladder::new(BASE_INNER, o.target.max_inner())))
+            .map(|o| {
+                (o.answered > 0 && o.target.encap.has_ladder())
+                    .then(|| Ladder::new(BASE_INNER, o.target.max_inner()))
+            })
             .collect();
         loop {
             let mut round = Vec::new();

@@ -65,24 +65,52 @@ pub enum Encap {
     },
     /// IPv4 in IPv4 (protocol 4).
     Ipip,
+    /// No encapsulation: a plain UDP datagram to a port nothing listens on
+    /// at the peer, answered by the peer's kernel with ICMP "port
+    /// unreachable". Says whether UDP to that port crosses the path (a
+    /// filter of UDP/4789 alone shows as `vxlan` unanswered and `udp:N`
+    /// answered). Reachability only: the kernel rate-limits those errors,
+    /// so no size ladder.
+    Udp {
+        /// Destination port.
+        port: u16,
+    },
 }
 
 impl Encap {
-    /// The protocol the observer counts it as.
+    /// The protocol the observer counts it as (`Other` for plain UDP).
     pub fn proto(self) -> Proto {
         match self {
             Encap::Vxlan { .. } => Proto::Vxlan,
             Encap::Geneve { .. } => Proto::Geneve,
             Encap::Ipip => Proto::Ipip,
+            Encap::Udp { .. } => Proto::Other,
         }
     }
 
     /// Outer bytes before the inner IP packet: IPv4 + UDP + header +
-    /// inner Ethernet for the UDP ones, IPv4 for IPIP.
+    /// inner Ethernet for the UDP ones, IPv4 for IPIP; none for plain UDP
+    /// (its size is the datagram's IP packet).
     pub fn overhead(self) -> u32 {
         match self {
             Encap::Vxlan { .. } | Encap::Geneve { .. } => 20 + 8 + 8 + 14,
             Encap::Ipip => 20,
+            Encap::Udp { .. } => 0,
+        }
+    }
+
+    /// Whether a size ladder is climbed with it.
+    pub fn has_ladder(self) -> bool {
+        !matches!(self, Encap::Udp { .. })
+    }
+
+    /// How it is named in prose: `VXLAN`, `Geneve`, `IPIP`, `UDP/5000`.
+    pub fn prose(self) -> String {
+        match self {
+            Encap::Vxlan { .. } => "VXLAN".into(),
+            Encap::Geneve { .. } => "Geneve".into(),
+            Encap::Ipip => "IPIP".into(),
+            Encap::Udp { port } => format!("UDP/{port}"),
         }
     }
 
@@ -115,6 +143,7 @@ impl fmt::Display for Encap {
             Encap::Geneve { port } if port == ports::GENEVE => f.write_str("geneve"),
             Encap::Geneve { port } => write!(f, "geneve:{port}"),
             Encap::Ipip => f.write_str("ipip"),
+            Encap::Udp { port } => write!(f, "udp:{port}"),
         }
     }
 }
@@ -150,8 +179,10 @@ impl FromStr for Encap {
             }),
             ("ipip", None) => Ok(Encap::Ipip),
             ("ipip", Some(_)) => Err("ipip has no port (it is IP protocol 4)".into()),
+            ("udp", Some(port)) => Ok(Encap::Udp { port }),
+            ("udp", None) => Err("udp needs a port: udp:PORT".into()),
             _ => Err(format!(
-                "unknown encapsulation {name:?}: use vxlan[:PORT], geneve[:PORT] or ipip"
+                "unknown encapsulation {name:?}: use vxlan[:PORT], geneve[:PORT], ipip or udp:PORT"
             )),
         }
     }
@@ -283,6 +314,27 @@ pub fn plan(
     let mut out = Plan::default();
     for ((peer, encap), found) in by_pair {
         let skip = |why: String| Skipped { peer, encap, why };
+        let underlay = view
+            .peer_routes
+            .iter()
+            .find(|r| r.node == IpAddr::V4(peer))
+            .and_then(|r| view.links.iter().find(|l| l.ifindex == r.ifindex));
+        let underlay_mtu = underlay.map_or(1500, |l| l.mtu);
+        if let Encap::Udp { .. } = encap {
+            // Plain UDP needs no tunnel: the underlay is its device.
+            out.targets.push(Target {
+                peer,
+                encap,
+                device: underlay.map_or_else(|| "-".into(), |l| l.name.clone()),
+                device_mtu: underlay_mtu,
+                vni: 0,
+                inner_src: Ipv4Addr::UNSPECIFIED,
+                inner_dst: peer,
+                macs: None,
+                underlay_mtu,
+            });
+            continue;
+        }
         // A pair added by --encap borrows the device and VTEP of a route
         // to the same peer with the same kind of encapsulation, if any.
         let found = found.or_else(|| {
@@ -325,7 +377,7 @@ pub fn plan(
             continue;
         };
         let (inner_dst, macs) = match encap {
-            Encap::Ipip => (peer, None),
+            Encap::Ipip | Encap::Udp { .. } => (peer, None),
             Encap::Vxlan { .. } | Encap::Geneve { .. } => {
                 let Some((vtep_addr, vtep_mac)) = vtep else {
                     out.skipped.push(skip(
@@ -342,12 +394,6 @@ pub fn plan(
                 (vtep_addr, Some((mac, vtep_mac)))
             }
         };
-        let underlay_mtu = view
-            .peer_routes
-            .iter()
-            .find(|r| r.node == IpAddr::V4(peer))
-            .and_then(|r| view.links.iter().find(|l| l.ifindex == r.ifindex))
-            .map_or(1500, |l| l.mtu);
         out.targets.push(Target {
             peer,
             encap,
@@ -411,6 +457,20 @@ pub fn packet(target: &Target, outer_src: Ipv4Addr, probe: ProbeId, inner_len: u
     };
     let vni = target.vni.to_be_bytes();
     match target.encap {
+        // The IP identification carries the sequence number back in the
+        // ICMP error's quote; the source port names the run.
+        Encap::Udp { port } => {
+            let mut ip = df_header(outer_src, target.peer, IpNumber::UDP);
+            ip.identification = probe.seq;
+            let mut out = Vec::with_capacity(inner_len as usize);
+            let _ = PacketBuilder::ip(IpHeaders::Ipv4(ip, Default::default()))
+                .udp(udp_source_port(probe.id), port)
+                .write(
+                    &mut out,
+                    &payload[..payload.len().min(inner_len as usize - 28)],
+                );
+            out
+        }
         // RFC 7348: flags with I set, reserved, VNI, reserved.
         Encap::Vxlan { port } => udp_header([0x08, 0, 0, 0, vni[1], vni[2], vni[3], 0], port),
         // RFC 8926: no options, protocol type Transparent Ethernet Bridging.
@@ -425,6 +485,13 @@ pub fn packet(target: &Target, outer_src: Ipv4Addr, probe: ProbeId, inner_len: u
             out
         }
     }
+}
+
+/// The source port of a run's plain UDP probes (`udp:PORT`), from its
+/// echo identifier: how their port-unreachable errors are told from
+/// others'.
+fn udp_source_port(id: u16) -> u16 {
+    32768 + id % 28232
 }
 
 /// An IPv4 header with DF set (length and checksum are filled in when
@@ -469,6 +536,22 @@ pub fn read_frame(frame: &[u8], ports: &impl PortTable, id: u16) -> Option<Seen>
     let inner_src = decode_addr(&c.inner_src, c.inner_family);
     if c.l4_proto == IPPROTO_ICMP && c.l4_off != 0 {
         let icmp = frame.get(c.l4_off..c.l4_off + 8)?;
+        // Port unreachable (3/3) quoting one of this run's plain UDP
+        // probes: its IP identification is the sequence number.
+        if c.proto == Proto::Other && icmp[0] == 3 && icmp[1] == 3 {
+            let quote = frame.get(c.l4_off + 8..)?;
+            let ihl = usize::from(quote.first()? & 0x0f) * 4;
+            let sport = quote.get(ihl..ihl + 2)?;
+            if quote.get(9) == Some(&17)
+                && u16::from_be_bytes([sport[0], sport[1]]) == udp_source_port(id)
+            {
+                return Some(Seen::Answer {
+                    seq: u16::from_be_bytes([*quote.get(4)?, *quote.get(5)?]),
+                    from: plain_source(frame, c.l4_off)?,
+                    proto: Proto::Other,
+                });
+            }
+        }
         let echo_reply = icmp[0] == 0 && icmp[1] == 0;
         // The programs' parser marks tunnelled probes; an answer that
         // arrived plain is checked here.
@@ -478,7 +561,7 @@ pub fn read_frame(frame: &[u8], ports: &impl PortTable, id: u16) -> Option<Seen>
         let ours = marked && u16::from_be_bytes([icmp[4], icmp[5]]) == id;
         if echo_reply && ours {
             let from = match c.proto {
-                Proto::Other => plain_source(frame, c.l2_len)?,
+                Proto::Other => plain_source(frame, c.l4_off)?,
                 _ => from?,
             };
             return Some(Seen::Answer {
@@ -498,10 +581,17 @@ pub fn read_frame(frame: &[u8], ports: &impl PortTable, id: u16) -> Option<Seen>
     }
 }
 
-/// The source of a plain (not encapsulated) IPv4 packet after `l2_len`
-/// bytes of Ethernet header.
-fn plain_source(frame: &[u8], l2_len: usize) -> Option<IpAddr> {
-    let src: [u8; 4] = frame.get(l2_len + 12..l2_len + 16)?.try_into().ok()?;
+/// The source of a plain (not encapsulated) IPv4 packet whose L4 header
+/// starts at `l4_off`. The parser keeps no L2 length for plain frames, so
+/// the IPv4 header is the one, after an Ethernet header and up to two
+/// VLAN tags, whose length ends at `l4_off`.
+fn plain_source(frame: &[u8], l4_off: usize) -> Option<IpAddr> {
+    let start = [14, 18, 22].into_iter().find(|&l2| {
+        frame
+            .get(l2)
+            .is_some_and(|&b| b >> 4 == 4 && l2 + usize::from(b & 0x0f) * 4 == l4_off)
+    })?;
+    let src: [u8; 4] = frame.get(start + 12..start + 16)?.try_into().ok()?;
     Some(IpAddr::V4(Ipv4Addr::from(src)))
 }
 
@@ -670,7 +760,7 @@ impl Outcome {
                     sets: sets.clone(),
                 });
             }
-            if proto == Proto::Other {
+            if proto == Proto::Other && self.target.encap.has_ladder() {
                 findings.push(Finding::NotEncapsulated);
             } else if from != peer {
                 findings.push(Finding::AnswerSource {
@@ -996,6 +1086,45 @@ mod tests {
                 Some(Seen::Tunnel { .. })
             ));
         }
+    }
+
+    #[test]
+    fn plain_udp_probes_are_answered_by_a_port_unreachable_quoting_them() {
+        let ports = PortArray::new(&PortConfig::default()).unwrap();
+        let plan = plan(&view(), local_end, &[CP1], &["udp:9999".parse().unwrap()]);
+        let udp = plan
+            .targets
+            .iter()
+            .find(|t| t.encap == Encap::Udp { port: 9999 })
+            .expect("a udp:9999 pair");
+        assert_eq!((udp.device.as_str(), udp.device_mtu), ("eth0", 1500));
+        assert!(!udp.encap.has_ladder());
+        let probe = ProbeId { id: 0x4242, seq: 7 };
+        let ip = packet(udp, GPU, probe, BASE_INNER);
+        assert_eq!(ip.len() as u32, BASE_INNER);
+        assert_eq!((ip[9], u16::from_be_bytes([ip[22], ip[23]])), (17, 9999));
+        // The peer's kernel: ICMP 3/3 from cp1 quoting the probe's first
+        // 28 bytes, behind an Ethernet header.
+        let mut icmp = vec![3, 3, 0, 0, 0, 0, 0, 0];
+        icmp.extend_from_slice(&ip[..28]);
+        let mut answer = Vec::new();
+        PacketBuilder::ethernet2([2; 6], [4; 6])
+            .ipv4(CP1.octets(), GPU.octets(), 64)
+            .write(&mut answer, IpNumber::ICMP, &icmp)
+            .unwrap();
+        assert_eq!(
+            read_frame(&answer, &ports, 0x4242),
+            Some(Seen::Answer {
+                seq: 7,
+                from: IpAddr::V4(CP1),
+                proto: Proto::Other
+            })
+        );
+        // Another run's (another source port) is nothing to this one.
+        assert_eq!(read_frame(&answer, &ports, 0x4243), None);
+        assert_eq!(Encap::Udp { port: 9999 }.to_string(), "udp:9999");
+        assert_eq!("udp:9999".parse(), Ok(Encap::Udp { port: 9999 }));
+        assert!("udp".parse::<Encap>().unwrap_err().contains("needs a port"));
     }
 
     #[test]

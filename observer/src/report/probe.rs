@@ -199,17 +199,14 @@ pub fn conclusion(run: &Run) -> String {
     for (peer, outcomes) in &by_peer {
         let findings: Vec<Vec<Finding>> = outcomes.iter().map(|o| findings(run, o)).collect();
         if findings.iter().all(Vec::is_empty) {
-            let encaps: Vec<&str> = outcomes
-                .iter()
-                .map(|o| prose(o.target.encap.proto()))
-                .collect();
+            let encaps: Vec<String> = outcomes.iter().map(|o| o.target.encap.prose()).collect();
             fine.push(format!("{peer} ({})", encaps.join(", ")));
             fine_measured &= outcomes.iter().all(|o| o.max_size.is_some());
             continue;
         }
         let mut parts = Vec::new();
         for (outcome, findings) in outcomes.iter().zip(&findings) {
-            let name = prose(outcome.target.encap.proto());
+            let name = outcome.target.encap.prose();
             let mut part = if outcome.answered == 0 {
                 format!("{name} to {peer} unanswered ({} probes)", outcome.sent)
             } else if outcome.answered < outcome.sent {
@@ -222,6 +219,13 @@ pub fn conclusion(run: &Run) -> String {
             };
             for finding in findings {
                 match finding {
+                    Finding::AnswerSource { from, .. } if !outcome.target.encap.has_ladder() => {
+                        part.push_str(&format!(
+                            ", but the port-unreachable came from {from}, {}: something on the \
+                             way rejects it",
+                            who(run, *from)
+                        ))
+                    }
                     Finding::AnswerSource { from, .. } => part.push_str(&format!(
                         ", but from {from}, {}: the answers are source-NATed on the way",
                         who(run, *from)
@@ -262,15 +266,15 @@ pub fn conclusion(run: &Run) -> String {
         sentences.push(parts.join("; "));
         // The incident's decisive contrast: one encapsulation answered,
         // another not, on the same path.
-        let answered: Vec<&str> = outcomes
+        let answered: Vec<String> = outcomes
             .iter()
             .filter(|o| o.answered > 0)
-            .map(|o| prose(o.target.encap.proto()))
+            .map(|o| o.target.encap.prose())
             .collect();
-        let silent: Vec<&str> = outcomes
+        let silent: Vec<String> = outcomes
             .iter()
             .filter(|o| o.answered == 0)
-            .map(|o| prose(o.target.encap.proto()))
+            .map(|o| o.target.encap.prose())
             .collect();
         if !answered.is_empty() && !silent.is_empty() {
             sentences.push(format!(
