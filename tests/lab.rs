@@ -331,6 +331,38 @@ fn bgp_down_lab_over_ipip_names_the_same_outage() {
             "{p}"
         );
     }
+    // After the outage, `observer probe` on every node: each of the three
+    // others answers IPIP from its own address, up to tunl0's MTU.
+    let mesh = ["10.99.0.1", "10.99.0.2", "10.99.0.3", N4];
+    for (node, addr) in ["n1", "n2", "n3", "n4"].into_iter().zip(mesh) {
+        let probes: BTreeSet<(String, u64, u64, u64, String)> = lines
+            .iter()
+            .filter(|l| l["node"] == node && l["type"] == "probe")
+            .map(|l| {
+                (
+                    format!("{} {}", l["encap"], l["peer"]),
+                    n(l, "sent"),
+                    n(l, "answered"),
+                    n(l, "max_size"),
+                    l["answer_sources"][0]["from"].to_string(),
+                )
+            })
+            .collect();
+        let expected: BTreeSet<(String, u64, u64, u64, String)> = mesh
+            .into_iter()
+            .filter(|peer| *peer != addr)
+            .map(|peer| {
+                (
+                    format!("\"ipip\" \"{peer}\""),
+                    5,
+                    5,
+                    1480,
+                    format!("\"{peer}\""),
+                )
+            })
+            .collect();
+        assert_eq!(probes, expected, "{node}");
+    }
 }
 
 #[test]

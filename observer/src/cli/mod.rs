@@ -285,8 +285,10 @@ pub struct LabArgs {
 
     /// Instead of the pings, run `observer probe` on every node at once
     /// (each probes the others over VXLAN and IPIP, with a size ladder)
-    /// while the observers watch; the write-up starts with each node's
-    /// probe results. Not for the BGP scenarios.
+    /// while the observers watch. Without it the probes run after the
+    /// pings, once the observers stopped; the write-up shows each node's
+    /// results either way. Not for the BGP scenarios, which probe after
+    /// their run with --bgp-encap ipip (direct routing has no tunnel).
     #[arg(long)]
     pub probe: bool,
 }

@@ -22,10 +22,11 @@ use super::{
     cleanup::{Cleanup, PREFIX},
     mesh::{self, DOWN, FILTERING, MESH, SETTLE},
     observers::{ObserverSpec, Observers},
+    probes,
     shell::run_tool,
     topology::{IpipKind, UNDERLAY},
     traffic::{self, Ping},
-    view::View,
+    view::{self, View},
 };
 use crate::cli::{LabArgs, Scenario};
 
@@ -121,6 +122,28 @@ pub fn run(args: &LabArgs) -> Result<()> {
     let counts = stop_pings(&mut lab, pings)?;
     observers.stop(&mut lab);
     observers.wait_end(&mut lab, &mut view, SETTLE)?;
+    // Over IPIP, the decisive experiment on every node too (with the
+    // observers stopped, so the counts stay the pings'); direct routing
+    // has no tunnel to probe.
+    let mut runs = Vec::new();
+    // A node that left the mesh (stale-route) has no peer left to probe.
+    let probed: Vec<usize> = (0..MESH.len())
+        .filter(|&i| !(scenario == Scenario::StaleRoute && i == DOWN))
+        .collect();
+    if ipip.is_some() {
+        view.note("observer probe on every node of the mesh at once")?;
+        let namespaces: Vec<String> = probed.iter().map(|&i| names[i].clone()).collect();
+        runs = probes::start(&mut lab, &namespaces, &observer_args)?;
+        probes::finish(
+            &mut lab,
+            &mut runs,
+            || {
+                std::thread::sleep(Duration::from_millis(50));
+                Ok(())
+            },
+            SETTLE * 3,
+        )?;
+    }
     drop(birds);
     drop(lab);
 
@@ -149,6 +172,15 @@ pub fn run(args: &LabArgs) -> Result<()> {
                 .unwrap_or("  (no diagnosis: the observer ended without one)")
                 .trim_end(),
         )?;
+    }
+    for (&i, run) in probed.iter().zip(&runs) {
+        let member = &MESH[i];
+        view.text(&format!(
+            "\n== probes from {} {} — {}",
+            member.name, member.addr, run.command
+        ))?;
+        view.text(&view::probes_text(&run.lines))?;
+        view.probe_lines(i, &run.lines)?;
     }
     Ok(())
 }

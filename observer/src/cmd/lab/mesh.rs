@@ -113,6 +113,11 @@ pub fn build(
         let others = (0..MESH.len()).filter(|j| *j != i);
         let routes = others.map(|j| (MESH[j].block, MESH[j].addr)).collect();
         kind = tunl0(lab, ns, MESH[i].addr, routes)?;
+        // As Calico does: tunl0 holds its block's first address, which the
+        // other nodes route back through their tunl0 (what `observer
+        // probe` answers to).
+        let first = format!("{}/32", MESH[i].block.network());
+        run_tool("ip", &["-n", ns, "addr", "add", &first, "dev", "tunl0"])?;
     }
     Ok(Some(kind))
 }

@@ -69,8 +69,9 @@ pub fn run(args: LabArgs) -> Result<()> {
     if scenario.is_bgp() {
         if args.probe {
             bail!(
-                "--probe runs on the incident's scenarios (incident, udp-block, mtu, \
-                 encap-mismatch, healthy), not on {}",
+                "--probe (probes instead of the pings) runs on the incident's scenarios \
+                 (incident, udp-block, mtu, encap-mismatch, healthy), not on {}; the BGP \
+                 scenarios probe every node after their run with --bgp-encap ipip",
                 scenario.name()
             );
         }

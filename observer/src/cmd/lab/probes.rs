@@ -1,7 +1,8 @@
 //! The lab's probes: `observer probe --netns <node>` on every node at
 //! once; their JSON lines are collected per node. After the pings, once
-//! the observers stopped (so the pings' counts stay the pings'); or, with
-//! `--probe`, in place of the pings while the observers watch.
+//! the observers stopped (so the pings' counts stay the pings'; the BGP
+//! scenarios too, over IPIP); or, with `--probe`, in place of the pings
+//! while the observers watch.
 
 use std::{
     io::Read,

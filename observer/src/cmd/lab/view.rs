@@ -118,6 +118,21 @@ impl View {
         self.traffic_since = Some(Instant::now());
     }
 
+    /// Node `node`'s probe lines, tagged with the node (JSON only).
+    pub fn probe_lines(&self, node: usize, lines: &[Value]) -> Result<()> {
+        if self.format != LabFormat::Json {
+            return Ok(());
+        }
+        for line in lines {
+            let mut tagged = json!({"node": self.nodes[node]});
+            if let (Some(out), Some(fields)) = (tagged.as_object_mut(), line.as_object()) {
+                out.extend(fields.clone());
+            }
+            print_line(format_args!("{tagged}"))?;
+        }
+        Ok(())
+    }
+
     /// One line of node `node`'s observer.
     pub fn observer_line(&mut self, node: usize, line: &Value) -> Result<()> {
         if self.format == LabFormat::Json {
@@ -204,13 +219,7 @@ impl View {
                 self.lab_line(&line)?;
             }
             for (node, (_, lines)) in summary.probes.iter().enumerate() {
-                for line in lines.iter() {
-                    let mut tagged = json!({"node": self.nodes[node]});
-                    if let (Some(out), Some(fields)) = (tagged.as_object_mut(), line.as_object()) {
-                        out.extend(fields.clone());
-                    }
-                    print_line(format_args!("{tagged}"))?;
-                }
+                self.probe_lines(node, lines)?;
             }
             for fact in summary.facts {
                 self.lab_line(fact)?;
@@ -230,6 +239,13 @@ impl View {
 /// failed write is an error instead of a panic.
 fn print_line(line: fmt::Arguments<'_>) -> Result<()> {
     writeln!(io::stdout().lock(), "{line}").context("writing output")
+}
+
+/// One node's probe lines as text: a row per pair and the conclusion.
+pub fn probes_text(lines: &[Value]) -> String {
+    let mut text = Vec::new();
+    let _ = write_probes(&mut text, lines);
+    String::from_utf8_lossy(&text).trim_end().to_string()
 }
 
 /// One node's probe lines, as `observer probe` prints its table.
