@@ -297,7 +297,7 @@ pub struct Classified {
     pub vxlan_flags: u8,
     /// The outer IP packet is a fragment (first or later).
     pub outer_fragment: bool,
-    /// An `observer probe` packet: a tunnel packet whose inner ICMP
+    /// An `observer probe` packet: a tunnel packet whose inner IPv4 ICMP
     /// payload starts with [`crate::PROBE_MAGIC`]. Counted apart, never
     /// in a flow row, so that probing never moves the passive counters
     /// (drop checks still apply: a probe dropped here is a drop).
@@ -488,13 +488,6 @@ pub fn classify<F: Frame, P: PortTable>(f: &F, direction: Direction, ports: &P) 
     c.vni = encap.vni;
     c.vxlan_flags = encap.flags;
     inner_headers(f, encap.inner, encap.inner_off, &mut c);
-    // One compare for other traffic; the payload is read only for ICMP,
-    // as two words compared one by one (an array compare may become a
-    // memcmp call, which eBPF does not have).
-    c.probe = c.l4_proto == IPPROTO_ICMP
-        && c.l4_off != 0
-        && f.read::<[u32; 2]>(c.l4_off + 8)
-            .is_some_and(|w| w[0] == PROBE_WORDS[0] && w[1] == PROBE_WORDS[1]);
     c
 }
 
@@ -801,6 +794,12 @@ fn inner_headers<F: Frame>(f: &F, mut inner: Inner, mut off: usize, c: &mut Clas
                 c.inner_family = family::V4;
                 c.l4_off = off + ((h.version_ihl & 0x0f) as usize) * 4;
                 c.l4_proto = h.proto;
+                // Probes are IPv4 ICMP: the payload is read only there, as
+                // two words compared one by one (an array compare may
+                // become a memcmp call, which eBPF does not have).
+                c.probe = h.proto == IPPROTO_ICMP
+                    && f.read::<[u32; 2]>(c.l4_off + 8)
+                        .is_some_and(|w| w[0] == PROBE_WORDS[0] && w[1] == PROBE_WORDS[1]);
             }
         }
         Inner::Ipv6 => {
