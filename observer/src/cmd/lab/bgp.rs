@@ -133,16 +133,7 @@ pub fn run(args: &LabArgs) -> Result<()> {
     if ipip.is_some() {
         view.note("observer probe on every node of the mesh at once")?;
         let namespaces: Vec<String> = probed.iter().map(|&i| names[i].clone()).collect();
-        runs = probes::start(&mut lab, &namespaces, &observer_args)?;
-        probes::finish(
-            &mut lab,
-            &mut runs,
-            || {
-                std::thread::sleep(Duration::from_millis(50));
-                Ok(())
-            },
-            SETTLE * 3,
-        )?;
+        runs = probes::run(&mut lab, &namespaces, &observer_args, SETTLE * 3)?;
     }
     drop(birds);
     drop(lab);

@@ -184,16 +184,7 @@ pub fn run(args: LabArgs) -> Result<()> {
     // The decisive experiment as one command, once the observers and the
     // rule counters have what the pings did.
     view.note("observer probe on gpu, cp1 and cp2 at once")?;
-    let mut runs = probes::start(&mut lab, &names.nodes, &tunnel_args(ipip))?;
-    probes::finish(
-        &mut lab,
-        &mut runs,
-        || {
-            std::thread::sleep(Duration::from_millis(50));
-            Ok(())
-        },
-        TRAFFIC_SLACK,
-    )?;
+    let runs = probes::run(&mut lab, &names.nodes, &tunnel_args(ipip), TRAFFIC_SLACK)?;
     drop(lab);
     summarize(&view, scenario, &results, &runs, &observers, &counters)
 }

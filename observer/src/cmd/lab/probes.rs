@@ -66,6 +66,23 @@ pub fn start(lab: &mut Cleanup, namespaces: &[String], args: &[String]) -> Resul
         .collect()
 }
 
+/// [`start`] then [`finish`] with nothing else to watch meanwhile (the
+/// observers stopped): the probes' runs, read.
+pub fn run(
+    lab: &mut Cleanup,
+    namespaces: &[String],
+    args: &[String],
+    timeout: Duration,
+) -> Result<Vec<NodeProbe>> {
+    let mut probes = start(lab, namespaces, args)?;
+    let pause = || {
+        thread::sleep(Duration::from_millis(50));
+        Ok(())
+    };
+    finish(lab, &mut probes, pause, timeout)?;
+    Ok(probes)
+}
+
 /// Waits until every probe run ended, at most `timeout`, calling `pump`
 /// meanwhile (the observers' lines, when they still run; else a pause);
 /// reads their lines. A run that could not probe (exit status 2) fails the
