@@ -8,7 +8,7 @@ use observer_common::{Direction, FLOW_CACHE_SLOTS, FlowCacheSlot, FlowKey, FlowV
 
 use crate::{
     maps::{FLOW_CACHE, FLOWS, PLAIN, STATS},
-    parse::Classified,
+    parse::{self, Classified, Frame},
 };
 
 /// Adds `packets`/`bytes` to `key`. Returns this CPU's cache slot of the
@@ -29,12 +29,7 @@ pub fn record(
         add(stat, packets);
         return None;
     }
-    if let Some(plain) = key.plain_slot().and_then(|slot| PLAIN.get_ptr_mut(slot)) {
-        // SAFETY: this CPU's slot; the hooks that write PLAIN (XDP and tc)
-        // never interrupt one another on a CPU, and userspace only reads it.
-        let plain = unsafe { &mut *plain };
-        plain.packets += packets;
-        plain.bytes += bytes;
+    if record_plain(key, packets, bytes) {
         return None;
     }
     let index = cache_index(key);
@@ -56,6 +51,39 @@ pub fn record(
     }
     record_in_map(key, c, packets, bytes);
     None
+}
+
+/// Counts a plain frame that needs nothing more (no drop check, not BGP)
+/// in its interface's `PLAIN` slot; `false` when it needs more or has no
+/// slot, and nothing was counted.
+///
+/// The hooks call this on the parser's own result, before
+/// `maps::settle`: plain traffic (most packets on many nodes) pays
+/// neither the settling nor the code after it, and these few instructions
+/// are all the verifier follows once per parse path.
+#[inline(always)]
+pub fn record_plain_only<F: Frame>(
+    frame: &F,
+    key: &FlowKey,
+    c: &Classified,
+    packets: u64,
+    bytes: u64,
+) -> bool {
+    !parse::needs_checks(c) && !parse::plain_bgp(frame, c) && record_plain(key, packets, bytes)
+}
+
+/// Adds to `key`'s slot of the per-CPU plain counters when it has one.
+#[inline(always)]
+fn record_plain(key: &FlowKey, packets: u64, bytes: u64) -> bool {
+    let Some(plain) = key.plain_slot().and_then(|slot| PLAIN.get_ptr_mut(slot)) else {
+        return false;
+    };
+    // SAFETY: this CPU's slot; the hooks that write PLAIN (XDP and tc)
+    // never interrupt one another on a CPU, and userspace only reads it.
+    let plain = unsafe { &mut *plain };
+    plain.packets += packets;
+    plain.bytes += bytes;
+    true
 }
 
 /// This CPU's cache slot of `key`, when the key holds it.

@@ -7,7 +7,7 @@ use observer_common::{Direction, FlowKey};
 
 use crate::{
     count,
-    maps::{BGP_PROG, CHECKS, MapPorts, PENDING, Pending, SCRATCH, SCRATCH_TC},
+    maps::{self, BGP_PROG, CHECKS, MapPorts, PENDING, Pending, SCRATCH, SCRATCH_TC, SHAPE_TC},
     parse::{self, CopiedFrame, Frame, HEADER_WINDOW, PacketFrame},
 };
 
@@ -38,7 +38,9 @@ pub fn observe(ctx: &TcContext, direction: Direction) {
         len
     };
     if direct.end - direct.start >= window {
-        let c = count_frame(&direct, direction, ifindex, len as u64, segs);
+        let Some(c) = count_frame(&direct, direction, ifindex, len as u64, segs) else {
+            return;
+        };
         let bgp = parse::plain_bgp(&direct, &c);
         hand_over(ctx, direction, &c, bgp, ifindex, (len as u64, segs), 0);
         return;
@@ -56,7 +58,9 @@ pub fn observe(ctx: &TcContext, direction: Direction) {
         return;
     }
     let copied = CopiedFrame { buf, len: copy };
-    let c = count_frame(&copied, direction, ifindex, len as u64, segs);
+    let Some(c) = count_frame(&copied, direction, ifindex, len as u64, segs) else {
+        return;
+    };
     let bgp = parse::plain_bgp(&copied, &c);
     hand_over(
         ctx,
@@ -115,7 +119,9 @@ fn hand_over(
     }
 }
 
-/// Classifies and counts the frame; returns the classification.
+/// Classifies and counts the frame; returns the classification, settled
+/// (`maps::settle`), unless the frame was plain traffic that needs nothing
+/// more.
 #[inline(always)]
 fn count_frame<F: Frame>(
     frame: &F,
@@ -123,8 +129,8 @@ fn count_frame<F: Frame>(
     ifindex: u32,
     len: u64,
     segs: u64,
-) -> parse::Classified {
-    let c = parse::classify(frame, direction, &MapPorts);
+) -> Option<parse::Classified> {
+    let mut c = parse::classify(frame, direction, &MapPorts);
     let (packets, bytes) = if segs > 1 {
         // Each segment repeats the headers; without an inner L4 header we
         // can only count the skb's own bytes.
@@ -133,6 +139,16 @@ fn count_frame<F: Frame>(
     } else {
         (1, len)
     };
+    if count::record_plain_only(
+        frame,
+        &FlowKey::of(ifindex, direction, &c),
+        &c,
+        packets,
+        bytes,
+    ) {
+        return None;
+    }
+    maps::settle(&mut c, SHAPE_TC)?;
     count::record(&FlowKey::of(ifindex, direction, &c), &c, packets, bytes);
-    c
+    Some(c)
 }

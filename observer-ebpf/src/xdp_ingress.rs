@@ -9,7 +9,7 @@ use observer_common::{Direction, FlowKey};
 
 use crate::{
     count, drops,
-    maps::{MapPorts, XDP_BGP_PROG},
+    maps::{self, MapPorts, SHAPE_XDP, XDP_BGP_PROG},
     parse,
 };
 
@@ -47,7 +47,7 @@ fn try_observer_xdp(ctx: &XdpContext, buffers: Buffers) {
         start: ctx.data(),
         end: ctx.data_end(),
     };
-    let c = parse::classify(&frame, Direction::Rx, &MapPorts);
+    let mut c = parse::classify(&frame, Direction::Rx, &MapPorts);
     // The linear buffer is the whole frame unless it is shorter than the IP
     // header says, or longer than a standard frame (only jumbo-MTU devices
     // have fragments, and a frame may carry bytes past its IP packet): only
@@ -62,6 +62,19 @@ fn try_observer_xdp(ctx: &XdpContext, buffers: Buffers) {
         linear as u64
     };
     let ifindex = ctx.ingress_ifindex() as u32;
+    if count::record_plain_only(
+        &frame,
+        &FlowKey::of(ifindex, Direction::Rx, &c),
+        &c,
+        1,
+        bytes,
+    ) {
+        // Plain traffic (most packets on many nodes) ends here.
+        return;
+    }
+    if maps::settle(&mut c, SHAPE_XDP).is_none() {
+        return;
+    }
     let slot = count::record(&FlowKey::of(ifindex, Direction::Rx, &c), &c, 1, bytes);
     if parse::needs_checks(&c) {
         drops::classifier_checks(ifindex, &c, bytes, slot.map(|s| &mut s.allow_verdict));
@@ -73,5 +86,4 @@ fn try_observer_xdp(ctx: &XdpContext, buffers: Buffers) {
         // SAFETY: a tail call with the program's own context.
         unsafe { XDP_BGP_PROG.tail_call(ctx, 0) };
     }
-    // Other plain traffic (most packets on many nodes) ends here.
 }

@@ -78,10 +78,13 @@ fn ensure_cargo_fuzz() -> Result<()> {
     Ok(())
 }
 
-/// Builds every fuzz target (one sanitizer build) without running them.
+/// Type-checks every fuzz target without building or running them: what
+/// keeps a target from rotting is that it still compiles against the
+/// library. The sanitizer build (`cargo fuzz build`) took 520 s of CI, and
+/// `cargo xtask fuzz` makes it anyway before it runs the targets.
 pub fn build() -> Result<()> {
     ensure_cargo_fuzz()?;
-    util::run(cargo_fuzz().arg("build"))
+    util::run(cargo_fuzz().arg("check"))
 }
 
 /// What one target's run found.

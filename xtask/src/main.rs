@@ -47,8 +47,8 @@ enum Task {
     /// Everything CI checks: rustfmt, clippy (-D warnings, all targets, eBPF
     /// crate included), the deploy/ files (promtool check and test of the
     /// alert rules, the PrometheusRule and the privileged DaemonSet in sync,
-    /// kubernetes-validate --strict of the manifests), `cargo fuzz build`
-    /// of every fuzz target (built, not run), that every tests/*.rs has a
+    /// kubernetes-validate --strict of the manifests), `cargo fuzz check`
+    /// of every fuzz target (type-checked, not run), that every tests/*.rs has a
     /// [[test]] entry in observer/Cargo.toml (and every entry a file), that
     /// observer/src imports only downwards and without cycles (`layers`), and
     /// `cargo test --workspace`, then `vm-test --kernel 5.10,6.1,6.12` (the kernel
@@ -187,7 +187,7 @@ fn test(fail_fast: bool, only: &[String]) -> Result<()> {
                 "warnings",
             ]))
         }),
-        // Builds (never runs) every fuzz target, so none can rot.
+        // Type-checks (never runs) every fuzz target, so none can rot.
         ("fuzz-build", fuzz::build),
         ("rules", || {
             util::run(deploy_command("promtool").args([
