@@ -170,12 +170,34 @@ pub struct Pending {
 #[map(name = "PENDING")]
 pub static PENDING: PerCpuArray<Pending> = PerCpuArray::with_max_entries(1, 0);
 
-/// What [`settle`] passes through map memory: the parser's scalars, by
-/// which the verifier tells the parse's paths apart (the addresses it
-/// read from the packet are unknown to it already).
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct Shape {
+/// Declares [`Shape`] with the fields it shares with `Classified`, and
+/// the copies between the two, naming each field once.
+macro_rules! shape {
+    ($($field:ident: $ty:ty),* $(,)?) => {
+        /// What [`settle`] passes through map memory: the parser's scalars,
+        /// by which the verifier tells the parse's paths apart (the
+        /// addresses it read from the packet are unknown to it already).
+        #[repr(C)]
+        #[derive(Clone, Copy)]
+        pub struct Shape {
+            $($field: $ty),*
+        }
+
+        impl Shape {
+            #[inline(always)]
+            fn of(c: &Classified) -> Shape {
+                Shape { $($field: c.$field),* }
+            }
+
+            #[inline(always)]
+            fn write_to(self, c: &mut Classified) {
+                $(c.$field = self.$field;)*
+            }
+        }
+    };
+}
+
+shape!(
     l4_off: usize,
     l2_len: usize,
     ip_end: usize,
@@ -188,7 +210,7 @@ pub struct Shape {
     vxlan_flags: u8,
     outer_fragment: bool,
     probe: bool,
-}
+);
 
 /// Each CPU's [`Shape`] slots, one per hook kind.
 #[map(name = "SHAPES")]
@@ -214,48 +236,40 @@ pub const SHAPE_XDP: u32 = 1;
 /// verified for far fewer states. Only the scalars go through memory
 /// (twelve stores and loads; the bench shows no cost against its noise):
 /// settling the whole classification, addresses included, saved tc more
-/// verification but cost 10-15 ns per frame. The asm makes the compiler
+/// verification but cost 10-15 ns per frame. [`clobbered`] makes the compiler
 /// reload the fields instead of reusing what it stored; mixing an unknown
 /// value into the fields in registers did not help, as the compiler moved
 /// the mixing into each path of the parse.
 #[inline(always)]
 pub fn settle(c: &mut Classified, slot: u32) -> Option<()> {
-    let mut at = SHAPES.get_ptr_mut(slot)?;
+    let at = SHAPES.get_ptr_mut(slot)?;
     // SAFETY: this CPU's slot, used by one hook at a time (XDP and tc have
-    // a slot each, and never interrupt themselves on a CPU); the asm is
-    // one register move, and without `nomem` the compiler assumes it may
-    // have written through `at`.
+    // a slot each, and never interrupt themselves on a CPU).
     let shape = unsafe {
-        *at = Shape {
-            l4_off: c.l4_off,
-            l2_len: c.l2_len,
-            ip_end: c.ip_end,
-            vni: c.vni,
-            proto: c.proto,
-            reason: c.reason,
-            peer_family: c.peer_family,
-            inner_family: c.inner_family,
-            l4_proto: c.l4_proto,
-            vxlan_flags: c.vxlan_flags,
-            outer_fragment: c.outer_fragment,
-            probe: c.probe,
-        };
-        core::arch::asm!("{0} = {0}", inout(reg) at, options(nostack, preserves_flags));
-        *at
+        *at = Shape::of(c);
+        *clobbered(at)
     };
-    c.l4_off = shape.l4_off;
-    c.l2_len = shape.l2_len;
-    c.ip_end = shape.ip_end;
-    c.vni = shape.vni;
-    c.proto = shape.proto;
-    c.reason = shape.reason;
-    c.peer_family = shape.peer_family;
-    c.inner_family = shape.inner_family;
-    c.l4_proto = shape.l4_proto;
-    c.vxlan_flags = shape.vxlan_flags;
-    c.outer_fragment = shape.outer_fragment;
-    c.probe = shape.probe;
+    shape.write_to(c);
     Some(())
+}
+
+/// `p`, after which the compiler assumes the memory behind it changed, so
+/// that it reloads what it reads there instead of reusing what it stored.
+#[inline(always)]
+fn clobbered<T>(p: *mut T) -> *mut T {
+    #[cfg(target_arch = "bpf")]
+    {
+        let mut p = p;
+        // SAFETY: one register move; without `nomem` the compiler assumes
+        // it may have written through `p`. (An empty asm would leave two
+        // line_info records on one instruction, which 6.1 refuses.)
+        unsafe {
+            core::arch::asm!("{0} = {0}", inout(reg) p, options(nostack, preserves_flags));
+        }
+        p
+    }
+    #[cfg(not(target_arch = "bpf"))]
+    p
 }
 
 /// Reads a `CONFIG` switch.
