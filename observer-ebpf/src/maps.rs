@@ -231,7 +231,7 @@ pub const SHAPE_XDP: u32 = 1;
 /// verified everything after the parse once per distinct end state. On
 /// 6.18 that was 265,000 verified instructions for XDP and 480,000 for tc
 /// ingress (575,000 on 5.10), most of a minute per load in a TCG VM and
-/// seconds on a node; settled, 63,000 and 212,000. Values read from map
+/// seconds on a node; settled, 64,000 and 116,000. Values read from map
 /// memory are unknown to the verifier, so the code after this point is
 /// verified for far fewer states. Only the scalars go through memory
 /// (twelve stores and loads; the bench shows no cost against its noise):

@@ -131,6 +131,15 @@ fn count_frame<F: Frame>(
     segs: u64,
 ) -> Option<parse::Classified> {
     let mut c = parse::classify(frame, direction, &MapPorts);
+    // A GSO skb (many segments in one) takes the settled path below: its
+    // segment arithmetic, verified once per parse path, was most of tc's
+    // verification, and the settling costs it little per segment.
+    if segs <= 1
+        && count::record_plain_only(frame, &FlowKey::of(ifindex, direction, &c), &c, 1, len)
+    {
+        return None;
+    }
+    maps::settle(&mut c, SHAPE_TC)?;
     let (packets, bytes) = if segs > 1 {
         // Each segment repeats the headers; without an inner L4 header we
         // can only count the skb's own bytes.
@@ -139,16 +148,6 @@ fn count_frame<F: Frame>(
     } else {
         (1, len)
     };
-    if count::record_plain_only(
-        frame,
-        &FlowKey::of(ifindex, direction, &c),
-        &c,
-        packets,
-        bytes,
-    ) {
-        return None;
-    }
-    maps::settle(&mut c, SHAPE_TC)?;
     count::record(&FlowKey::of(ifindex, direction, &c), &c, packets, bytes);
     Some(c)
 }
