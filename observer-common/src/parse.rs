@@ -207,19 +207,43 @@ pub fn window_offset(off: usize, size: usize) -> Option<usize> {
 /// `x`, unknown to the optimizer (a register move in asm on BPF).
 #[inline(always)]
 fn opaque(x: usize) -> usize {
+    register_move(x, false)
+}
+
+/// `p`, after which the optimizer assumes the memory behind it changed, so
+/// that it reloads what it reads there instead of reusing what it stored
+/// (the programs' `maps::settle`).
+#[inline(always)]
+pub fn clobbered<T>(p: *mut T) -> *mut T {
+    register_move(p as usize, true) as *mut T
+}
+
+/// `x` through one register move in asm on BPF, which the optimizer cannot
+/// see through; with `memory`, it also assumes the asm wrote memory.
+/// Outside BPF, `x` itself.
+#[inline(always)]
+fn register_move(x: usize, memory: bool) -> usize {
     #[cfg(target_arch = "bpf")]
     {
         let mut x = x;
         // The asm must emit an instruction: an empty one leaves two
         // line_info records on one instruction, which 6.1 refuses.
-        // SAFETY: one register move; it reads and writes only `x`.
+        // SAFETY: one register move of `x`, touching no memory (without
+        // `nomem` the compiler only assumes it may have).
         unsafe {
-            core::arch::asm!("{0} = {0}", inout(reg) x, options(pure, nomem, nostack, preserves_flags));
+            if memory {
+                core::arch::asm!("{0} = {0}", inout(reg) x, options(nostack, preserves_flags));
+            } else {
+                core::arch::asm!("{0} = {0}", inout(reg) x, options(pure, nomem, nostack, preserves_flags));
+            }
         }
         x
     }
     #[cfg(not(target_arch = "bpf"))]
-    x
+    {
+        let _ = memory;
+        x
+    }
 }
 
 #[repr(C)]

@@ -6,8 +6,6 @@
 // For the atomic add of the shared BGP counters (`bgp::add_u64`).
 #![cfg_attr(target_arch = "bpf", feature(core_intrinsics))]
 #![cfg_attr(target_arch = "bpf", allow(internal_features))]
-// For the register move that hides map memory from the compiler (`maps::settle`).
-#![cfg_attr(target_arch = "bpf", feature(asm_experimental_arch))]
 
 use observer_common::parse;
 

@@ -5,7 +5,7 @@ use aya_ebpf::{
     macros::map,
     maps::{Array, HashMap, LpmTrie, LruHashMap, LruPerCpuHashMap, PerCpuArray, ProgramArray},
 };
-use observer_common::parse::{Classified, PortTable, Scratch};
+use observer_common::parse::{Classified, PortTable, Scratch, clobbered};
 use observer_common::{
     ALLOW_SET_MAX_PREFIXES, BGP_MAX_KEYS, BgpCounters, BgpKey, DEFAULT_MAX_FLOWS, DropKey,
     DropValue, FLOW_CACHE_SLOTS, FlowCacheSlot, FlowKey, FlowValue, LOCAL_VNIS_MAX, PLAIN_SLOTS,
@@ -231,7 +231,7 @@ pub const SHAPE_XDP: u32 = 1;
 /// verified everything after the parse once per distinct end state. On
 /// 6.18 that was 265,000 verified instructions for XDP and 480,000 for tc
 /// ingress (575,000 on 5.10), most of a minute per load in a TCG VM and
-/// seconds on a node; settled, 64,000 and 116,000. Values read from map
+/// seconds on a node; settled, 64,000 and 89,000. Values read from map
 /// memory are unknown to the verifier, so the code after this point is
 /// verified for far fewer states. Only the scalars go through memory
 /// (twelve stores and loads; the bench shows no cost against its noise):
@@ -251,25 +251,6 @@ pub fn settle(c: &mut Classified, slot: u32) -> Option<()> {
     };
     shape.write_to(c);
     Some(())
-}
-
-/// `p`, after which the compiler assumes the memory behind it changed, so
-/// that it reloads what it reads there instead of reusing what it stored.
-#[inline(always)]
-fn clobbered<T>(p: *mut T) -> *mut T {
-    #[cfg(target_arch = "bpf")]
-    {
-        let mut p = p;
-        // SAFETY: one register move; without `nomem` the compiler assumes
-        // it may have written through `p`. (An empty asm would leave two
-        // line_info records on one instruction, which 6.1 refuses.)
-        unsafe {
-            core::arch::asm!("{0} = {0}", inout(reg) p, options(nostack, preserves_flags));
-        }
-        p
-    }
-    #[cfg(not(target_arch = "bpf"))]
-    p
 }
 
 /// Reads a `CONFIG` switch.
