@@ -72,9 +72,10 @@ pub fn record_plain_only<F: Frame>(
     !parse::needs_checks(c) && !parse::plain_bgp(frame, c) && record_plain(key, packets, bytes)
 }
 
-/// Adds to `key`'s slot of the per-CPU plain counters when it has one.
+/// Adds to `key`'s slot of the per-CPU plain counters when it has one;
+/// `false` when it has none, and nothing was counted.
 #[inline(always)]
-fn record_plain(key: &FlowKey, packets: u64, bytes: u64) -> bool {
+pub fn record_plain(key: &FlowKey, packets: u64, bytes: u64) -> bool {
     let Some(plain) = key.plain_slot().and_then(|slot| PLAIN.get_ptr_mut(slot)) else {
         return false;
     };

@@ -2,6 +2,8 @@
 //! the skb holds the header window, else one copy into a scratch buffer)
 //! and wire accounting of GSO skbs.
 
+use core::ptr::read_volatile;
+
 use aya_ebpf::{helpers::generated::bpf_skb_load_bytes, programs::TcContext};
 use observer_common::{Direction, FlowKey};
 
@@ -24,14 +26,19 @@ pub const TC_PASS: i32 = -1; // TC_ACT_UNSPEC == TCX_NEXT
 /// header field; here each path is verified once.
 #[inline(always)]
 pub fn observe(ctx: &TcContext, direction: Direction) {
+    if count_plain(ctx, direction) {
+        return;
+    }
+    // Read again, not reused: what `count_plain` learnt on its way here
+    // (packet bounds, that the skb is not GSO, whether the interface has a
+    // plain slot) would split the verifier's states for everything below.
+    let Skb {
+        len,
+        segs,
+        ifindex,
+        direct,
+    } = Skb::read(ctx);
     let skb = ctx.skb.skb;
-    // SAFETY: reads of the program's own __sk_buff context.
-    let (len, segs, ifindex) =
-        unsafe { ((*skb).len as usize, (*skb).gso_segs as u64, (*skb).ifindex) };
-    let direct = PacketFrame {
-        start: ctx.data(),
-        end: ctx.data_end(),
-    };
     let window = if len > HEADER_WINDOW {
         HEADER_WINDOW
     } else {
@@ -71,6 +78,47 @@ pub fn observe(ctx: &TcContext, direction: Direction) {
         (len as u64, segs),
         copy as u32,
     );
+}
+
+/// Counts plain TCP and UDP (most packets on many nodes) before the full
+/// parse; `false` when the skb is anything else, its headers lie beyond
+/// the linear part, or it is a GSO skb (see `count_frame`).
+#[inline(always)]
+fn count_plain(ctx: &TcContext, direction: Direction) -> bool {
+    let skb = Skb::read(ctx);
+    skb.segs <= 1
+        && parse::plain_transport(&skb.direct, &MapPorts).is_some()
+        && count::record_plain(&FlowKey::plain(skb.ifindex, direction), 1, skb.len as u64)
+}
+
+/// The `__sk_buff` fields the hooks use.
+struct Skb {
+    len: usize,
+    segs: u64,
+    ifindex: u32,
+    /// The linear part, by direct packet access.
+    direct: PacketFrame,
+}
+
+impl Skb {
+    /// Loads the fields; volatile, so that each call is its own set of
+    /// loads (see `observe`).
+    #[inline(always)]
+    fn read(ctx: &TcContext) -> Skb {
+        let skb = ctx.skb.skb;
+        // SAFETY: reads of the program's own __sk_buff context.
+        unsafe {
+            Skb {
+                len: read_volatile(&raw const (*skb).len) as usize,
+                segs: read_volatile(&raw const (*skb).gso_segs) as u64,
+                ifindex: read_volatile(&raw const (*skb).ifindex),
+                direct: PacketFrame {
+                    start: read_volatile(&raw const (*skb).data) as usize,
+                    end: read_volatile(&raw const (*skb).data_end) as usize,
+                },
+            }
+        }
+    }
 }
 
 /// Passes a frame to a second program when it needs more than counting:

@@ -47,21 +47,20 @@ fn try_observer_xdp(ctx: &XdpContext, buffers: Buffers) {
         start: ctx.data(),
         end: ctx.data_end(),
     };
-    let mut c = parse::classify(&frame, Direction::Rx, &MapPorts);
-    // The linear buffer is the whole frame unless it is shorter than the IP
-    // header says, or longer than a standard frame (only jumbo-MTU devices
-    // have fragments, and a frame may carry bytes past its IP packet): only
-    // then ask for the length including fragments (a helper call costs
-    // more than the rest of the program, but little per byte of a jumbo
-    // frame).
-    let linear = frame.end - frame.start;
-    let bytes = if buffers == Buffers::Multi && (c.ip_end > linear || linear > MAX_STANDARD_FRAME) {
-        // SAFETY: ctx.ctx is the program's own xdp_md.
-        unsafe { bpf_xdp_get_buff_len(ctx.ctx) }
-    } else {
-        linear as u64
-    };
     let ifindex = ctx.ingress_ifindex() as u32;
+    // Plain TCP and UDP (most packets on many nodes) end here, before the
+    // full parse.
+    if let Some(ip_end) = parse::plain_transport(&frame, &MapPorts)
+        && count::record_plain(
+            &FlowKey::plain(ifindex, Direction::Rx),
+            1,
+            frame_bytes(ctx, &frame, buffers, ip_end),
+        )
+    {
+        return;
+    }
+    let mut c = parse::classify(&frame, Direction::Rx, &MapPorts);
+    let bytes = frame_bytes(ctx, &frame, buffers, c.ip_end);
     if count::record_plain_only(
         &frame,
         &FlowKey::of(ifindex, Direction::Rx, &c),
@@ -69,7 +68,7 @@ fn try_observer_xdp(ctx: &XdpContext, buffers: Buffers) {
         1,
         bytes,
     ) {
-        // Plain traffic (most packets on many nodes) ends here.
+        // Other plain traffic (ICMP excepted) ends here.
         return;
     }
     if maps::settle(&mut c, SHAPE_XDP).is_none() {
@@ -85,5 +84,27 @@ fn try_observer_xdp(ctx: &XdpContext, buffers: Buffers) {
         // instructions on 6.18). Returns only when the slot is empty.
         // SAFETY: a tail call with the program's own context.
         unsafe { XDP_BGP_PROG.tail_call(ctx, 0) };
+    }
+}
+
+/// The frame's length on the wire. The linear buffer is the whole frame
+/// unless it is shorter than the IP header says (`ip_end`), or longer than
+/// a standard frame (only jumbo-MTU devices have fragments, and a frame
+/// may carry bytes past its IP packet): only then ask for the length
+/// including fragments (a helper call costs more than the rest of the
+/// program, but little per byte of a jumbo frame).
+#[inline(always)]
+fn frame_bytes(
+    ctx: &XdpContext,
+    frame: &parse::PacketFrame,
+    buffers: Buffers,
+    ip_end: usize,
+) -> u64 {
+    let linear = frame.end - frame.start;
+    if buffers == Buffers::Multi && (ip_end > linear || linear > MAX_STANDARD_FRAME) {
+        // SAFETY: ctx.ctx is the program's own xdp_md.
+        unsafe { bpf_xdp_get_buff_len(ctx.ctx) }
+    } else {
+        linear as u64
     }
 }
