@@ -5,9 +5,10 @@
 
 use std::{hash::Hash, net::IpAddr};
 
-use foldhash::HashMap;
-
-use crate::model::rows::{DropCounters, DropId, FlowCounters, FlowId, Row};
+use crate::model::{
+    read_order::ReadOrderMap,
+    rows::{DropCounters, DropId, FlowCounters, FlowId, Row},
+};
 
 /// Counters the aggregator can fold: packets, bytes and an optional inner
 /// address sample.
@@ -69,7 +70,8 @@ struct State {
 /// Monotonic per-row totals.
 #[derive(Debug)]
 pub struct Aggregator<K = FlowId> {
-    rows: HashMap<K, State>,
+    /// In read order: a read finds each row right after the previous one.
+    rows: ReadOrderMap<K, State>,
     max_rows: usize,
     generation: u64,
     /// Rows in the read under way.
@@ -84,7 +86,7 @@ impl<K: Copy + Eq + Hash + Ord> Aggregator<K> {
     /// An aggregator keeping at most `max_rows` rows (at least 1).
     pub fn new(max_rows: usize) -> Self {
         Aggregator {
-            rows: HashMap::default(),
+            rows: ReadOrderMap::default(),
             max_rows: max_rows.max(1),
             generation: 0,
             read_rows: 0,
@@ -114,12 +116,13 @@ impl<K: Copy + Eq + Hash + Ord> Aggregator<K> {
     pub fn begin_read(&mut self) {
         self.generation += 1;
         self.read_rows = 0;
+        self.rows.rewind();
     }
 
     /// Folds in one row of the read under way (each key once per read).
     pub fn add<C: Counters>(&mut self, id: K, counters: &C) {
         self.read_rows += 1;
-        let state = self.rows.entry(id).or_default();
+        let state = self.rows.get_or_insert_with(id, State::default);
         state.read = self.generation;
         let mut delta = (0, 0);
         for (now, kernel) in counters.parts().into_iter().zip(&mut state.kernel) {
@@ -147,7 +150,7 @@ impl<K: Copy + Eq + Hash + Ord> Aggregator<K> {
         // Keys gone from the kernel map keep their totals, but their kernel
         // baseline resets so a re-created key counts from zero.
         if self.read_rows < self.rows.len() {
-            for state in self.rows.values_mut() {
+            for (_, state) in self.rows.iter_mut() {
                 if state.read != self.generation {
                     state.kernel = [(0, 0); 2];
                 }
@@ -166,17 +169,19 @@ impl<K: Copy + Eq + Hash + Ord> Aggregator<K> {
             .iter()
             .map(|(id, s)| (s.last_moved, *id))
             .collect();
-        by_idle.sort_unstable();
-        for (_, id) in by_idle.into_iter().take(excess) {
-            self.rows.remove(&id);
-            self.forgotten_rows += 1;
-        }
+        // The `excess` longest idle (ties broken by key): those up to the
+        // cut, as keys are unique.
+        let (_, &mut cut, _) = by_idle.select_nth_unstable(excess - 1);
+        self.rows.retain(|id, s| (s.last_moved, *id) > cut);
+        self.forgotten_rows += excess as u64;
     }
 
     /// Ends the current interval of length `seconds` and returns every row
-    /// with its rate over that interval, in no particular order: what is
-    /// shown is sorted where it is shown ([`crate::model::rows::by_rate`]),
-    /// which at 100,000 rows is far fewer than all of them.
+    /// with its rate over that interval, in the order rows were first read
+    /// (which keeps the textfile export's passes in read order too): what
+    /// is shown is sorted where it is shown
+    /// ([`crate::model::rows::by_rate`]), which at 100,000 rows is far
+    /// fewer than all of them.
     pub fn finish_interval(&mut self, seconds: f64) -> Vec<Row<K>> {
         let seconds = if seconds > 0.0 { seconds } else { 1.0 };
         self.rows
@@ -304,6 +309,59 @@ mod tests {
             .map(|r| r.id.peer.unwrap().to_string())
             .collect();
         assert!(!peers.contains(&"10.0.0.1".to_string()), "{peers:?}");
+    }
+
+    /// Reads come in any order, with keys new, gone and back: each key
+    /// keeps one row and its own totals, also across a forgetting (which
+    /// moves rows and indexes them again).
+    #[test]
+    fn every_read_order_finds_each_keys_own_row() {
+        let totals = |agg: &mut Aggregator| {
+            let mut rows: Vec<(String, u64)> = agg
+                .finish_interval(1.0)
+                .iter()
+                .map(|r| (r.id.peer.unwrap().to_string(), r.packets))
+                .collect();
+            rows.sort();
+            rows
+        };
+        let peer = |n: u64| id(&format!("10.0.0.{n}"));
+        let mut agg = Aggregator::new(4);
+        agg.update(&[(peer(1), c(1, 1)), (peer(2), c(2, 2)), (peer(3), c(3, 3))]);
+        // Reversed, a new key in the middle, the first one gone.
+        agg.update(&[
+            (peer(3), c(30, 30)),
+            (peer(4), c(4, 4)),
+            (peer(2), c(20, 20)),
+        ]);
+        assert_eq!(
+            totals(&mut agg),
+            [
+                ("10.0.0.1".to_string(), 1),
+                ("10.0.0.2".to_string(), 20),
+                ("10.0.0.3".to_string(), 30),
+                ("10.0.0.4".to_string(), 4),
+            ]
+        );
+        // A fifth key: the idlest (10.0.0.1, gone) is forgotten, and the
+        // rows after it move.
+        agg.update(&[
+            (peer(5), c(5, 5)),
+            (peer(2), c(21, 21)),
+            (peer(3), c(30, 30)),
+            (peer(4), c(6, 6)),
+        ]);
+        assert_eq!(agg.forgotten_rows(), 1);
+        agg.update(&[(peer(4), c(7, 7)), (peer(3), c(31, 31)), (peer(5), c(8, 8))]);
+        assert_eq!(
+            totals(&mut agg),
+            [
+                ("10.0.0.2".to_string(), 21),
+                ("10.0.0.3".to_string(), 31),
+                ("10.0.0.4".to_string(), 7),
+                ("10.0.0.5".to_string(), 8),
+            ]
+        );
     }
 
     #[test]

@@ -12,6 +12,7 @@ pub mod facts;
 pub mod hooks;
 pub mod ports;
 pub mod probe;
+pub mod read_order;
 pub mod routes;
 pub mod rows;
 pub mod verdicts;

@@ -34,6 +34,7 @@ use crate::{
     model::bgp::BgpSession,
     model::bgp_wire::{WireCounters, WireRow},
     model::probe::{Encap, Outcome, Run},
+    model::read_order::ReadOrderMap,
     model::routes::Outage,
     model::rows::DropRow,
     model::rows::Row,
@@ -365,6 +366,11 @@ pub struct Exporter {
     iface_names: IfaceNames,
     encap: SplitFamily<EncapSeries, 2>,
     drop_splits: SplitFamily<DropSeries, 1>,
+    /// Each peer's packets plus dropped packets in the latest export, in
+    /// the rows' order (see [`ReadOrderMap`]), and the export that set it.
+    peer_scores: ReadOrderMap<IpAddr, (u64, u64)>,
+    /// Exports so far.
+    exports: u64,
     /// Export failures so far (reported in the next successful file).
     pub errors: u64,
     /// Highest eviction count exported so far.
@@ -389,6 +395,8 @@ impl Exporter {
             iface_names: IfaceNames::default(),
             encap: SplitFamily::new(),
             drop_splits: SplitFamily::new(),
+            peer_scores: ReadOrderMap::default(),
+            exports: 0,
             errors: 0,
             evictions_exported: 0,
             bgp_evictions_exported: 0,
@@ -406,22 +414,23 @@ impl Exporter {
 
     /// The peers that keep their own label: the top `max_peers` by packets
     /// plus dropped packets.
-    fn labeled_peers(&self, input: &ExportInput<'_>) -> FastSet<IpAddr> {
-        // Sized for the rows at once: growing it step by step cost more
-        // than filling it.
-        let mut score: FastMap<IpAddr, u64> =
-            FastMap::with_capacity_and_hasher(input.rows.len(), Default::default());
-        for row in input.rows {
-            if let Some(peer) = row.id.peer {
-                *score.entry(peer).or_default() += row.packets;
+    fn labeled_peers(&mut self, input: &ExportInput<'_>) -> FastSet<IpAddr> {
+        self.exports += 1;
+        let export = self.exports;
+        let scores = &mut self.peer_scores;
+        scores.rewind();
+        let peers = input.rows.iter().map(|r| (r.id.peer, r.packets));
+        let dropped = input.drops.iter().map(|d| (d.row.id.peer, d.row.packets));
+        for (peer, packets) in peers.chain(dropped) {
+            let Some(peer) = peer else { continue };
+            let (score, set_by) = scores.get_or_insert_with(peer, || (0, export));
+            if *set_by != export {
+                (*score, *set_by) = (0, export);
             }
+            *score += packets;
         }
-        for d in input.drops {
-            if let Some(peer) = d.row.id.peer {
-                *score.entry(peer).or_default() += d.row.packets;
-            }
-        }
-        let mut ranked: Vec<(u64, IpAddr)> = score.into_iter().map(|(p, s)| (s, p)).collect();
+        scores.retain(|_, (_, set_by)| *set_by == export);
+        let mut ranked: Vec<(u64, IpAddr)> = scores.iter().map(|(p, (s, _))| (*s, *p)).collect();
         // The top max_peers, in no order: a selection, not a sort of every
         // peer.
         if self.max_peers < ranked.len() {
@@ -913,7 +922,8 @@ fn peer_label(peer: Option<IpAddr>) -> String {
 /// "other" counts of series whose rows are gone (forgotten by the bounded
 /// aggregator), so "other" never shrinks.
 struct SplitFamily<K, const N: usize> {
-    splits: FastMap<K, Split<N>>,
+    /// In the rows' order (see [`ReadOrderMap`]).
+    splits: ReadOrderMap<K, Split<N>>,
     /// What keys gone from the rows had given to "other", per key without
     /// its peer.
     retired: FastMap<K, [u64; N]>,
@@ -924,7 +934,7 @@ struct SplitFamily<K, const N: usize> {
 impl<K: SeriesKey, const N: usize> SplitFamily<K, N> {
     fn new() -> Self {
         SplitFamily {
-            splits: FastMap::default(),
+            splits: ReadOrderMap::default(),
             retired: FastMap::default(),
             exports: 0,
         }
@@ -934,13 +944,14 @@ impl<K: SeriesKey, const N: usize> SplitFamily<K, N> {
     /// [`SplitFamily::export`].
     fn begin(&mut self) {
         self.exports += 1;
+        self.splits.rewind();
     }
 
     /// Adds one row's `values` to its series `key` (rows of one series add
     /// up). The sums live in the splits themselves: no table of the
     /// export's series is built beside them.
     fn add(&mut self, key: K, values: [u64; N]) {
-        let split = self.splits.entry(key).or_insert_with(Split::new);
+        let split = self.splits.get_or_insert_with(key, Split::new);
         if split.seen != self.exports {
             split.seen = self.exports;
             split.now = [0; N];
