@@ -527,8 +527,8 @@ pub fn classify<F: Frame, P: PortTable>(f: &F, direction: Direction, ports: &P) 
 /// "plain"; this check costs a few loads, and the hooks classify in full
 /// whatever it declines. For every frame it accepts, `classify` says plain
 /// traffic ending at the same place, for which neither [`needs_checks`]
-/// nor [`plain_bgp`] holds (a unit test and the differential fuzz target
-/// hold the two to that).
+/// nor [`plain_bgp`] holds (the differential test asserts it on every
+/// frame it generates, `tests/support/differential.rs`).
 #[inline(always)]
 pub fn plain_transport<F: Frame, P: PortTable>(f: &F, ports: &P) -> Option<usize> {
     let (l4_off, l4_proto, end) = match u16::from_be(f.read::<u16>(12)?) {
