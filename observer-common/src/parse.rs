@@ -552,11 +552,7 @@ pub fn plain_transport<F: Frame, P: PortTable>(f: &F, ports: &P) -> Option<usize
     };
     let plain = match l4_proto {
         IPPROTO_UDP => udp_proto(&f.read::<[u16; 4]>(l4_off)?, ports) == Proto::Other,
-        IPPROTO_TCP => {
-            let tcp_ports = f.read::<[u16; 2]>(l4_off)?;
-            let bgp = crate::BGP_PORT.to_be();
-            tcp_ports[0] != bgp && tcp_ports[1] != bgp
-        }
+        IPPROTO_TCP => !bgp_ports(f.read(l4_off)?),
         _ => false,
     };
     plain.then_some(end)
@@ -920,9 +916,14 @@ pub fn plain_bgp<F: Frame>(f: &F, c: &Classified) -> bool {
     {
         return false;
     }
+    f.read(c.l4_off).is_some_and(bgp_ports)
+}
+
+/// Whether a TCP header's two ports (as on the wire) hold the BGP port.
+#[inline(always)]
+fn bgp_ports(ports: [u8; 4]) -> bool {
     let bgp = crate::BGP_PORT.to_be_bytes();
-    f.read::<[u8; 4]>(c.l4_off)
-        .is_some_and(|ports| ports[..2] == bgp || ports[2..] == bgp)
+    ports[..2] == bgp || ports[2..] == bgp
 }
 
 /// Length of all headers up to the innermost L4 payload, used to count the

@@ -26,7 +26,7 @@ use observer::{
     model::ports::{PortArray, PortConfig},
 };
 use observer_common::{
-    Direction, Proto, Unclassified, family,
+    Direction, FlowKey,
     parse::{self, SliceFrame},
 };
 
@@ -477,8 +477,8 @@ fn early_exit_agrees(table: &PortArray, f: &Frame) -> Result<(), String> {
         return Ok(());
     };
     let c = parse::classify(&frame, Direction::Rx, table);
-    let plain =
-        c.proto == Proto::Other && c.reason == Unclassified::None && c.peer_family == family::NONE;
+    // The key the programs count plain traffic under.
+    let plain = FlowKey::of(1, Direction::Rx, &c) == FlowKey::plain(1, Direction::Rx);
     if plain && c.ip_end == end && !parse::needs_checks(&c) && !parse::plain_bgp(&frame, &c) {
         return Ok(());
     }
