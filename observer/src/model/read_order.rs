@@ -73,6 +73,40 @@ impl<K: Eq + Hash, V> ReadOrderMap<K, V> {
         &mut self.entries[at].1
     }
 
+    /// Makes room for `additional` more entries, doubling as a `Vec`
+    /// does but to at most `most` entries in all: a table with a cap
+    /// would otherwise keep the room its last doubling added beyond it.
+    pub fn reserve_capped(&mut self, additional: usize, most: usize) {
+        let needed = self.entries.len() + additional;
+        if needed > self.entries.capacity() {
+            let grown = (self.entries.capacity() * 2).clamp(needed, most.max(needed));
+            self.entries.reserve_exact(grown - self.entries.len());
+        }
+    }
+
+    /// The value of `key`, if it has one.
+    pub fn get(&self, key: &K) -> Option<&V> {
+        self.position(key).map(|at| &self.entries[at].1)
+    }
+
+    /// The value of `key`, mutable, if it has one; the next lookup looks
+    /// first after it.
+    pub fn get_mut(&mut self, key: &K) -> Option<&mut V> {
+        let at = self.position(key)?;
+        self.next = at + 1;
+        Some(&mut self.entries[at].1)
+    }
+
+    /// Where `key`'s entry is: the hinted one, or through the index.
+    fn position(&self, key: &K) -> Option<usize> {
+        if self.entries.get(self.next).is_some_and(|(k, _)| k == key) {
+            return Some(self.next);
+        }
+        self.index
+            .find(self.hasher.hash_one(key), |&at| self.entries[at].0 == *key)
+            .copied()
+    }
+
     /// Entries.
     pub fn len(&self) -> usize {
         self.entries.len()
@@ -140,5 +174,28 @@ mod tests {
         let entries: Vec<(u32, u32)> = map.iter().map(|(k, v)| (*k, *v)).collect();
         assert_eq!(entries, [(1, 4), (3, 12), (9, 18), (4, 4)]);
         assert_eq!(map.len(), 4);
+        // Lookups without inserting: at the hint, away from it, missing.
+        map.rewind();
+        assert_eq!(map.get_mut(&1).map(|v| *v), Some(4));
+        assert_eq!(map.get(&3), Some(&12));
+        assert_eq!(map.get_mut(&4).map(|v| *v), Some(4));
+        assert_eq!(map.get(&2), None);
+        assert!(map.get_mut(&2).is_none());
+    }
+
+    /// Room grows by doubling, but never past the cap (unless asked for
+    /// more than it).
+    #[test]
+    fn room_stops_at_the_cap() {
+        let mut map: ReadOrderMap<u32, ()> = ReadOrderMap::default();
+        map.reserve_capped(600, 1000);
+        assert!(map.entries.capacity() >= 600);
+        for k in 0..600 {
+            map.get_or_insert_with(k, || ());
+        }
+        map.reserve_capped(100, 1000);
+        assert_eq!(map.entries.capacity(), 1000);
+        map.reserve_capped(1500, 1000);
+        assert!(map.entries.capacity() >= 2100);
     }
 }

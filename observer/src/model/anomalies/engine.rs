@@ -11,7 +11,6 @@ use std::{
     time::{Duration, SystemTime},
 };
 
-use foldhash::HashMap;
 use observer_common::Proto;
 
 use super::{
@@ -25,6 +24,7 @@ use smallvec::{SmallVec, smallvec};
 use crate::model::{
     bgp_wire,
     dataplane::BlockRoute,
+    read_order::ReadOrderMap,
     routes::{FORGET_AFTER_S, MissingBlock},
     rows::{DropRow, Row},
 };
@@ -57,7 +57,12 @@ struct Active {
 #[derive(Debug)]
 pub struct Engine {
     thresholds: Thresholds,
-    tracks: HashMap<Key, Track>,
+    /// In first-seen order, which is the rows' read order: a read's
+    /// lookups mostly hit the entry after the previous one. Removal
+    /// re-indexes, so the index never fills with a hash table's
+    /// tombstones (a `HashMap` held at its cap of 57,344 doubled to
+    /// 131,072 buckets, 31 MiB, under a churn of new sources).
+    tracks: ReadOrderMap<Key, Track>,
     active: BTreeMap<ActiveKey, Active>,
     /// When counting started (attach).
     start: f64,
@@ -106,7 +111,7 @@ impl Engine {
     pub fn new(thresholds: Thresholds, start: f64) -> Engine {
         Engine {
             thresholds,
-            tracks: HashMap::default(),
+            tracks: ReadOrderMap::default(),
             active: BTreeMap::new(),
             start,
             previous: start,
@@ -156,40 +161,107 @@ impl Engine {
         known: &Known,
     ) -> Vec<Event> {
         self.record(now, rows, drops, known);
-        let window = self.thresholds.window.as_secs_f64();
         let mut conditions: BTreeMap<ActiveKey, Finding> = BTreeMap::new();
-        for (&(peer, proto), track) in &self.tracks {
-            // No sample inside the window: nothing moved in it, so nothing
-            // to judge (every sample adds packets). An idle tunnel raises
-            // nothing (also with --anomaly-min-packets 0), and most of a
-            // large node's tunnels are idle at any time: checked before
-            // reading the samples.
-            if track.last_seen <= now - window + EPSILON {
-                continue;
-            }
-            let Some(w) = self.window_delta(track, now) else {
-                continue;
-            };
-            let facts = PeerFacts {
-                thresholds: &self.thresholds,
-                peer,
-                proto,
-                window: &w.delta,
-                seconds: w.seconds,
-                full_window: now - self.start >= window - EPSILON
-                    && now - w.since >= window - EPSILON,
-                extra: &track.extra,
-                known,
-            };
-            for (kind, finding) in rules::findings(&facts) {
-                conditions.insert((kind, peer, proto), finding);
-            }
-        }
         let mut began = self.bgp_down_conditions(now, known, &mut conditions);
         self.bgp_flap_conditions(now, known, &mut conditions);
         self.route_missing_conditions(now, known, &mut conditions, &mut began);
         self.data_plane_conditions(now, known, &mut conditions, &mut began);
-        self.transition(now, wall, conditions, &began)
+        let unraised = self.tunnel_conditions(now, known, &mut conditions);
+        self.transition(now, wall, conditions, &began, unraised)
+    }
+
+    /// Adds the tunnel rules' conditions that [`Engine::transition`] will
+    /// show: those of running anomalies, and new ones in key order while
+    /// there is room for them (it raises in that order). Returns how many
+    /// more hold but find no room: they are only counted, and their texts
+    /// are never written (a flood of new sources holds tens of thousands).
+    fn tunnel_conditions(
+        &self,
+        now: f64,
+        known: &Known,
+        conditions: &mut BTreeMap<ActiveKey, Finding>,
+    ) -> u64 {
+        let mut holding: Vec<ActiveKey> = Vec::new();
+        for (&(peer, proto), track) in self.tracks.iter() {
+            self.judge((peer, proto), track, now, known, false, |facts| {
+                holding.extend(rules::holding(facts).map(|kind| (kind, peer, proto)));
+            });
+        }
+        holding.sort_unstable();
+        // Every condition in key order, tunnel ones marked: room is what
+        // the running anomalies that still hold leave.
+        let mut all: Vec<(ActiveKey, bool)> = conditions
+            .keys()
+            .map(|&k| (k, false))
+            .chain(holding.iter().map(|&k| (k, true)))
+            .collect();
+        all.sort_unstable();
+        let running = all
+            .iter()
+            .filter(|(k, _)| self.active.contains_key(k))
+            .count();
+        let mut room = MAX_ACTIVE.saturating_sub(running);
+        let mut unraised = 0;
+        for (key, tunnel) in all {
+            let shown = if self.active.contains_key(&key) {
+                true
+            } else if room > 0 {
+                room -= 1;
+                true
+            } else {
+                false
+            };
+            if !tunnel {
+                continue;
+            }
+            if !shown {
+                unraised += 1;
+                continue;
+            }
+            let (kind, peer, proto) = key;
+            let track = self.tracks.get(&(peer, proto)).expect("judged just now");
+            let described = self.judge((peer, proto), track, now, known, true, |facts| {
+                rules::finding(kind, facts)
+            });
+            if let Some(Some(finding)) = described {
+                conditions.insert(key, finding);
+            }
+        }
+        unraised
+    }
+
+    /// `judge` of the facts of one tunnel over the window; `None` when the
+    /// tunnel did not move in the window.
+    fn judge<R>(
+        &self,
+        (peer, proto): Key,
+        track: &Track,
+        now: f64,
+        known: &Known,
+        describe: bool,
+        judge: impl FnOnce(&PeerFacts<'_>) -> R,
+    ) -> Option<R> {
+        let window = self.thresholds.window.as_secs_f64();
+        // No sample inside the window: nothing moved in it, so nothing
+        // to judge (every sample adds packets). An idle tunnel raises
+        // nothing (also with --anomaly-min-packets 0), and most of a
+        // large node's tunnels are idle at any time: checked before
+        // reading the samples.
+        if track.last_seen <= now - window + EPSILON {
+            return None;
+        }
+        let w = self.window_delta(track, now)?;
+        Some(judge(&PeerFacts {
+            thresholds: &self.thresholds,
+            peer,
+            proto,
+            window: &w.delta,
+            seconds: w.seconds,
+            full_window: now - self.start >= window - EPSILON && now - w.since >= window - EPSILON,
+            extra: &track.extra,
+            known,
+            describe,
+        }))
     }
 
     /// Adds a `bgp_down` condition for each BGP session down for a whole
@@ -481,13 +553,13 @@ impl Engine {
             self.forget_oldest((self.tracks.len() + admitted).saturating_sub(MAX_TRACKED_PEERS));
             self.forgotten_peers += (new_pairs.len() - admitted) as u64;
             new_pairs.truncate(admitted);
+            self.tracks.reserve_capped(admitted, MAX_TRACKED_PEERS);
             for part in untracked {
                 if new_pairs.binary_search(&part.key).is_err() {
                     continue;
                 }
                 self.tracks
-                    .entry(part.key)
-                    .or_insert_with(|| Track::new(zero_at))
+                    .get_or_insert_with(part.key, || Track::new(zero_at))
                     .add(&part, now, keep_from);
             }
         }
@@ -496,13 +568,15 @@ impl Engine {
 
     /// Raises new conditions, updates running ones, clears ended ones. A
     /// condition in `began` started then, before this read raised it: its
-    /// start time and duration count from there.
+    /// start time and duration count from there. `unraised` more hold
+    /// that found no room (left out of `conditions`).
     fn transition(
         &mut self,
         now: f64,
         wall: SystemTime,
         conditions: BTreeMap<ActiveKey, Finding>,
         began: &BTreeMap<ActiveKey, f64>,
+        unraised: u64,
     ) -> Vec<Event> {
         let mut events = Vec::new();
         let ended: Vec<ActiveKey> = self
@@ -527,15 +601,7 @@ impl Engine {
                     active.anomaly.summary = finding.summary;
                     active.anomaly.hint = finding.hint;
                 }
-                None if full => {
-                    if self.suppressed == 0 {
-                        tracing::warn!(
-                            max = MAX_ACTIVE,
-                            "too many anomalies at once; further ones are only counted (spoofed sources?)"
-                        );
-                    }
-                    self.suppressed += 1;
-                }
+                None if full => self.suppress(1),
                 None => {
                     let started = began.get(&key).copied().unwrap_or(now);
                     let anomaly = Anomaly {
@@ -553,7 +619,20 @@ impl Engine {
                 }
             }
         }
+        self.suppress(unraised);
         events
+    }
+
+    /// Counts `count` conditions not raised because [`MAX_ACTIVE`] were
+    /// active, warning at the first.
+    fn suppress(&mut self, count: u64) {
+        if count > 0 && self.suppressed == 0 {
+            tracing::warn!(
+                max = MAX_ACTIVE,
+                "too many anomalies at once; further ones are only counted (spoofed sources?)"
+            );
+        }
+        self.suppressed += count;
     }
 
     /// Totals over the window: the latest sample minus the newest one at
@@ -577,17 +656,20 @@ impl Engine {
     /// Forgets the `count` longest idle tracks (their pairs are tracked
     /// again, from zero, when they move).
     fn forget_oldest(&mut self, count: usize) {
+        let count = count.min(self.tracks.len());
         if count == 0 {
             return;
         }
+        let older = |a: &(f64, Key), b: &(f64, Key)| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1));
         let mut by_age: Vec<(f64, Key)> =
             self.tracks.iter().map(|(k, t)| (t.last_seen, *k)).collect();
-        // The `count` oldest, in no order: a selection, not a sort.
-        by_age.select_nth_unstable_by(count - 1, |a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
-        for (_, key) in by_age.into_iter().take(count) {
-            self.tracks.remove(&key);
-            self.forgotten_peers += 1;
-        }
+        // The `count` oldest are those up to the count-th: a selection,
+        // not a sort (keys are unique, so exactly `count` go).
+        let youngest_forgotten = *by_age.select_nth_unstable_by(count - 1, older).1;
+        let before = self.tracks.len();
+        self.tracks
+            .retain(|k, t| older(&(t.last_seen, *k), &youngest_forgotten).is_gt());
+        self.forgotten_peers += (before - self.tracks.len()) as u64;
     }
 }
 
@@ -1268,10 +1350,72 @@ mod tests {
             })
             .collect();
         // Each source is neither a node nor allowed: unknown_peer for all.
-        let events = e.observe(1.0, SystemTime::UNIX_EPOCH, &rows, &[], &known());
+        // Listed in reverse, so that raising in key order is not reading
+        // order.
+        let reversed: Vec<Row> = rows.iter().rev().cloned().collect();
+        let events = e.observe(1.0, SystemTime::UNIX_EPOCH, &reversed, &[], &known());
         assert_eq!(events.len(), MAX_ACTIVE);
         assert_eq!(e.active().len(), MAX_ACTIVE);
         assert_eq!(e.suppressed(), 10);
+        // The lowest sources are raised, each with its texts; the ten
+        // highest only counted.
+        let peers: Vec<IpAddr> = events
+            .iter()
+            .map(|event| match event {
+                Event::Raised(a) => {
+                    assert!(!a.summary.is_empty() && !a.hint.is_empty(), "{a:?}");
+                    assert_eq!(a.evidence["received"], 1);
+                    a.peer
+                }
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        let lowest: Vec<IpAddr> = rows[..MAX_ACTIVE]
+            .iter()
+            .map(|r| r.id.peer.unwrap())
+            .collect();
+        assert_eq!(peers, lowest);
+        // Still holding a read later: the running ones stay (their texts
+        // updated), the others are counted again.
+        let totals = |packets: u64| -> Vec<Row> {
+            rows.iter()
+                .map(|r| Row {
+                    packets,
+                    interval_packets: 2,
+                    ..r.clone()
+                })
+                .collect()
+        };
+        let events = e.observe(2.0, SystemTime::UNIX_EPOCH, &totals(3), &[], &known());
+        assert!(events.is_empty(), "{events:?}");
+        assert_eq!(e.suppressed(), 20);
+        assert!(e.active().iter().all(|a| a.evidence["received"] == 3));
+        // When the first hundred stop, the waiting ten are raised with
+        // room to spare.
+        let events = e.observe(
+            60.0,
+            SystemTime::UNIX_EPOCH,
+            &totals(5)[100..],
+            &[],
+            &known(),
+        );
+        let cleared = events
+            .iter()
+            .filter(|e| matches!(e, Event::Cleared { .. }))
+            .count();
+        assert_eq!(cleared, 100);
+        let raised: Vec<IpAddr> = events
+            .iter()
+            .filter_map(|e| match e {
+                Event::Raised(a) => Some(a.peer),
+                _ => None,
+            })
+            .collect();
+        let waiting: Vec<IpAddr> = rows[MAX_ACTIVE..]
+            .iter()
+            .map(|r| r.id.peer.unwrap())
+            .collect();
+        assert_eq!(raised, waiting);
     }
 
     #[test]
@@ -1305,7 +1449,7 @@ mod tests {
         assert!(
             tracked
                 .iter()
-                .all(|r| e.tracks.contains_key(&(r.id.peer.unwrap(), r.id.proto)))
+                .all(|r| e.tracks.get(&(r.id.peer.unwrap(), r.id.proto)).is_some())
         );
     }
 
@@ -1339,13 +1483,13 @@ mod tests {
         // 3 it has in all.
         let forgotten = rows
             .iter_mut()
-            .find(|r| !e.tracks.contains_key(&(r.id.peer.unwrap(), r.id.proto)))
+            .find(|r| e.tracks.get(&(r.id.peer.unwrap(), r.id.proto)).is_none())
             .expect("a forgotten pair");
         forgotten.packets = 3;
         forgotten.interval_packets = 2;
         let key = (forgotten.id.peer.unwrap(), forgotten.id.proto);
         e.observe(3.0, SystemTime::UNIX_EPOCH, &rows, &[], &Known::default());
-        let track = &e.tracks[&key];
+        let track = e.tracks.get(&key).expect("tracked");
         let window = e.window_delta(track, 3.0).expect("samples");
         assert_eq!((window.delta.tx, window.since), (2, 2.0));
         assert_eq!(e.forgotten_peers(), 101);

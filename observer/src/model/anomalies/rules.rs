@@ -42,6 +42,11 @@ pub(super) struct PeerFacts<'a> {
     pub(super) full_window: bool,
     pub(super) extra: &'a Extra,
     pub(super) known: &'a Known,
+    /// Whether a rule that holds writes its evidence and texts, or only
+    /// says that it holds: most conditions of a flood of sources are
+    /// never raised (beyond [`super::MAX_ACTIVE`]), and their texts were
+    /// most of the memory an interval allocated.
+    pub(super) describe: bool,
 }
 
 /// A name written in capitals.
@@ -77,21 +82,36 @@ impl PeerFacts<'_> {
     fn carrier(&self) -> String {
         carrier(self.proto, &self.known.ports)
     }
+
+    /// What a rule that holds returns: `make`'s finding when texts are
+    /// wanted, else an empty one.
+    fn found(&self, make: impl FnOnce() -> Finding) -> Option<Finding> {
+        Some(if self.describe {
+            make()
+        } else {
+            Finding::default()
+        })
+    }
 }
 
 /// A condition that holds now.
+#[derive(Default)]
 pub(super) struct Finding {
     pub(super) evidence: BTreeMap<&'static str, Value>,
     pub(super) summary: String,
     pub(super) hint: String,
 }
 
-/// Every condition that holds for one tunnel, with its kind.
-pub(super) fn findings(facts: &PeerFacts<'_>) -> Vec<(Kind, Finding)> {
+/// The kinds whose tunnel rule holds for one tunnel.
+pub(super) fn holding<'a>(facts: &'a PeerFacts<'a>) -> impl Iterator<Item = Kind> + 'a {
     Kind::ALL
         .into_iter()
-        .filter_map(|kind| rule(kind)?(facts).map(|f| (kind, f)))
-        .collect()
+        .filter(|&kind| rule(kind).is_some_and(|rule| rule(facts).is_some()))
+}
+
+/// The finding of the tunnel rule of `kind`, when it holds.
+pub(super) fn finding(kind: Kind, facts: &PeerFacts<'_>) -> Option<Finding> {
+    rule(kind)?(facts)
 }
 
 /// The tunnel rule of `kind`: a match, so a new kind cannot go without
@@ -402,7 +422,7 @@ fn one_way(f: &PeerFacts<'_>) -> Option<Finding> {
     }
     let (d, th, peer, p, secs) = (f.window, f.thresholds, f.peer, f.name(), f.secs());
     if d.tx >= th.min_packets && d.rx == 0 && f.proto != Proto::Wireguard {
-        return Some(Finding {
+        return f.found(|| Finding {
             evidence: BTreeMap::from([
                 ("direction", json!("tx_only")),
                 ("sent", json!(d.tx)),
@@ -420,7 +440,7 @@ fn one_way(f: &PeerFacts<'_>) -> Option<Finding> {
         });
     }
     if d.rx >= th.min_packets && d.tx == 0 && f.is_node() {
-        return Some(Finding {
+        return f.found(|| Finding {
             evidence: BTreeMap::from([
                 ("direction", json!("rx_only")),
                 ("sent", json!(0)),
@@ -450,7 +470,7 @@ fn snat_suspected(f: &PeerFacts<'_>) -> Option<Finding> {
     }
     let inner = f.extra.inner_src?;
     let (node, block) = f.known.node_owning(inner)?;
-    Some(Finding {
+    f.found(|| Finding {
         evidence: BTreeMap::from([
             ("outer_source", json!(peer)),
             ("inner_source", json!(inner)),
@@ -476,26 +496,28 @@ fn allow_set_drop(f: &PeerFacts<'_>) -> Option<Finding> {
     if allow_drops == 0 {
         return None;
     }
-    let sets = set_names(f.proto);
-    Some(Finding {
-        evidence: BTreeMap::from([
-            ("calico_allow_set", json!(d.allow_set)),
-            ("netfilter_drop", json!(d.netfilter)),
-            ("allow_set", json!(sets)),
-            ("window_s", json!(secs)),
-        ]),
-        summary: format!(
-            "{allow_drops} {p} packets from {peer} dropped in {secs} s: source not in {sets}"
-        ),
-        hint: if f.is_node() {
-            format!(
-                "{peer} is a node: add it to {sets} (is its calico-node running and its Node address right?)"
-            )
-        } else {
-            format!(
-                "if {peer} is a real node, add it to {sets}; if it is a router's address, the real sender is hidden by SNAT (see snat_suspected)"
-            )
-        },
+    f.found(|| {
+        let sets = set_names(f.proto);
+        Finding {
+            evidence: BTreeMap::from([
+                ("calico_allow_set", json!(d.allow_set)),
+                ("netfilter_drop", json!(d.netfilter)),
+                ("allow_set", json!(sets)),
+                ("window_s", json!(secs)),
+            ]),
+            summary: format!(
+                "{allow_drops} {p} packets from {peer} dropped in {secs} s: source not in {sets}"
+            ),
+            hint: if f.is_node() {
+                format!(
+                    "{peer} is a node: add it to {sets} (is its calico-node running and its Node address right?)"
+                )
+            } else {
+                format!(
+                    "if {peer} is a real node, add it to {sets}; if it is a router's address, the real sender is hidden by SNAT (see snat_suspected)"
+                )
+            },
+        }
     })
 }
 
@@ -509,24 +531,26 @@ fn encap_mismatch(f: &PeerFacts<'_>) -> Option<Finding> {
     {
         return None;
     }
-    let prescribed: Vec<&str> = node.encaps.iter().map(|e| e.name()).collect();
-    Some(Finding {
-        evidence: BTreeMap::from([
-            ("on_wire", json!(f.proto.name())),
-            ("routes_prescribe", json!(prescribed)),
-            ("devices", json!(node.devices)),
-            ("sent", json!(d.tx)),
-            ("received", json!(d.rx)),
-        ]),
-        summary: format!(
-            "{p} on the wire with {peer} ({} sent, {} received), but this node's routes to it prescribe {}",
-            d.tx,
-            d.rx,
-            prescribed.join("/")
-        ),
-        hint: format!(
-            "one side still runs the old encapsulation: compare the routes on both nodes (`ip route | grep {peer}`) with the pool the data plane reads (Calico: the IPPool's ipipMode/vxlanMode, not the Installation)"
-        ),
+    f.found(|| {
+        let prescribed: Vec<&str> = node.encaps.iter().map(|e| e.name()).collect();
+        Finding {
+            evidence: BTreeMap::from([
+                ("on_wire", json!(f.proto.name())),
+                ("routes_prescribe", json!(prescribed)),
+                ("devices", json!(node.devices)),
+                ("sent", json!(d.tx)),
+                ("received", json!(d.rx)),
+            ]),
+            summary: format!(
+                "{p} on the wire with {peer} ({} sent, {} received), but this node's routes to it prescribe {}",
+                d.tx,
+                d.rx,
+                prescribed.join("/")
+            ),
+            hint: format!(
+                "one side still runs the old encapsulation: compare the routes on both nodes (`ip route | grep {peer}`) with the pool the data plane reads (Calico: the IPPool's ipipMode/vxlanMode, not the Installation)"
+            ),
+        }
     })
 }
 
@@ -536,33 +560,35 @@ fn mtu(f: &PeerFacts<'_>) -> Option<Finding> {
     if d.over_mtu + d.outer_fragment + d.path_mtu == 0 {
         return None;
     }
-    let overhead = overhead(f.proto);
-    let mut evidence = BTreeMap::from([
-        ("over_mtu", json!(d.over_mtu)),
-        ("outer_fragments", json!(d.outer_fragment)),
-        ("too_big_errors", json!(d.path_mtu)),
-        ("overhead_bytes", json!(overhead)),
-    ]);
-    // A path MTU remembered from an earlier window says nothing of now.
-    let reported = f.extra.path_mtu().filter(|_| d.path_mtu > 0);
-    if let Some(mtu) = reported {
-        evidence.insert("path_mtu", json!(mtu));
-    }
-    let fit = reported.map_or(String::new(), |mtu| {
-        format!(
-            " (at most {} for {p} over a {mtu}-byte path)",
-            mtu.saturating_sub(overhead)
-        )
-    });
-    Some(Finding {
-        evidence,
-        summary: format!(
-            "{p} with {peer}: {} above the MTU, {} outer fragments, {} routers' too-big errors in {secs} s",
-            d.over_mtu, d.outer_fragment, d.path_mtu
-        ),
-        hint: format!(
-            "the tunnel MTU plus {overhead} bytes of {p} overhead exceeds the path MTU: lower the tunnel and pod MTU{fit} or raise the underlay MTU on the path"
-        ),
+    f.found(|| {
+        let overhead = overhead(f.proto);
+        let mut evidence = BTreeMap::from([
+            ("over_mtu", json!(d.over_mtu)),
+            ("outer_fragments", json!(d.outer_fragment)),
+            ("too_big_errors", json!(d.path_mtu)),
+            ("overhead_bytes", json!(overhead)),
+        ]);
+        // A path MTU remembered from an earlier window says nothing of now.
+        let reported = f.extra.path_mtu().filter(|_| d.path_mtu > 0);
+        if let Some(mtu) = reported {
+            evidence.insert("path_mtu", json!(mtu));
+        }
+        let fit = reported.map_or(String::new(), |mtu| {
+            format!(
+                " (at most {} for {p} over a {mtu}-byte path)",
+                mtu.saturating_sub(overhead)
+            )
+        });
+        Finding {
+            evidence,
+            summary: format!(
+                "{p} with {peer}: {} above the MTU, {} outer fragments, {} routers' too-big errors in {secs} s",
+                d.over_mtu, d.outer_fragment, d.path_mtu
+            ),
+            hint: format!(
+                "the tunnel MTU plus {overhead} bytes of {p} overhead exceeds the path MTU: lower the tunnel and pod MTU{fit} or raise the underlay MTU on the path"
+            ),
+        }
     })
 }
 
@@ -581,7 +607,7 @@ fn unknown_peer(f: &PeerFacts<'_>) -> Option<Finding> {
     if allowed == Some(true) || (f.known.nodes.is_empty() && allowed.is_none()) {
         return None;
     }
-    Some(Finding {
+    f.found(|| Finding {
         evidence: BTreeMap::from([
             ("received", json!(d.rx)),
             ("known_nodes", json!(f.known.nodes.len())),
@@ -612,21 +638,23 @@ fn drop_spike(f: &PeerFacts<'_>) -> Option<Finding> {
     if rate <= th.drop_spike_pps {
         return None;
     }
-    let reasons: BTreeMap<&str, u64> = f.extra.reasons().collect();
-    Some(Finding {
-        evidence: BTreeMap::from([
-            ("drops", json!(drops)),
-            ("drops_per_second", json!((rate * 10.0).round() / 10.0)),
-            ("threshold_per_second", json!(th.drop_spike_pps)),
-            ("reasons_since_tracked", json!(reasons)),
-        ]),
-        summary: format!(
-            "{rate:.1} {p} drops/s for {peer} ({drops} in {secs} s; threshold {})",
-            th.drop_spike_pps
-        ),
-        hint: format!(
-            "see the drop rows for {peer}: the reasons say whether policy (allow-set, netfilter), the VNI, or the MTU drops them"
-        ),
+    f.found(|| {
+        let reasons: BTreeMap<&str, u64> = f.extra.reasons().collect();
+        Finding {
+            evidence: BTreeMap::from([
+                ("drops", json!(drops)),
+                ("drops_per_second", json!((rate * 10.0).round() / 10.0)),
+                ("threshold_per_second", json!(th.drop_spike_pps)),
+                ("reasons_since_tracked", json!(reasons)),
+            ]),
+            summary: format!(
+                "{rate:.1} {p} drops/s for {peer} ({drops} in {secs} s; threshold {})",
+                th.drop_spike_pps
+            ),
+            hint: format!(
+                "see the drop rows for {peer}: the reasons say whether policy (allow-set, netfilter), the VNI, or the MTU drops them"
+            ),
+        }
     })
 }
 
@@ -999,8 +1027,26 @@ mod tests {
                 full_window: true,
                 extra: &extra,
                 known: &k,
+                describe: false,
             };
-            findings(&facts).into_iter().map(|(kind, _)| kind).collect()
+            let holding: Vec<Kind> = holding(&facts).collect();
+            // Described, the same rules hold, each with its texts.
+            let described = PeerFacts {
+                describe: true,
+                ..facts
+            };
+            let written: Vec<Kind> = Kind::ALL
+                .into_iter()
+                .filter(|&kind| {
+                    finding(kind, &described).is_some_and(|f| {
+                        assert!(!f.summary.is_empty() && !f.hint.is_empty());
+                        assert!(!f.evidence.is_empty());
+                        true
+                    })
+                })
+                .collect();
+            assert_eq!(holding, written);
+            holding
         };
         assert_eq!(
             kinds("10.10.10.244", &d),
