@@ -187,7 +187,6 @@ impl Engine {
                 holding.extend(rules::holding(facts).map(|kind| (kind, peer, proto)));
             });
         }
-        holding.sort_unstable();
         // Every condition in key order, tunnel ones marked: room is what
         // the running anomalies that still hold leave.
         let mut all: Vec<(ActiveKey, bool)> = conditions
