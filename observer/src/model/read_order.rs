@@ -46,7 +46,7 @@ impl<K: Eq + Hash, V> ReadOrderMap<K, V> {
 
     /// The value of `key`, made by `make` (and put last) when it is new.
     pub fn get_or_insert_with(&mut self, key: K, make: impl FnOnce() -> V) -> &mut V {
-        let at = if self.entries.get(self.next).is_some_and(|(k, _)| *k == key) {
+        let at = if self.at_hint(&key) {
             self.next
         } else {
             let ReadOrderMap {
@@ -97,9 +97,14 @@ impl<K: Eq + Hash, V> ReadOrderMap<K, V> {
         Some(&mut self.entries[at].1)
     }
 
+    /// Whether `key`'s entry is the one the next lookup looks at first.
+    fn at_hint(&self, key: &K) -> bool {
+        self.entries.get(self.next).is_some_and(|(k, _)| k == key)
+    }
+
     /// Where `key`'s entry is: the hinted one, or through the index.
     fn position(&self, key: &K) -> Option<usize> {
-        if self.entries.get(self.next).is_some_and(|(k, _)| k == key) {
+        if self.at_hint(key) {
             return Some(self.next);
         }
         self.index

@@ -229,7 +229,7 @@ impl Engine {
         unraised
     }
 
-    /// `judge` of the facts of one tunnel over the window; `None` when the
+    /// `apply` to the facts of one tunnel over the window; `None` when the
     /// tunnel did not move in the window.
     fn judge<R>(
         &self,
@@ -238,7 +238,7 @@ impl Engine {
         now: f64,
         known: &Known,
         describe: bool,
-        judge: impl FnOnce(&PeerFacts<'_>) -> R,
+        apply: impl FnOnce(&PeerFacts<'_>) -> R,
     ) -> Option<R> {
         let window = self.thresholds.window.as_secs_f64();
         // No sample inside the window: nothing moved in it, so nothing
@@ -250,7 +250,7 @@ impl Engine {
             return None;
         }
         let w = self.window_delta(track, now)?;
-        Some(judge(&PeerFacts {
+        Some(apply(&PeerFacts {
             thresholds: &self.thresholds,
             peer,
             proto,
