@@ -56,8 +56,15 @@ fn native_and_kernel_classifiers_agree_on_random_and_mutated_frames() {
     eprintln!("seed 0x{seed:x}, {told}");
     let agreement = fuzz(seed, budget).unwrap_or_else(|difference| panic!("{difference}"));
     eprintln!(
-        "{} frames, {} rows: the same in both classifiers",
-        agreement.frames, agreement.rows
+        "{} frames, {} rows: the same in both classifiers; {} took the VXLAN early exit",
+        agreement.frames, agreement.rows, agreement.common_vxlan
     );
     assert!(agreement.rows > 0);
+    // The generator must reach the early exit often enough to test it.
+    assert!(
+        agreement.common_vxlan * 100 >= agreement.frames,
+        "only {} of {} frames took the VXLAN early exit",
+        agreement.common_vxlan,
+        agreement.frames
+    );
 }

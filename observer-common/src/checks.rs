@@ -4,13 +4,16 @@
 //! the interface MTU) come through [`CheckFacts`]: maps in the programs,
 //! plain data in userspace.
 
-use crate::{ClassifierDrop, Proto, parse::Classified};
+use crate::{
+    ClassifierDrop, Proto,
+    parse::{Classified, CommonVxlan, ETH_HLEN},
+};
 
 /// IPv6's minimum link MTU (RFC 8200).
 const MIN_LINK_MTU: usize = 1280;
 
 /// VXLAN flags bit I: the VNI field is valid (RFC 7348).
-const VXLAN_FLAG_I: u8 = 0x08;
+pub(crate) const VXLAN_FLAG_I: u8 = 0x08;
 
 /// The node facts behind the checks.
 pub trait CheckFacts {
@@ -52,12 +55,28 @@ pub fn classifier_drops<K: CheckFacts>(
     if c.outer_fragment {
         flag(ClassifierDrop::OuterFragment);
     }
-    // No underlay has an MTU below IPv6's minimum: smaller packets skip the
-    // MTU lookup, which in the programs costs as much as the rest.
-    if wire_len > (c.l2_len + MIN_LINK_MTU) as u64
-        && let Some(mtu) = facts.iface_mtu()
-        && wire_len > c.l2_len as u64 + u64::from(mtu)
-    {
+    if over_mtu(wire_len, c.l2_len, facts) {
         flag(ClassifierDrop::OverMtu);
     }
+}
+
+/// Whether a received frame of `wire_len` bytes, `l2_len` of them
+/// Ethernet headers, is above the interface MTU.
+#[inline(always)]
+fn over_mtu<K: CheckFacts>(wire_len: u64, l2_len: usize, facts: &K) -> bool {
+    // No underlay has an MTU below IPv6's minimum: smaller packets skip the
+    // MTU lookup, which in the programs costs as much as the rest.
+    wire_len > (l2_len + MIN_LINK_MTU) as u64
+        && facts
+            .iface_mtu()
+            .is_some_and(|mtu| wire_len > l2_len as u64 + u64::from(mtu))
+}
+
+/// Whether a received [`CommonVxlan`] frame of `wire_len` bytes earns no
+/// reason, given that its source is inside its allow-set (or none is
+/// active): [`classifier_drops`] then flags nothing (the frame has the I
+/// flag, is not a fragment, and its headers are untagged Ethernet).
+#[inline(always)]
+pub fn common_vxlan_clean<K: CheckFacts>(v: &CommonVxlan, wire_len: u64, facts: &K) -> bool {
+    !facts.vni_unknown(v.vni) && !over_mtu(wire_len, ETH_HLEN, facts)
 }

@@ -228,6 +228,21 @@ impl FlowKey {
         }
     }
 
+    /// The key [`parse::classify`] gives a [`parse::CommonVxlan`] frame
+    /// seen on `ifindex` in `direction`.
+    #[inline(always)]
+    pub fn common_vxlan(ifindex: u32, direction: Direction, v: &parse::CommonVxlan) -> FlowKey {
+        FlowKey {
+            peer: [v.peer, 0, 0, 0],
+            ifindex,
+            vni: v.vni,
+            direction: direction as u8,
+            proto: Proto::Vxlan as u8,
+            peer_family: family::V4,
+            reason: Unclassified::None as u8,
+        }
+    }
+
     /// This key's slot in [`PLAIN_MAP`] when it is the key of plain traffic
     /// on an interface below [`PLAIN_IFINDEX_LIMIT`].
     #[inline(always)]
@@ -303,12 +318,37 @@ impl FlowValue {
     /// Adds `packets`/`bytes`; the inner sample becomes `c`'s when it has one.
     #[inline(always)]
     pub fn add(&mut self, c: &parse::Classified, packets: u64, bytes: u64) {
+        self.add_sampled(packets, bytes, c.inner_family, c.inner_src, c.inner_dst);
+    }
+
+    /// Adds one [`parse::CommonVxlan`] frame of `bytes`, with its inner
+    /// sample: what [`FlowValue::add`] does with its classification.
+    #[inline(always)]
+    pub fn add_common_vxlan(&mut self, v: &parse::CommonVxlan, bytes: u64) {
+        self.add_sampled(
+            1,
+            bytes,
+            family::V4,
+            [v.inner_src, 0, 0, 0],
+            [v.inner_dst, 0, 0, 0],
+        );
+    }
+
+    #[inline(always)]
+    fn add_sampled(
+        &mut self,
+        packets: u64,
+        bytes: u64,
+        inner_family: u8,
+        inner_src: [u32; 4],
+        inner_dst: [u32; 4],
+    ) {
         self.packets += packets;
         self.bytes += bytes;
-        if c.inner_family != family::NONE {
-            self.inner_src = c.inner_src;
-            self.inner_dst = c.inner_dst;
-            self.inner_family = c.inner_family;
+        if inner_family != family::NONE {
+            self.inner_src = inner_src;
+            self.inner_dst = inner_dst;
+            self.inner_family = inner_family;
         }
     }
 }

@@ -558,6 +558,79 @@ pub fn plain_transport<F: Frame, P: PortTable>(f: &F, ports: &P) -> Option<usize
     plain.then_some(end)
 }
 
+/// A VXLAN frame of the shape most tunnel traffic has, as
+/// [`common_vxlan`] reads it: what its flow row needs, nothing more.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct CommonVxlan {
+    /// Outer IPv4 source (rx) or destination (tx).
+    pub peer: u32,
+    /// The VNI.
+    pub vni: u32,
+    /// Inner IPv4 source.
+    pub inner_src: u32,
+    /// Inner IPv4 destination.
+    pub inner_dst: u32,
+    /// Where the outer IP packet ends ([`Classified::ip_end`]).
+    pub ip_end: usize,
+}
+
+/// The frame's [`CommonVxlan`] when it is VXLAN of the common shape:
+/// untagged IPv4 without options and not a fragment, UDP whose ports name
+/// VXLAN, the I flag set, an untagged inner IPv4 header without options
+/// that does not carry ICMP (probes are ICMP). `None` otherwise, whatever
+/// the frame is.
+///
+/// Why a second look at the same headers, as for [`plain_transport`]:
+/// [`classify`] reads every header at offsets it works out as it goes, and
+/// its result is settled through a map (`maps::settle`) before counting;
+/// at fixed offsets this is a few loads, and the hooks classify in full
+/// whatever it declines. For every frame it accepts, `classify` says VXLAN
+/// with the same peer, VNI, inner addresses and end, the I flag set, not
+/// a fragment and not a probe, with untagged Ethernet headers (the
+/// differential test asserts it on every frame it generates,
+/// `tests/support/differential.rs`).
+#[inline(always)]
+pub fn common_vxlan<F: Frame, P: PortTable>(
+    f: &F,
+    direction: Direction,
+    ports: &P,
+) -> Option<CommonVxlan> {
+    const UDP_OFF: usize = ETH_HLEN + 20;
+    const VXLAN_OFF: usize = UDP_OFF + UDP_HLEN;
+    const INNER_ETH_OFF: usize = VXLAN_OFF + VXLAN_HLEN;
+    if u16::from_be(f.read::<u16>(12)?) != ETH_P_IP {
+        return None;
+    }
+    let outer = f.read::<Ipv4Hdr>(ETH_HLEN)?;
+    if outer.version_ihl != 0x45
+        || u16::from_be(outer.frag_off) & 0x3fff != 0
+        || outer.proto != IPPROTO_UDP
+        || udp_proto(&f.read::<[u16; 4]>(UDP_OFF)?, ports) != Proto::Vxlan
+    {
+        return None;
+    }
+    let vxlan = f.read::<EncapHdr>(VXLAN_OFF)?;
+    if vxlan.b[0] & crate::checks::VXLAN_FLAG_I == 0
+        || u16::from_be(f.read::<u16>(INNER_ETH_OFF + 12)?) != ETH_P_IP
+    {
+        return None;
+    }
+    let inner = f.read::<Ipv4Hdr>(INNER_ETH_OFF + ETH_HLEN)?;
+    if inner.version_ihl != 0x45 || inner.proto == IPPROTO_ICMP {
+        return None;
+    }
+    Some(CommonVxlan {
+        peer: match direction {
+            Direction::Rx => outer.src,
+            Direction::Tx => outer.dst,
+        },
+        vni: u32::from_be(vxlan.vni_reserved) >> 8,
+        inner_src: inner.src,
+        inner_dst: inner.dst,
+        ip_end: ip_end(ETH_HLEN, u16::from_be(outer.total_len) as usize),
+    })
+}
+
 /// TCP flags the BGP counters follow.
 pub const TCP_FIN: u8 = 0x01;
 /// SYN.

@@ -1,14 +1,16 @@
 //! Adds one classified frame to the flow counters: plain traffic to its
 //! interface's slot of the per-CPU plain counters (one array lookup);
 //! other keys to the per-CPU flow cache (one array lookup and a key
-//! compare), else the LRU map.
+//! compare), else the LRU map. Common VXLAN frames that need nothing more
+//! go straight to their cache slot.
 
 use aya_ebpf::bindings::BPF_NOEXIST;
 use observer_common::{Direction, FLOW_CACHE_SLOTS, FlowCacheSlot, FlowKey, FlowValue, Stat};
 
 use crate::{
+    drops,
     maps::{FLOW_CACHE, FLOWS, PLAIN, STATS},
-    parse::{self, Classified, Frame},
+    parse::{self, Classified, CommonVxlan, Frame},
 };
 
 /// Adds `packets`/`bytes` to `key`. Returns this CPU's cache slot of the
@@ -84,6 +86,28 @@ pub fn record_plain(key: &FlowKey, packets: u64, bytes: u64) -> bool {
     let plain = unsafe { &mut *plain };
     plain.packets += packets;
     plain.bytes += bytes;
+    true
+}
+
+/// Adds a [`CommonVxlan`] frame of `bytes` to its key's slot of this CPU's
+/// flow cache when the key holds one and, with `checks` (received frames),
+/// the frame passes the drop checks there (`drops::common_vxlan_passes`);
+/// `false` otherwise, and nothing was counted.
+#[inline(always)]
+pub fn record_common_vxlan(
+    ifindex: u32,
+    direction: Direction,
+    v: &CommonVxlan,
+    bytes: u64,
+    checks: bool,
+) -> bool {
+    let Some(slot) = cached_slot(&FlowKey::common_vxlan(ifindex, direction, v)) else {
+        return false;
+    };
+    if checks && !drops::common_vxlan_passes(ifindex, v, bytes, slot.allow_verdict) {
+        return false;
+    }
+    slot.value.add_common_vxlan(v, bytes);
     true
 }
 

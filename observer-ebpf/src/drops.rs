@@ -13,7 +13,7 @@ use crate::{
         CONFIG, DROPS, IFACE_MTU, IPIP_ALLOW4, IPIP_ALLOW6, LOCAL_VNIS, MapPorts, VXLAN_ALLOW4,
         VXLAN_ALLOW6, config_on,
     },
-    parse::Classified,
+    parse::{Classified, CommonVxlan},
 };
 
 /// Adds one packet to the drop counters of (ifindex, peer, origin, reason).
@@ -43,6 +43,26 @@ pub fn classifier_checks(ifindex: u32, c: &Classified, wire_len: u64, verdict: O
     checks::classifier_drops(c, wire_len, &mut facts, |reason: ClassifierDrop| {
         record(ifindex, c, drop_origin::CLASSIFIER, reason as u32, wire_len)
     });
+}
+
+/// Whether a received [`CommonVxlan`] frame passes the classifier checks on
+/// what is already known: the allow-set verdict its cache slot holds was
+/// decided under the current generation and says inside, and the other
+/// checks flag nothing (`checks::common_vxlan_clean`). `false` sends the
+/// frame the full way, which decides the verdict or flags the frame.
+#[inline(always)]
+pub fn common_vxlan_passes(ifindex: u32, v: &CommonVxlan, wire_len: u64, verdict: u32) -> bool {
+    let generation = CONFIG.get(config::ALLOW_GENERATION).copied().unwrap_or(0);
+    generation != 0
+        && verdict == generation << 1
+        && checks::common_vxlan_clean(
+            v,
+            wire_len,
+            &MapFacts {
+                ifindex,
+                verdict: None,
+            },
+        )
 }
 
 /// The checks' node facts, from the maps userspace fills.

@@ -26,10 +26,10 @@ pub const TC_PASS: i32 = -1; // TC_ACT_UNSPEC == TCX_NEXT
 /// header field; here each path is verified once.
 #[inline(always)]
 pub fn observe(ctx: &TcContext, direction: Direction) {
-    if count_plain(ctx, direction) {
+    if count_common(ctx, direction) {
         return;
     }
-    // Read again, not reused: what `count_plain` learnt on its way here
+    // Read again, not reused: what `count_common` learnt on its way here
     // (packet bounds, that the skb is not GSO, whether the interface has a
     // plain slot) would split the verifier's states for everything below.
     let Skb {
@@ -80,15 +80,29 @@ pub fn observe(ctx: &TcContext, direction: Direction) {
     );
 }
 
-/// Counts plain TCP and UDP (most packets on many nodes) before the full
-/// parse; `false` when the skb is anything else, its headers lie beyond
-/// the linear part, or it is a GSO skb (see `count_frame`).
+/// Counts plain TCP and UDP (most packets on many nodes), and VXLAN of the
+/// common shape on a flow whose checks are known, before the full parse;
+/// `false` when the skb is anything else, its headers lie beyond the
+/// linear part, or it is a GSO skb (see `count_frame`).
 #[inline(always)]
-fn count_plain(ctx: &TcContext, direction: Direction) -> bool {
+fn count_common(ctx: &TcContext, direction: Direction) -> bool {
     let skb = Skb::read(ctx);
-    skb.segs <= 1
-        && parse::plain_transport(&skb.direct, &MapPorts).is_some()
-        && count::record_plain(&FlowKey::plain(skb.ifindex, direction), 1, skb.len as u64)
+    if skb.segs > 1 {
+        return false;
+    }
+    if parse::plain_transport(&skb.direct, &MapPorts).is_some() {
+        return count::record_plain(&FlowKey::plain(skb.ifindex, direction), 1, skb.len as u64);
+    }
+    // Only received frames have drop checks (see `hand_over`).
+    parse::common_vxlan(&skb.direct, direction, &MapPorts).is_some_and(|v| {
+        count::record_common_vxlan(
+            skb.ifindex,
+            direction,
+            &v,
+            skb.len as u64,
+            direction == Direction::Rx,
+        )
+    })
 }
 
 /// The `__sk_buff` fields the hooks use.

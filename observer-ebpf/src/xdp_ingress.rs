@@ -59,6 +59,18 @@ fn try_observer_xdp(ctx: &XdpContext, buffers: Buffers) {
     {
         return;
     }
+    // So does VXLAN of the common shape on a flow whose checks are known.
+    if let Some(v) = parse::common_vxlan(&frame, Direction::Rx, &MapPorts)
+        && count::record_common_vxlan(
+            ifindex,
+            Direction::Rx,
+            &v,
+            frame_bytes(ctx, &frame, buffers, v.ip_end),
+            true,
+        )
+    {
+        return;
+    }
     let mut c = parse::classify(&frame, Direction::Rx, &MapPorts);
     let bytes = frame_bytes(ctx, &frame, buffers, c.ip_end);
     if count::record_plain_only(

@@ -26,7 +26,7 @@ use observer::{
     model::ports::{PortArray, PortConfig},
 };
 use observer_common::{
-    Direction, FlowKey,
+    Direction, FlowKey, checks, family,
     parse::{self, SliceFrame},
 };
 
@@ -206,6 +206,26 @@ fn l4(rng: &mut Rng, src: IpAddr, dst: IpAddr) -> (u8, Vec<u8>) {
             )
         }
         6 => (IPPROTO_ICMP, icmp_packet(src, dst)),
+        8 => {
+            // VXLAN as most tunnel traffic is (the hooks' VXLAN early
+            // exit): the I flag, an inner Ethernet frame, TCP or UDP over
+            // IPv4.
+            let (a, b) = (addr("172.16.0.1"), addr("172.16.0.2"));
+            let (proto, l4) = if rng.chance(50) {
+                (IPPROTO_TCP, tcp(a, b, 1000, 80, &rng.some_bytes(40)))
+            } else {
+                (IPPROTO_UDP, udp(a, b, 1000, 53, &rng.some_bytes(40)))
+            };
+            let inner = eth(ETH_P_IP, &ip(a, b, proto, &l4));
+            // Few VNIs, so that flows repeat: a flow's first frame takes
+            // the full path in the programs, the next ones the exit.
+            let vxlan = vxlan_header(rng.pick(&[1, 4096, 0xff_ffff]));
+            let port = rng.pick(&[4789, 8472]);
+            (
+                IPPROTO_UDP,
+                udp(src, dst, ENTROPY_PORT, port, &cat(&[&vxlan, &inner])),
+            )
+        }
         _ => (rng.next() as u8, rng.some_bytes(100)),
     }
 }
@@ -494,6 +514,93 @@ fn early_exit_agrees(table: &PortArray, f: &Frame) -> Result<(), String> {
     ))
 }
 
+/// The hooks' early exit for common VXLAN (`parse::common_vxlan`) takes
+/// only frames the full parse calls VXLAN with the same key, end and inner
+/// sample, in both directions; and on a flow whose source is inside its
+/// allow-set, it skips the drop checks only when they would flag nothing,
+/// whatever the node's VNIs and MTU (`checks::common_vxlan_clean`).
+///
+/// `true` when the exit takes the frame on receive.
+fn common_vxlan_agrees(table: &PortArray, f: &Frame) -> Result<bool, String> {
+    let frame = SliceFrame(&f.data);
+    let mut taken = false;
+    for direction in [Direction::Rx, Direction::Tx] {
+        let Some(v) = parse::common_vxlan(&frame, direction, table) else {
+            continue;
+        };
+        let c = parse::classify(&frame, direction, table);
+        let same = FlowKey::of(1, direction, &c) == FlowKey::common_vxlan(1, direction, &v)
+            && c.ip_end == v.ip_end
+            && c.inner_family == family::V4
+            && c.inner_src == [v.inner_src, 0, 0, 0]
+            && c.inner_dst == [v.inner_dst, 0, 0, 0]
+            && !c.probe;
+        if !same {
+            return Err(format!(
+                "frame {} ({direction:?}) takes the VXLAN early exit as {v:?}, but the full parse says \
+                 {:?} / {:?}, peer {:x?} ({}), VNI {}, inner {:x?} -> {:x?} ({}), ending at {}, probe {}:{}",
+                f.number,
+                c.proto,
+                c.reason,
+                c.peer,
+                c.peer_family,
+                c.vni,
+                c.inner_src,
+                c.inner_dst,
+                c.inner_family,
+                c.ip_end,
+                c.probe,
+                hex(&f.data)
+            ));
+        }
+        if direction == Direction::Tx {
+            continue;
+        }
+        taken = true;
+        for (vni_unknown, mtu) in [false, true]
+            .into_iter()
+            .flat_map(|vni| [None, Some(1200), Some(1500), Some(9000)].map(|mtu| (vni, mtu)))
+        {
+            let mut facts = NodeFacts { vni_unknown, mtu };
+            for wire_len in [f.data.len() as u64, 1400, 1514, 1515, 9100] {
+                let mut flagged = Vec::new();
+                checks::classifier_drops(&c, wire_len, &mut facts, |r| flagged.push(r));
+                let clean = checks::common_vxlan_clean(&v, wire_len, &facts);
+                if clean != flagged.is_empty() {
+                    return Err(format!(
+                        "frame {}: the VXLAN early exit says clean={clean} for {wire_len} bytes \
+                         (VNI unknown {vni_unknown}, MTU {mtu:?}), the checks flag {flagged:?}:{}",
+                        f.number,
+                        hex(&f.data)
+                    ));
+                }
+            }
+        }
+    }
+    Ok(taken)
+}
+
+/// Node facts for [`common_vxlan_agrees`]: every source inside its
+/// allow-set (the early exit's precondition).
+struct NodeFacts {
+    vni_unknown: bool,
+    mtu: Option<u32>,
+}
+
+impl checks::CheckFacts for NodeFacts {
+    fn outside_allow_set(&mut self, _: &parse::Classified) -> bool {
+        false
+    }
+
+    fn vni_unknown(&self, _: u32) -> bool {
+        self.vni_unknown
+    }
+
+    fn iface_mtu(&self) -> Option<u32> {
+        self.mtu
+    }
+}
+
 /// What a run compared.
 #[derive(Clone, Copy, Debug)]
 pub struct Agreement {
@@ -501,6 +608,9 @@ pub struct Agreement {
     pub frames: u64,
     /// Rows compared (summed over batches).
     pub rows: usize,
+    /// Frames the VXLAN early exit took (received), each checked against
+    /// the full parse and checks.
+    pub common_vxlan: u64,
 }
 
 /// Runs frames generated from `seed` through the programs and the native
@@ -528,6 +638,7 @@ pub fn fuzz(seed: u64, budget: Budget) -> Result<Agreement, String> {
     let mut tried = 0u64;
     let mut index = 0u32;
     let mut rows_compared = 0usize;
+    let mut common_vxlan = 0u64;
     loop {
         let done = match budget {
             Budget::Until(at) => Instant::now() >= at,
@@ -550,6 +661,9 @@ pub fn fuzz(seed: u64, budget: Budget) -> Result<Agreement, String> {
             .map_err(|e| format!("{e:#}"))?;
         for f in &batch {
             early_exit_agrees(&table, f).map_err(|e| format!("seed 0x{seed:x}: {e}"))?;
+            if common_vxlan_agrees(&table, f).map_err(|e| format!("seed 0x{seed:x}: {e}"))? {
+                common_vxlan += 1;
+            }
         }
         let from_kernel = run_batch(&mut kernel, &batch, index);
         let from_native = run_batch(&mut native, &batch, index);
@@ -584,5 +698,6 @@ pub fn fuzz(seed: u64, budget: Budget) -> Result<Agreement, String> {
     Ok(Agreement {
         frames: tried,
         rows: rows_compared,
+        common_vxlan,
     })
 }

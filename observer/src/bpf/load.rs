@@ -15,7 +15,8 @@ use aya::{
     programs::{BtfTracePoint, ProgramError},
 };
 use observer_common::{
-    BGP_PROG_MAP, FLOWS_MAP, SKB_LAYOUT_GLOBAL, SkbLayout, UDP_PORTS_MAP, XDP_BGP_PROG_MAP,
+    BGP_PROG_MAP, CONFIG_MAP, FLOWS_MAP, SKB_LAYOUT_GLOBAL, SkbLayout, UDP_PORTS_MAP,
+    XDP_BGP_PROG_MAP, config,
 };
 
 use super::{
@@ -124,6 +125,11 @@ impl Observer {
                 .set(port as u32, value, 0)
                 .with_context(|| format!("writing UDP port {port} into the port table"))?;
         }
+        // The first generation of the drop-check verdicts the programs cache
+        // per flow: 0 means "none cached", under which nothing is cached.
+        Array::<_, u32>::try_from(ebpf.map_mut(CONFIG_MAP).context("CONFIG map missing")?)?
+            .set(config::ALLOW_GENERATION, 1, 0)
+            .context("writing the first allow-set generation")?;
         Ok(Observer {
             ebpf,
             features,
