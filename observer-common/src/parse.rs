@@ -515,51 +515,46 @@ pub fn classify<F: Frame, P: PortTable>(f: &F, direction: Direction, ports: &P) 
     c
 }
 
-/// The end of the IP packet ([`Classified::ip_end`]) when `f` is plain
-/// TCP or UDP that needs nothing past counting: untagged, IPv4 without
-/// options and not a fragment or IPv6 without extension headers, UDP to
-/// and from ports that name no encapsulation, TCP not to or from the BGP
-/// port. `None` otherwise, whatever the frame is.
-///
-/// Why a second look at the same headers: this is the bulk of a node's
-/// packets, and [`classify`] handles everything (VLAN tags, options,
-/// extension headers, fragments, every encapsulation) before it can say
-/// "plain"; this check costs a few loads, and the hooks classify in full
-/// whatever it declines. For every frame it accepts, `classify` says plain
-/// traffic ending at the same place, for which neither [`needs_checks`]
-/// nor [`plain_bgp`] holds (the differential test asserts it on every
-/// frame it generates, `tests/support/differential.rs`).
-#[inline(always)]
-pub fn plain_transport<F: Frame, P: PortTable>(f: &F, ports: &P) -> Option<usize> {
-    let (l4_off, l4_proto, end) = match u16::from_be(f.read::<u16>(12)?) {
-        ETH_P_IP => {
-            let h = f.read::<Ipv4Hdr>(ETH_HLEN)?;
-            if h.version_ihl != 0x45 || u16::from_be(h.frag_off) & 0x3fff != 0 {
-                return None;
-            }
-            let end = ip_end(ETH_HLEN, u16::from_be(h.total_len) as usize);
-            (ETH_HLEN + 20, h.proto, end)
-        }
-        ETH_P_IPV6 => {
-            let h = f.read::<Ipv6Hdr>(ETH_HLEN)?;
-            if (u32::from_be(h.version_flow) >> 28) != 6 {
-                return None;
-            }
-            let end = ip_end(ETH_HLEN + 40, u16::from_be(h.payload_len) as usize);
-            (ETH_HLEN + 40, h.next_header, end)
-        }
-        _ => return None,
-    };
-    let plain = match l4_proto {
-        IPPROTO_UDP => udp_proto(&f.read::<[u16; 4]>(l4_off)?, ports) == Proto::Other,
-        IPPROTO_TCP => !bgp_ports(f.read(l4_off)?),
-        _ => false,
-    };
-    plain.then_some(end)
+/// What the hooks' first look at a frame says ([`early`]).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Exit {
+    /// Plain TCP or UDP that needs nothing past counting.
+    Plain,
+    /// VXLAN of the common shape.
+    Vxlan,
+    /// Anything else: the hooks classify it in full.
+    Full,
 }
 
-/// A VXLAN frame of the shape most tunnel traffic has, as
-/// [`common_vxlan`] reads it: what its flow row needs, nothing more.
+/// The result of [`early`]. A struct with every field set on every path,
+/// not an enum with data: the programs' verifier refuses the
+/// uninitialised registers LLVM copies for the variants without it.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct Early {
+    /// What the frame is.
+    pub exit: Exit,
+    /// Where its IP packet ends ([`Classified::ip_end`]; 0 for
+    /// [`Exit::Full`]).
+    pub ip_end: usize,
+    /// What its flow row needs, for [`Exit::Vxlan`] (zero otherwise).
+    pub vxlan: CommonVxlan,
+}
+
+impl Early {
+    const FULL: Early = Early::new(Exit::Full, 0, CommonVxlan::NONE);
+
+    #[inline(always)]
+    const fn new(exit: Exit, ip_end: usize, vxlan: CommonVxlan) -> Early {
+        Early {
+            exit,
+            ip_end,
+            vxlan,
+        }
+    }
+}
+
+/// A VXLAN frame of the shape most tunnel traffic has, as [`early`] reads
+/// it: what its flow row needs, nothing more.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct CommonVxlan {
     /// Outer IPv4 source (rx) or destination (tx).
@@ -570,49 +565,106 @@ pub struct CommonVxlan {
     pub inner_src: u32,
     /// Inner IPv4 destination.
     pub inner_dst: u32,
-    /// Where the outer IP packet ends ([`Classified::ip_end`]).
-    pub ip_end: usize,
 }
 
-/// The frame's [`CommonVxlan`] when it is VXLAN of the common shape:
-/// untagged IPv4 without options and not a fragment, UDP whose ports name
-/// VXLAN, the I flag set, an untagged inner IPv4 header without options
-/// that does not carry ICMP (probes are ICMP). `None` otherwise, whatever
-/// the frame is.
+impl CommonVxlan {
+    const NONE: CommonVxlan = CommonVxlan {
+        peer: 0,
+        vni: 0,
+        inner_src: 0,
+        inner_dst: 0,
+    };
+}
+
+/// The hooks' first look at a frame, at fixed offsets:
+/// - [`Exit::Plain`] for plain TCP or UDP that needs nothing past
+///   counting: untagged, IPv4 without options and not a fragment or IPv6
+///   without extension headers, UDP to and from ports that name no
+///   encapsulation, TCP not to or from the BGP port;
+/// - [`Exit::Vxlan`] for VXLAN of the common shape: untagged IPv4 without
+///   options and not a fragment, UDP whose ports name VXLAN, the I flag
+///   set, an untagged inner IPv4 header without options that does not
+///   carry ICMP (probes are ICMP);
+/// - [`Exit::Full`] for anything else, whatever the frame is.
 ///
-/// Why a second look at the same headers, as for [`plain_transport`]:
-/// [`classify`] reads every header at offsets it works out as it goes, and
-/// its result is settled through a map (`maps::settle`) before counting;
-/// at fixed offsets this is a few loads, and the hooks classify in full
-/// whatever it declines. For every frame it accepts, `classify` says VXLAN
-/// with the same peer, VNI, inner addresses and end, the I flag set, not
-/// a fragment and not a probe, with untagged Ethernet headers (the
-/// differential test asserts it on every frame it generates,
-/// `tests/support/differential.rs`).
+/// Why a second look at headers [`classify`] reads again: plain traffic is
+/// the bulk of a node's packets and common VXLAN the bulk of its tunnel
+/// packets, and `classify` handles everything (VLAN tags, options,
+/// extension headers, fragments, every encapsulation) at offsets it works
+/// out as it goes, with a result the hooks settle through a map
+/// (`maps::settle`) before counting; this is a few loads. For every plain
+/// frame it names, `classify` says plain traffic ending at the same place,
+/// for which neither [`needs_checks`] nor [`plain_bgp`] holds; for every
+/// VXLAN frame, VXLAN with the same peer, VNI, inner addresses and end,
+/// the I flag set, not a fragment and not a probe, with untagged Ethernet
+/// headers (the differential test asserts both on every frame it
+/// generates, `tests/support/differential.rs`).
 #[inline(always)]
-pub fn common_vxlan<F: Frame, P: PortTable>(
-    f: &F,
-    direction: Direction,
-    ports: &P,
-) -> Option<CommonVxlan> {
-    const UDP_OFF: usize = ETH_HLEN + 20;
-    const VXLAN_OFF: usize = UDP_OFF + UDP_HLEN;
+pub fn early<F: Frame, P: PortTable>(f: &F, direction: Direction, ports: &P) -> Early {
+    let Some(eth_type) = f.read::<u16>(12) else {
+        return Early::FULL;
+    };
+    // The outer IPv4 addresses, [0, 0] for IPv6: plain values on every
+    // path (an `Option` of the header left registers uninitialised on the
+    // IPv6 path, which the verifier refuses).
+    let (l4_off, l4_proto, end, outer_v4) = match u16::from_be(eth_type) {
+        ETH_P_IP => {
+            let Some(h) = f.read::<Ipv4Hdr>(ETH_HLEN) else {
+                return Early::FULL;
+            };
+            if h.version_ihl != 0x45 || u16::from_be(h.frag_off) & 0x3fff != 0 {
+                return Early::FULL;
+            }
+            let end = ip_end(ETH_HLEN, u16::from_be(h.total_len) as usize);
+            (ETH_HLEN + 20, h.proto, end, Some([h.src, h.dst]))
+        }
+        ETH_P_IPV6 => {
+            let Some(h) = f.read::<Ipv6Hdr>(ETH_HLEN) else {
+                return Early::FULL;
+            };
+            if (u32::from_be(h.version_flow) >> 28) != 6 {
+                return Early::FULL;
+            }
+            let end = ip_end(ETH_HLEN + 40, u16::from_be(h.payload_len) as usize);
+            (ETH_HLEN + 40, h.next_header, end, None)
+        }
+        _ => return Early::FULL,
+    };
+    let plain = Early::new(Exit::Plain, end, CommonVxlan::NONE);
+    match l4_proto {
+        IPPROTO_UDP => match f.read::<[u16; 4]>(l4_off).map(|h| udp_proto(&h, ports)) {
+            Some(Proto::Other) => plain,
+            Some(Proto::Vxlan) => match outer_v4 {
+                Some(outer) => match common_vxlan(f, outer, direction) {
+                    Some(v) => Early::new(Exit::Vxlan, end, v),
+                    None => Early::FULL,
+                },
+                None => Early::FULL,
+            },
+            _ => Early::FULL,
+        },
+        IPPROTO_TCP => match f.read(l4_off) {
+            Some(ports) if !bgp_ports(ports) => plain,
+            _ => Early::FULL,
+        },
+        _ => Early::FULL,
+    }
+}
+
+/// [`early`] past the UDP header of a VXLAN frame whose outer IPv4 header
+/// (without options) has the addresses `[source, destination]`.
+#[inline(always)]
+fn common_vxlan<F: Frame>(f: &F, outer: [u32; 2], direction: Direction) -> Option<CommonVxlan> {
+    const VXLAN_OFF: usize = ETH_HLEN + 20 + UDP_HLEN;
     const INNER_ETH_OFF: usize = VXLAN_OFF + VXLAN_HLEN;
-    if u16::from_be(f.read::<u16>(12)?) != ETH_P_IP {
-        return None;
-    }
-    let outer = f.read::<Ipv4Hdr>(ETH_HLEN)?;
-    if outer.version_ihl != 0x45
-        || u16::from_be(outer.frag_off) & 0x3fff != 0
-        || outer.proto != IPPROTO_UDP
-        || udp_proto(&f.read::<[u16; 4]>(UDP_OFF)?, ports) != Proto::Vxlan
-    {
-        return None;
-    }
+    // One header at a time, each with its own return: read together, the
+    // three bounds checks became arithmetic on packet pointers, which the
+    // verifier refuses.
     let vxlan = f.read::<EncapHdr>(VXLAN_OFF)?;
-    if vxlan.b[0] & crate::checks::VXLAN_FLAG_I == 0
-        || u16::from_be(f.read::<u16>(INNER_ETH_OFF + 12)?) != ETH_P_IP
-    {
+    if vxlan.b[0] & crate::checks::VXLAN_FLAG_I == 0 {
+        return None;
+    }
+    if u16::from_be(f.read::<u16>(INNER_ETH_OFF + 12)?) != ETH_P_IP {
         return None;
     }
     let inner = f.read::<Ipv4Hdr>(INNER_ETH_OFF + ETH_HLEN)?;
@@ -621,13 +673,12 @@ pub fn common_vxlan<F: Frame, P: PortTable>(
     }
     Some(CommonVxlan {
         peer: match direction {
-            Direction::Rx => outer.src,
-            Direction::Tx => outer.dst,
+            Direction::Rx => outer[0],
+            Direction::Tx => outer[1],
         },
         vni: u32::from_be(vxlan.vni_reserved) >> 8,
         inner_src: inner.src,
         inner_dst: inner.dst,
-        ip_end: ip_end(ETH_HLEN, u16::from_be(outer.total_len) as usize),
     })
 }
 

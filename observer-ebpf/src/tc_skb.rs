@@ -90,19 +90,21 @@ fn count_common(ctx: &TcContext, direction: Direction) -> bool {
     if skb.segs > 1 {
         return false;
     }
-    if parse::plain_transport(&skb.direct, &MapPorts).is_some() {
-        return count::record_plain(&FlowKey::plain(skb.ifindex, direction), 1, skb.len as u64);
-    }
-    // Only received frames have drop checks (see `hand_over`).
-    parse::common_vxlan(&skb.direct, direction, &MapPorts).is_some_and(|v| {
-        count::record_common_vxlan(
+    let early = parse::early(&skb.direct, direction, &MapPorts);
+    match early.exit {
+        parse::Exit::Plain => {
+            count::record_plain(&FlowKey::plain(skb.ifindex, direction), 1, skb.len as u64)
+        }
+        // Only received frames have drop checks (see `hand_over`).
+        parse::Exit::Vxlan => count::record_common_vxlan(
             skb.ifindex,
             direction,
-            &v,
+            &early.vxlan,
             skb.len as u64,
             direction == Direction::Rx,
-        )
-    })
+        ),
+        parse::Exit::Full => false,
+    }
 }
 
 /// The `__sk_buff` fields the hooks use.

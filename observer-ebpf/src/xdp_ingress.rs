@@ -49,26 +49,24 @@ fn try_observer_xdp(ctx: &XdpContext, buffers: Buffers) {
     };
     let ifindex = ctx.ingress_ifindex() as u32;
     // Plain TCP and UDP (most packets on many nodes) end here, before the
-    // full parse.
-    if let Some(ip_end) = parse::plain_transport(&frame, &MapPorts)
-        && count::record_plain(
+    // full parse; so does common VXLAN on a flow whose checks are known.
+    let early = parse::early(&frame, Direction::Rx, &MapPorts);
+    let counted = match early.exit {
+        parse::Exit::Plain => count::record_plain(
             &FlowKey::plain(ifindex, Direction::Rx),
             1,
-            frame_bytes(ctx, &frame, buffers, ip_end),
-        )
-    {
-        return;
-    }
-    // So does VXLAN of the common shape on a flow whose checks are known.
-    if let Some(v) = parse::common_vxlan(&frame, Direction::Rx, &MapPorts)
-        && count::record_common_vxlan(
+            frame_bytes(ctx, &frame, buffers, early.ip_end),
+        ),
+        parse::Exit::Vxlan => count::record_common_vxlan(
             ifindex,
             Direction::Rx,
-            &v,
-            frame_bytes(ctx, &frame, buffers, v.ip_end),
+            &early.vxlan,
+            frame_bytes(ctx, &frame, buffers, early.ip_end),
             true,
-        )
-    {
+        ),
+        parse::Exit::Full => false,
+    };
+    if counted {
         return;
     }
     let mut c = parse::classify(&frame, Direction::Rx, &MapPorts);

@@ -486,86 +486,100 @@ pub enum Budget {
     Until(Instant),
 }
 
-/// The hooks' early exit for plain TCP and UDP (`parse::plain_transport`)
-/// takes only frames the full parse calls plain traffic that needs
-/// nothing more, ending where it says. The rows comparison cannot see all
-/// of it: the programs take the exit, the native engine never does, so a
-/// wrong exit shows there only when it changes a count.
-fn early_exit_agrees(table: &PortArray, f: &Frame) -> Result<(), String> {
+/// The hooks' early exits (`parse::early`) take only frames the full
+/// parse agrees with, in both directions. The rows comparison cannot see
+/// all of it: the programs take the exits, the native engine never does,
+/// so a wrong exit shows there only when it changes a count. `true` when
+/// the frame takes the VXLAN exit on receive.
+fn early_exits_agree(table: &PortArray, f: &Frame) -> Result<bool, String> {
     let frame = SliceFrame(&f.data);
-    let Some(end) = parse::plain_transport(&frame, table) else {
-        return Ok(());
-    };
-    let c = parse::classify(&frame, Direction::Rx, table);
+    let mut vxlan = false;
+    for direction in [Direction::Rx, Direction::Tx] {
+        let c = parse::classify(&frame, direction, table);
+        let early = parse::early(&frame, direction, table);
+        match early.exit {
+            parse::Exit::Full => {}
+            parse::Exit::Plain => plain_exit_agrees(f, direction, &c, early.ip_end)?,
+            parse::Exit::Vxlan => {
+                vxlan_exit_agrees(f, direction, &c, &early)?;
+                vxlan |= direction == Direction::Rx;
+            }
+        }
+    }
+    Ok(vxlan)
+}
+
+/// The plain exit: the full parse calls the frame plain traffic that
+/// needs nothing more, ending where the exit says.
+fn plain_exit_agrees(
+    f: &Frame,
+    direction: Direction,
+    c: &parse::Classified,
+    end: usize,
+) -> Result<(), String> {
+    let frame = SliceFrame(&f.data);
     // The key the programs count plain traffic under.
-    let plain = FlowKey::of(1, Direction::Rx, &c) == FlowKey::plain(1, Direction::Rx);
-    if plain && c.ip_end == end && !parse::needs_checks(&c) && !parse::plain_bgp(&frame, &c) {
+    let plain = FlowKey::of(1, direction, c) == FlowKey::plain(1, direction);
+    if plain && c.ip_end == end && !parse::needs_checks(c) && !parse::plain_bgp(&frame, c) {
         return Ok(());
     }
     Err(format!(
-        "frame {} takes the plain early exit (ending at {end}), but the full parse says {:?} / {:?}, ending at {}, needs checks {}, BGP {}:{}",
+        "frame {} ({direction:?}) takes the plain early exit (ending at {end}), but the full parse says {:?} / {:?}, ending at {}, needs checks {}, BGP {}:{}",
         f.number,
         c.proto,
         c.reason,
         c.ip_end,
-        parse::needs_checks(&c),
-        parse::plain_bgp(&frame, &c),
+        parse::needs_checks(c),
+        parse::plain_bgp(&frame, c),
         hex(&f.data)
     ))
 }
 
-/// The hooks' early exit for common VXLAN (`parse::common_vxlan`) takes
-/// only frames the full parse calls VXLAN with the same key, end and inner
-/// sample, in both directions; and on a flow whose source is inside its
-/// allow-set, it skips the drop checks only when they would flag nothing,
-/// whatever the node's VNIs and MTU (`checks::common_vxlan_clean`).
-///
-/// `true` when the exit takes the frame on receive.
-fn common_vxlan_agrees(table: &PortArray, f: &Frame) -> Result<bool, String> {
-    let frame = SliceFrame(&f.data);
-    let mut taken = false;
-    for direction in [Direction::Rx, Direction::Tx] {
-        let Some(v) = parse::common_vxlan(&frame, direction, table) else {
-            continue;
-        };
-        let c = parse::classify(&frame, direction, table);
-        let same = FlowKey::of(1, direction, &c) == FlowKey::common_vxlan(1, direction, &v)
-            && c.ip_end == v.ip_end
-            && c.inner_family == family::V4
-            && c.inner_src == [v.inner_src, 0, 0, 0]
-            && c.inner_dst == [v.inner_dst, 0, 0, 0]
-            && !c.probe;
-        if !same {
-            return Err(format!(
-                "frame {} ({direction:?}) takes the VXLAN early exit as {v:?}, but the full parse says \
-                 {:?} / {:?}, peer {:x?} ({}), VNI {}, inner {:x?} -> {:x?} ({}), ending at {}, probe {}:{}",
-                f.number,
-                c.proto,
-                c.reason,
-                c.peer,
-                c.peer_family,
-                c.vni,
-                c.inner_src,
-                c.inner_dst,
-                c.inner_family,
-                c.ip_end,
-                c.probe,
-                hex(&f.data)
-            ));
-        }
-        if direction == Direction::Tx {
-            continue;
-        }
-        taken = true;
-        for (vni_unknown, mtu) in [false, true]
-            .into_iter()
-            .flat_map(|vni| [None, Some(1200), Some(1500), Some(9000)].map(|mtu| (vni, mtu)))
-        {
+/// The VXLAN exit: the full parse calls the frame VXLAN with the same key,
+/// end and inner sample; and on receive, on a flow whose source is inside
+/// its allow-set, the exit skips the drop checks only when they would flag
+/// nothing, whatever the node's VNIs and MTU (`checks::common_vxlan_clean`).
+fn vxlan_exit_agrees(
+    f: &Frame,
+    direction: Direction,
+    c: &parse::Classified,
+    early: &parse::Early,
+) -> Result<(), String> {
+    let v = &early.vxlan;
+    let same = FlowKey::of(1, direction, c) == FlowKey::common_vxlan(1, direction, v)
+        && c.ip_end == early.ip_end
+        && c.inner_family == family::V4
+        && c.inner_src == [v.inner_src, 0, 0, 0]
+        && c.inner_dst == [v.inner_dst, 0, 0, 0]
+        && !c.probe;
+    if !same {
+        return Err(format!(
+            "frame {} ({direction:?}) takes the VXLAN early exit as {early:?}, but the full parse says \
+             {:?} / {:?}, peer {:x?} ({}), VNI {}, inner {:x?} -> {:x?} ({}), ending at {}, probe {}:{}",
+            f.number,
+            c.proto,
+            c.reason,
+            c.peer,
+            c.peer_family,
+            c.vni,
+            c.inner_src,
+            c.inner_dst,
+            c.inner_family,
+            c.ip_end,
+            c.probe,
+            hex(&f.data)
+        ));
+    }
+    if direction == Direction::Tx {
+        return Ok(());
+    }
+    for vni_unknown in [false, true] {
+        for mtu in [None, Some(1200), Some(1500), Some(9000)] {
             let mut facts = NodeFacts { vni_unknown, mtu };
             for wire_len in [f.data.len() as u64, 1400, 1514, 1515, 9100] {
                 let mut flagged = Vec::new();
-                checks::classifier_drops(&c, wire_len, &mut facts, |r| flagged.push(r));
-                let clean = checks::common_vxlan_clean(&v, wire_len, &facts);
+                checks::classifier_drops(c, wire_len, &mut facts, |r| flagged.push(r));
+                let clean = checks::common_vxlan_clean(v, wire_len, &facts);
                 if clean != flagged.is_empty() {
                     return Err(format!(
                         "frame {}: the VXLAN early exit says clean={clean} for {wire_len} bytes \
@@ -577,10 +591,10 @@ fn common_vxlan_agrees(table: &PortArray, f: &Frame) -> Result<bool, String> {
             }
         }
     }
-    Ok(taken)
+    Ok(())
 }
 
-/// Node facts for [`common_vxlan_agrees`]: every source inside its
+/// Node facts for [`vxlan_exit_agrees`]: every source inside its
 /// allow-set (the early exit's precondition).
 struct NodeFacts {
     vni_unknown: bool,
@@ -660,8 +674,7 @@ pub fn fuzz(seed: u64, budget: Budget) -> Result<Agreement, String> {
             .apply_allow_sets(&sets)
             .map_err(|e| format!("{e:#}"))?;
         for f in &batch {
-            early_exit_agrees(&table, f).map_err(|e| format!("seed 0x{seed:x}: {e}"))?;
-            if common_vxlan_agrees(&table, f).map_err(|e| format!("seed 0x{seed:x}: {e}"))? {
+            if early_exits_agree(&table, f).map_err(|e| format!("seed 0x{seed:x}: {e}"))? {
                 common_vxlan += 1;
             }
         }
