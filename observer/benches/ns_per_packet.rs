@@ -203,6 +203,7 @@ fn run() -> anyhow::Result<()> {
     system::report("bgp_over_pass", over_pass("bgp"), "ns/pkt");
     let plain = cases.iter().find(|c| c.name == "plain").expect("a case");
     system::maptypes::plain_floor(&plain.frame, pass.as_fd(), REPEAT, ROUNDS)?;
+    system::maptypes::vxlan_floor(&vxlan, pass.as_fd(), REPEAT, ROUNDS)?;
     // Context for the figures above: what one lookup in each map type
     // costs, measured the same way.
     system::maptypes::run(&vxlan, pass.as_fd(), REPEAT, ROUNDS)?;

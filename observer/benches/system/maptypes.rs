@@ -526,8 +526,61 @@ pub fn plain_floor(
     let ports = create_array(2, 1, 65_536)?;
     let counters = create_array(6, 16, 1)?;
     let prog = load_xdp_raw_floor(ports.as_fd(), counters.as_fd())?;
-    let r = testrun::run(prog.as_fd(), frame, None, 1)?;
-    anyhow::ensure!(r.retval == XDP_PASS, "plain_floor: returned {}", r.retval);
+    floor_over_pass(
+        "plain_floor_over_pass",
+        prog.as_fd(),
+        frame,
+        pass,
+        repeat,
+        rounds,
+    )
+}
+
+/// Measures `vxlan_floor_over_pass`: the least an early exit for VXLAN can
+/// cost on this kernel, to read `vxlan_over_pass` against. The probe does
+/// only what any design must on the bench's VXLAN frame: bounds check,
+/// Ethernet type IPv4, IHL 5, not a fragment, protocol UDP, the
+/// destination port looked up in a port table, the I flag, inner Ethernet
+/// type IPv4, inner IHL 5 and not ICMP (a probe), then one per-CPU array
+/// slot found by a hash of the source and VNI, the key compared, and its
+/// packets and bytes added. It skips what the observer also does: the
+/// source port's entry, IPv6, the interface and direction in the key, the
+/// inner sample, the allow-set verdict's generation and the VNI and MTU
+/// checks, multi-buffer lengths.
+pub fn vxlan_floor(
+    frame: &[u8],
+    pass: BorrowedFd<'_>,
+    repeat: u32,
+    rounds: usize,
+) -> anyhow::Result<()> {
+    let ports = create_array(2, 1, 65_536)?;
+    update(ports.as_fd(), &4789u32.to_ne_bytes(), &[1])?;
+    // Per slot: source, VNI word, packets, bytes.
+    let slots = create_array(6, 24, 1024)?;
+    let prog = load_xdp_raw_vxlan_floor(ports.as_fd(), slots.as_fd())?;
+    floor_over_pass(
+        "vxlan_floor_over_pass",
+        prog.as_fd(),
+        frame,
+        pass,
+        repeat,
+        rounds,
+    )
+}
+
+/// Reports `name`: the median time of `prog` on `frame` over that of
+/// `pass`, in interleaved rounds, after one run that must pass the frame
+/// (and claims what the probe claims on first sight).
+fn floor_over_pass(
+    name: &str,
+    prog: BorrowedFd<'_>,
+    frame: &[u8],
+    pass: BorrowedFd<'_>,
+    repeat: u32,
+    rounds: usize,
+) -> anyhow::Result<()> {
+    let r = testrun::run(prog, frame, None, 1)?;
+    anyhow::ensure!(r.retval == XDP_PASS, "{name}: returned {}", r.retval);
     let mut floor = Vec::with_capacity(rounds);
     let mut probe = Vec::with_capacity(rounds);
     for _ in 0..rounds {
@@ -535,11 +588,11 @@ pub fn plain_floor(
             testrun::run(pass, frame, None, repeat)?.duration_ns,
         ));
         probe.push(f64::from(
-            testrun::run(prog.as_fd(), frame, None, repeat)?.duration_ns,
+            testrun::run(prog, frame, None, repeat)?.duration_ns,
         ));
     }
     let over = median(&mut probe) - median(&mut floor);
-    report("plain_floor_over_pass", format!("{over:.1}"), "ns/pkt");
+    report(name, format!("{over:.1}"), "ns/pkt");
     Ok(())
 }
 
@@ -577,78 +630,200 @@ fn create(
     )
 }
 
-/// The [`plain_floor`] probe. Jumps to its exit (`r0 = XDP_PASS`) are
-/// patched once the exit's position is known.
-fn load_xdp_raw_floor(ports: BorrowedFd<'_>, counters: BorrowedFd<'_>) -> io::Result<OwnedFd> {
-    let mut code: Vec<Insn> = Vec::new();
-    let mut to_exit: Vec<usize> = Vec::new();
-    let map = |code: &mut Vec<Insn>, fd: BorrowedFd<'_>| {
-        // r1 = map (ld_imm64 with src_reg BPF_PSEUDO_MAP_FD), two slots.
-        code.push(Insn::new(0x18, 1 | (1 << 4), 0, fd.as_raw_fd()));
-        code.push(Insn::new(0, 0, 0, 0));
-    };
-    // The port at `offset` of the frame (r6 = data) looked up in the port
-    // table; a nonzero tag (a tunnel port) leaves the probe.
-    let port_lookup = |code: &mut Vec<Insn>, to_exit: &mut Vec<usize>, offset: i16| {
-        // r2 = *(u16 *)(r6 + offset); r2 = be16 r2; *(u32 *)(r10 - 4) = r2
-        code.push(Insn::new(0x69, 2 | (6 << 4), offset, 0));
-        code.push(Insn::new(0xdc, 2, 0, 16));
-        code.push(Insn::new(0x63, 10 | (2 << 4), -4, 0));
-        map(code, ports);
-        // r2 = r10 - 4; call bpf_map_lookup_elem
-        code.push(Insn::new(0xbf, 2 | (10 << 4), 0, 0));
-        code.push(Insn::new(0x07, 2, 0, -4));
-        code.push(Insn::new(0x85, 0, 0, 1));
-        // if r0 == 0 goto exit; r2 = *(u8 *)(r0 + 0); if r2 != 0 goto exit
-        to_exit.push(code.len());
-        code.push(Insn::new(0x15, 0, 0, 0));
-        code.push(Insn::new(0x71, 2, 0, 0));
-        to_exit.push(code.len());
-        code.push(Insn::new(0x55, 2, 0, 0));
-    };
+/// `r1 = map` (ld_imm64 with src_reg BPF_PSEUDO_MAP_FD), two slots.
+fn push_map(code: &mut Vec<Insn>, fd: BorrowedFd<'_>) {
+    code.push(Insn::new(0x18, 1 | (1 << 4), 0, fd.as_raw_fd()));
+    code.push(Insn::new(0, 0, 0, 0));
+}
+
+/// The port at `offset` of the frame (r6 = data) looked up in the port
+/// table `ports`: leaves the probe (jumps recorded in `to_exit`) when the
+/// lookup fails, and when the port's tag is nonzero (a tunnel port) unless
+/// `tunnel`, or zero if `tunnel`.
+fn push_port_lookup(
+    code: &mut Vec<Insn>,
+    to_exit: &mut Vec<usize>,
+    ports: BorrowedFd<'_>,
+    offset: i16,
+    tunnel: bool,
+) {
+    // r2 = *(u16 *)(r6 + offset); r2 = be16 r2; *(u32 *)(r10 - 4) = r2
+    code.push(Insn::new(0x69, 2 | (6 << 4), offset, 0));
+    code.push(Insn::new(0xdc, 2, 0, 16));
+    code.push(Insn::new(0x63, 10 | (2 << 4), -4, 0));
+    push_map(code, ports);
+    // r2 = r10 - 4; call bpf_map_lookup_elem
+    code.push(Insn::new(0xbf, 2 | (10 << 4), 0, 0));
+    code.push(Insn::new(0x07, 2, 0, -4));
+    code.push(Insn::new(0x85, 0, 0, 1));
+    // if r0 == 0 goto exit; r2 = *(u8 *)(r0 + 0); exit on the wrong tag
+    to_exit.push(code.len());
+    code.push(Insn::new(0x15, 0, 0, 0));
+    code.push(Insn::new(0x71, 2, 0, 0));
+    to_exit.push(code.len());
+    code.push(Insn::new(if tunnel { 0x15 } else { 0x55 }, 2, 0, 0));
+}
+
+/// Loads the frame bounds (r6 = data, r7 = data_end) and leaves the probe
+/// unless `len` bytes are there; then each (load opcode, offset, value)
+/// of `fields` must read `value` (multi-byte fields as read
+/// little-endian).
+fn push_prologue(
+    code: &mut Vec<Insn>,
+    to_exit: &mut Vec<usize>,
+    len: i32,
+    fields: &[(u8, i16, i32)],
+) {
     code.extend([
-        // r6 = data; r7 = data_end
         Insn::new(0x61, 6 | (1 << 4), 0, 0),
         Insn::new(0x61, 7 | (1 << 4), 4, 0),
-        // r2 = r6 + 42 (Ethernet, IPv4 without options, UDP)
         Insn::new(0xbf, 2 | (6 << 4), 0, 0),
-        Insn::new(0x07, 2, 0, 42),
+        Insn::new(0x07, 2, 0, len),
     ]);
     // if r2 > r7 goto exit
     to_exit.push(code.len());
     code.push(Insn::new(0x2d, 2 | (7 << 4), 0, 0));
-    // Ethernet type 0x0800 (read little-endian), version 4 + IHL 5, UDP.
-    for (size, offset, value) in [(0x69, 12, 0x0008), (0x71, 14, 0x45), (0x71, 23, 17)] {
+    for &(size, offset, value) in fields {
         code.push(Insn::new(size, 2 | (6 << 4), offset, 0));
         to_exit.push(code.len());
         code.push(Insn::new(0x55, 2, 0, value));
     }
     // r7 = data_end - data: the frame's length.
     code.push(Insn::new(0x1f, 7 | (6 << 4), 0, 0));
-    port_lookup(&mut code, &mut to_exit, 36);
-    port_lookup(&mut code, &mut to_exit, 34);
+}
+
+/// Appends the probe's exit (`r0 = XDP_PASS`), points the jumps in
+/// `to_exit` at it and loads the program.
+fn finish_probe(name: &[u8], mut code: Vec<Insn>, to_exit: &[usize]) -> io::Result<OwnedFd> {
+    let exit = code.len();
+    code.push(Insn::new(0xb7, 0, 0, XDP_PASS as i32));
+    code.push(Insn::new(0x95, 0, 0, 0));
+    for &at in to_exit {
+        code[at].off = (exit - at - 1) as i16;
+    }
+    load_raw_xdp(name, &code)
+}
+
+/// The [`plain_floor`] probe.
+fn load_xdp_raw_floor(ports: BorrowedFd<'_>, counters: BorrowedFd<'_>) -> io::Result<OwnedFd> {
+    let mut code: Vec<Insn> = Vec::new();
+    let mut to_exit: Vec<usize> = Vec::new();
+    // Ethernet, IPv4 without options, UDP: type 0x0800, version 4 + IHL
+    // 5, protocol 17.
+    push_prologue(
+        &mut code,
+        &mut to_exit,
+        42,
+        &[(0x69, 12, 0x0008), (0x71, 14, 0x45), (0x71, 23, 17)],
+    );
+    push_port_lookup(&mut code, &mut to_exit, ports, 36, false);
+    push_port_lookup(&mut code, &mut to_exit, ports, 34, false);
     // *(u32 *)(r10 - 8) = 0; r1 = counters; r2 = r10 - 8; call lookup
     code.push(Insn::new(0x62, 10, -8, 0));
-    map(&mut code, counters);
+    push_map(&mut code, counters);
     code.push(Insn::new(0xbf, 2 | (10 << 4), 0, 0));
     code.push(Insn::new(0x07, 2, 0, -8));
     code.push(Insn::new(0x85, 0, 0, 1));
     to_exit.push(code.len());
     code.push(Insn::new(0x15, 0, 0, 0));
+    push_add(&mut code, 0);
+    finish_probe(b"plain_floor", code, &to_exit)
+}
+
+/// packets += 1 and bytes += r7 at `at` and `at + 8` of the value r0
+/// points to.
+fn push_add(code: &mut Vec<Insn>, at: i16) {
     code.extend([
-        // packets += 1; bytes += r7
-        Insn::new(0x79, 1, 0, 0),
+        Insn::new(0x79, 1, at, 0),
         Insn::new(0x07, 1, 0, 1),
-        Insn::new(0x7b, 1 << 4, 0, 0),
-        Insn::new(0x79, 1, 8, 0),
+        Insn::new(0x7b, 1 << 4, at, 0),
+        Insn::new(0x79, 1, at + 8, 0),
         Insn::new(0x0f, 1 | (7 << 4), 0, 0),
-        Insn::new(0x7b, 1 << 4, 8, 0),
+        Insn::new(0x7b, 1 << 4, at + 8, 0),
     ]);
-    let exit = code.len();
-    code.push(Insn::new(0xb7, 0, 0, XDP_PASS as i32));
-    code.push(Insn::new(0x95, 0, 0, 0));
-    for at in to_exit {
-        code[at].off = (exit - at - 1) as i16;
+}
+
+/// The [`vxlan_floor`] probe. A slot whose key differs is claimed (the
+/// first run); the measured runs all find their key.
+fn load_xdp_raw_vxlan_floor(ports: BorrowedFd<'_>, slots: BorrowedFd<'_>) -> io::Result<OwnedFd> {
+    const GOLDEN: u32 = 0x9e37_79b1;
+    let mut code: Vec<Insn> = Vec::new();
+    let mut to_exit: Vec<usize> = Vec::new();
+    // Outer Ethernet, IPv4 without options, UDP, VXLAN, inner Ethernet
+    // and IPv4 without options: 84 bytes.
+    push_prologue(
+        &mut code,
+        &mut to_exit,
+        84,
+        &[
+            (0x69, 12, 0x0008),
+            (0x71, 14, 0x45),
+            (0x71, 23, 17),
+            (0x69, 62, 0x0008),
+            (0x71, 64, 0x45),
+        ],
+    );
+    code.extend([
+        // r2 = *(u16 *)(r6 + 20) & 0x3fff (as read little-endian)
+        Insn::new(0x69, 2 | (6 << 4), 20, 0),
+        Insn::new(0x57, 2, 0, 0xff3f),
+    ]);
+    // if r2 != 0 goto exit (a fragment)
+    to_exit.push(code.len());
+    code.push(Insn::new(0x55, 2, 0, 0));
+    // The inner protocol is not ICMP.
+    code.push(Insn::new(0x71, 2 | (6 << 4), 73, 0));
+    to_exit.push(code.len());
+    code.push(Insn::new(0x15, 2, 0, 1));
+    // The I flag.
+    code.push(Insn::new(0x71, 2 | (6 << 4), 42, 0));
+    code.push(Insn::new(0x57, 2, 0, 8));
+    to_exit.push(code.len());
+    code.push(Insn::new(0x15, 2, 0, 0));
+    push_port_lookup(&mut code, &mut to_exit, ports, 36, true);
+    code.extend([
+        // r8 = source; r9 = VNI word
+        Insn::new(0x61, 8 | (6 << 4), 26, 0),
+        Insn::new(0x61, 9 | (6 << 4), 46, 0),
+        // w2 = (w8 ^ w9) * GOLDEN >> 22; *(u32 *)(r10 - 8) = r2
+        Insn::new(0xbc, 2 | (8 << 4), 0, 0),
+        Insn::new(0xac, 2 | (9 << 4), 0, 0),
+        Insn::new(0x24, 2, 0, GOLDEN as i32),
+        Insn::new(0x74, 2, 0, 22),
+        Insn::new(0x63, 10 | (2 << 4), -8, 0),
+    ]);
+    push_map(&mut code, slots);
+    code.extend([
+        Insn::new(0xbf, 2 | (10 << 4), 0, 0),
+        Insn::new(0x07, 2, 0, -8),
+        Insn::new(0x85, 0, 0, 1),
+    ]);
+    to_exit.push(code.len());
+    code.push(Insn::new(0x15, 0, 0, 0));
+    // if *(u32 *)(r0 + 0) != r8 || *(u32 *)(r0 + 4) != r9 goto claim
+    let mut to_claim = Vec::new();
+    code.push(Insn::new(0x61, 2, 0, 0));
+    to_claim.push(code.len());
+    code.push(Insn::new(0x5d, 2 | (8 << 4), 0, 0));
+    code.push(Insn::new(0x61, 2, 4, 0));
+    to_claim.push(code.len());
+    code.push(Insn::new(0x5d, 2 | (9 << 4), 0, 0));
+    let add = code.len();
+    push_add(&mut code, 8);
+    to_exit.push(code.len());
+    code.push(Insn::new(0x05, 0, 0, 0));
+    // claim: the key, then the add.
+    let claim = code.len();
+    code.push(Insn::new(0x63, 8 << 4, 0, 0));
+    code.push(Insn::new(0x63, 9 << 4, 4, 0));
+    code.push(Insn::new(
+        0x05,
+        0,
+        (add as i64 - code.len() as i64 - 1) as i16,
+        0,
+    ));
+    for at in to_claim {
+        code[at].off = (claim - at - 1) as i16;
     }
-    load_raw_xdp(b"plain_floor", &code)
+    finish_probe(b"vxlan_floor", code, &to_exit)
 }
