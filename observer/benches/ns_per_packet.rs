@@ -202,8 +202,7 @@ fn run() -> anyhow::Result<()> {
     system::report("plain_tcp_over_pass", over_pass("plain_tcp"), "ns/pkt");
     system::report("bgp_over_pass", over_pass("bgp"), "ns/pkt");
     let plain = cases.iter().find(|c| c.name == "plain").expect("a case");
-    system::maptypes::plain_floor(&plain.frame, pass.as_fd(), REPEAT, ROUNDS)?;
-    system::maptypes::vxlan_floor(&vxlan, pass.as_fd(), REPEAT, ROUNDS)?;
+    system::maptypes::floors(&plain.frame, &vxlan, pass.as_fd(), (REPEAT, ROUNDS))?;
     // Context for the figures above: what one lookup in each map type
     // costs, measured the same way.
     system::maptypes::run(&vxlan, pass.as_fd(), REPEAT, ROUNDS)?;

@@ -509,19 +509,31 @@ fn prog_info(prog: BorrowedFd<'_>) -> io::Result<(u32, u32)> {
     Ok((id, xlated))
 }
 
-/// Measures `plain_floor_over_pass`: the least an early exit for plain
-/// traffic can cost on this kernel, to read `plain_over_pass` against.
-/// The probe does only what any design must on the bench's plain UDP
-/// frame: bounds check, Ethernet type IPv4, IHL 5, protocol UDP, both
+/// Measures `plain_floor_over_pass` and `vxlan_floor_over_pass`: the
+/// least an early exit for plain traffic and for VXLAN can cost on this
+/// kernel, to read `plain_over_pass` and `vxlan_over_pass` against.
+///
+/// The plain probe does only what any design must on the bench's plain
+/// UDP frame: bounds check, Ethernet type IPv4, IHL 5, protocol UDP, both
 /// ports looked up in a port table (a destination or source port may name
 /// a tunnel), and one per-CPU array slot's packets and bytes added. It
 /// skips what the observer's parser also handles (VLAN tags, IPv4
 /// options, IPv6, fragments, multi-buffer frames, the interface's slot).
-pub fn plain_floor(
-    frame: &[u8],
+///
+/// The VXLAN probe does only what any design must on the bench's VXLAN
+/// frame: bounds check, Ethernet type IPv4, IHL 5, not a fragment,
+/// protocol UDP, the destination port looked up in a port table, the I
+/// flag, inner Ethernet type IPv4, inner IHL 5 and not ICMP (a probe),
+/// then one per-CPU array slot found by a hash of the source and VNI, the
+/// key compared, and its packets and bytes added. It skips what the
+/// observer also does: the source port's entry, IPv6, the interface and
+/// direction in the key, the inner sample, the allow-set verdict's
+/// generation and the VNI and MTU checks, multi-buffer lengths.
+pub fn floors(
+    plain: &[u8],
+    vxlan: &[u8],
     pass: BorrowedFd<'_>,
-    repeat: u32,
-    rounds: usize,
+    (repeat, rounds): (u32, usize),
 ) -> anyhow::Result<()> {
     let ports = create_array(2, 1, 65_536)?;
     let counters = create_array(6, 16, 1)?;
@@ -529,31 +541,11 @@ pub fn plain_floor(
     floor_over_pass(
         "plain_floor_over_pass",
         prog.as_fd(),
-        frame,
+        plain,
         pass,
-        repeat,
-        rounds,
-    )
-}
-
-/// Measures `vxlan_floor_over_pass`: the least an early exit for VXLAN can
-/// cost on this kernel, to read `vxlan_over_pass` against. The probe does
-/// only what any design must on the bench's VXLAN frame: bounds check,
-/// Ethernet type IPv4, IHL 5, not a fragment, protocol UDP, the
-/// destination port looked up in a port table, the I flag, inner Ethernet
-/// type IPv4, inner IHL 5 and not ICMP (a probe), then one per-CPU array
-/// slot found by a hash of the source and VNI, the key compared, and its
-/// packets and bytes added. It skips what the observer also does: the
-/// source port's entry, IPv6, the interface and direction in the key, the
-/// inner sample, the allow-set verdict's generation and the VNI and MTU
-/// checks, multi-buffer lengths.
-pub fn vxlan_floor(
-    frame: &[u8],
-    pass: BorrowedFd<'_>,
-    repeat: u32,
-    rounds: usize,
-) -> anyhow::Result<()> {
-    let ports = create_array(2, 1, 65_536)?;
+        (repeat, rounds),
+    )?;
+    // VXLAN's port, tagged for the VXLAN probe only.
     update(ports.as_fd(), &4789u32.to_ne_bytes(), &[1])?;
     // Per slot: source, VNI word, packets, bytes.
     let slots = create_array(6, 24, 1024)?;
@@ -561,10 +553,9 @@ pub fn vxlan_floor(
     floor_over_pass(
         "vxlan_floor_over_pass",
         prog.as_fd(),
-        frame,
+        vxlan,
         pass,
-        repeat,
-        rounds,
+        (repeat, rounds),
     )
 }
 
@@ -576,8 +567,7 @@ fn floor_over_pass(
     prog: BorrowedFd<'_>,
     frame: &[u8],
     pass: BorrowedFd<'_>,
-    repeat: u32,
-    rounds: usize,
+    (repeat, rounds): (u32, usize),
 ) -> anyhow::Result<()> {
     let r = testrun::run(prog, frame, None, 1)?;
     anyhow::ensure!(r.retval == XDP_PASS, "{name}: returned {}", r.retval);
@@ -636,6 +626,17 @@ fn push_map(code: &mut Vec<Insn>, fd: BorrowedFd<'_>) {
     code.push(Insn::new(0, 0, 0, 0));
 }
 
+/// `r0 = bpf_map_lookup_elem(map, r10 + key_at)`, leaving the probe
+/// (a jump recorded in `to_exit`) when it finds nothing.
+fn push_lookup(code: &mut Vec<Insn>, to_exit: &mut Vec<usize>, map: BorrowedFd<'_>, key_at: i32) {
+    push_map(code, map);
+    code.push(Insn::new(0xbf, 2 | (10 << 4), 0, 0));
+    code.push(Insn::new(0x07, 2, 0, key_at));
+    code.push(Insn::new(0x85, 0, 0, 1));
+    to_exit.push(code.len());
+    code.push(Insn::new(0x15, 0, 0, 0));
+}
+
 /// The port at `offset` of the frame (r6 = data) looked up in the port
 /// table `ports`: leaves the probe (jumps recorded in `to_exit`) when the
 /// lookup fails, and when the port's tag is nonzero (a tunnel port) unless
@@ -651,29 +652,21 @@ fn push_port_lookup(
     code.push(Insn::new(0x69, 2 | (6 << 4), offset, 0));
     code.push(Insn::new(0xdc, 2, 0, 16));
     code.push(Insn::new(0x63, 10 | (2 << 4), -4, 0));
-    push_map(code, ports);
-    // r2 = r10 - 4; call bpf_map_lookup_elem
-    code.push(Insn::new(0xbf, 2 | (10 << 4), 0, 0));
-    code.push(Insn::new(0x07, 2, 0, -4));
-    code.push(Insn::new(0x85, 0, 0, 1));
-    // if r0 == 0 goto exit; r2 = *(u8 *)(r0 + 0); exit on the wrong tag
-    to_exit.push(code.len());
-    code.push(Insn::new(0x15, 0, 0, 0));
+    push_lookup(code, to_exit, ports, -4);
+    // r2 = *(u8 *)(r0 + 0); exit on the wrong tag
     code.push(Insn::new(0x71, 2, 0, 0));
     to_exit.push(code.len());
     code.push(Insn::new(if tunnel { 0x15 } else { 0x55 }, 2, 0, 0));
 }
 
-/// Loads the frame bounds (r6 = data, r7 = data_end) and leaves the probe
-/// unless `len` bytes are there; then each (load opcode, offset, value)
-/// of `fields` must read `value` (multi-byte fields as read
-/// little-endian).
-fn push_prologue(
-    code: &mut Vec<Insn>,
-    to_exit: &mut Vec<usize>,
-    len: i32,
-    fields: &[(u8, i16, i32)],
-) {
+/// A probe's first instructions, and the jumps to its exit so far: loads
+/// the frame bounds (r6 = data, r7 = data_end) and leaves the probe unless
+/// `len` bytes are there; then each (load opcode, offset, value) of
+/// `fields` must read `value` (multi-byte fields as read little-endian);
+/// then r7 is the frame's length.
+fn prologue(len: i32, fields: &[(u8, i16, i32)]) -> (Vec<Insn>, Vec<usize>) {
+    let mut code = Vec::new();
+    let mut to_exit = Vec::new();
     code.extend([
         Insn::new(0x61, 6 | (1 << 4), 0, 0),
         Insn::new(0x61, 7 | (1 << 4), 4, 0),
@@ -690,6 +683,7 @@ fn push_prologue(
     }
     // r7 = data_end - data: the frame's length.
     code.push(Insn::new(0x1f, 7 | (6 << 4), 0, 0));
+    (code, to_exit)
 }
 
 /// Appends the probe's exit (`r0 = XDP_PASS`), points the jumps in
@@ -704,28 +698,17 @@ fn finish_probe(name: &[u8], mut code: Vec<Insn>, to_exit: &[usize]) -> io::Resu
     load_raw_xdp(name, &code)
 }
 
-/// The [`plain_floor`] probe.
+/// The plain probe of [`floors`].
 fn load_xdp_raw_floor(ports: BorrowedFd<'_>, counters: BorrowedFd<'_>) -> io::Result<OwnedFd> {
-    let mut code: Vec<Insn> = Vec::new();
-    let mut to_exit: Vec<usize> = Vec::new();
     // Ethernet, IPv4 without options, UDP: type 0x0800, version 4 + IHL
     // 5, protocol 17.
-    push_prologue(
-        &mut code,
-        &mut to_exit,
-        42,
-        &[(0x69, 12, 0x0008), (0x71, 14, 0x45), (0x71, 23, 17)],
-    );
+    let (mut code, mut to_exit) =
+        prologue(42, &[(0x69, 12, 0x0008), (0x71, 14, 0x45), (0x71, 23, 17)]);
     push_port_lookup(&mut code, &mut to_exit, ports, 36, false);
     push_port_lookup(&mut code, &mut to_exit, ports, 34, false);
-    // *(u32 *)(r10 - 8) = 0; r1 = counters; r2 = r10 - 8; call lookup
+    // *(u32 *)(r10 - 8) = 0: the counters' only slot.
     code.push(Insn::new(0x62, 10, -8, 0));
-    push_map(&mut code, counters);
-    code.push(Insn::new(0xbf, 2 | (10 << 4), 0, 0));
-    code.push(Insn::new(0x07, 2, 0, -8));
-    code.push(Insn::new(0x85, 0, 0, 1));
-    to_exit.push(code.len());
-    code.push(Insn::new(0x15, 0, 0, 0));
+    push_lookup(&mut code, &mut to_exit, counters, -8);
     push_add(&mut code, 0);
     finish_probe(b"plain_floor", code, &to_exit)
 }
@@ -743,17 +726,13 @@ fn push_add(code: &mut Vec<Insn>, at: i16) {
     ]);
 }
 
-/// The [`vxlan_floor`] probe. A slot whose key differs is claimed (the
+/// The VXLAN probe of [`floors`]. A slot whose key differs is claimed (the
 /// first run); the measured runs all find their key.
 fn load_xdp_raw_vxlan_floor(ports: BorrowedFd<'_>, slots: BorrowedFd<'_>) -> io::Result<OwnedFd> {
     const GOLDEN: u32 = 0x9e37_79b1;
-    let mut code: Vec<Insn> = Vec::new();
-    let mut to_exit: Vec<usize> = Vec::new();
     // Outer Ethernet, IPv4 without options, UDP, VXLAN, inner Ethernet
     // and IPv4 without options: 84 bytes.
-    push_prologue(
-        &mut code,
-        &mut to_exit,
+    let (mut code, mut to_exit) = prologue(
         84,
         &[
             (0x69, 12, 0x0008),
@@ -792,14 +771,7 @@ fn load_xdp_raw_vxlan_floor(ports: BorrowedFd<'_>, slots: BorrowedFd<'_>) -> io:
         Insn::new(0x74, 2, 0, 22),
         Insn::new(0x63, 10 | (2 << 4), -8, 0),
     ]);
-    push_map(&mut code, slots);
-    code.extend([
-        Insn::new(0xbf, 2 | (10 << 4), 0, 0),
-        Insn::new(0x07, 2, 0, -8),
-        Insn::new(0x85, 0, 0, 1),
-    ]);
-    to_exit.push(code.len());
-    code.push(Insn::new(0x15, 0, 0, 0));
+    push_lookup(&mut code, &mut to_exit, slots, -8);
     // if *(u32 *)(r0 + 0) != r8 || *(u32 *)(r0 + 4) != r9 goto claim
     let mut to_claim = Vec::new();
     code.push(Insn::new(0x61, 2, 0, 0));
