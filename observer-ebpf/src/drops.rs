@@ -52,9 +52,7 @@ pub fn classifier_checks(ifindex: u32, c: &Classified, wire_len: u64, verdict: O
 /// frame the full way, which decides the verdict or flags the frame.
 #[inline(always)]
 pub fn common_vxlan_passes(ifindex: u32, v: &CommonVxlan, wire_len: u64, verdict: u32) -> bool {
-    let generation = CONFIG.get(config::ALLOW_GENERATION).copied().unwrap_or(0);
-    generation != 0
-        && verdict == generation << 1
+    cached_outside(verdict, allow_generation()) == Some(false)
         && checks::common_vxlan_clean(
             v,
             wire_len,
@@ -117,13 +115,28 @@ fn outside_allow_set_cached(c: &Classified, verdict: Option<&mut u32>) -> bool {
     let Some(verdict) = verdict else {
         return outside_allow_set(c, switches);
     };
-    let generation = CONFIG.get(config::ALLOW_GENERATION).copied().unwrap_or(0);
-    if generation != 0 && *verdict >> 1 == generation {
-        return *verdict & 1 != 0;
+    let generation = allow_generation();
+    if let Some(outside) = cached_outside(*verdict, generation) {
+        return outside;
     }
     let outside = outside_allow_set(c, switches);
     *verdict = (generation << 1) | u32::from(outside);
     outside
+}
+
+/// `CONFIG[ALLOW_GENERATION]`; 0 (no verdict counts as cached) when it
+/// cannot be read.
+#[inline(always)]
+fn allow_generation() -> u32 {
+    CONFIG.get(config::ALLOW_GENERATION).copied().unwrap_or(0)
+}
+
+/// The "outside" bit of a cached `verdict` (`generation << 1 | outside`)
+/// when it was decided under `generation`; `None` when it is stale or
+/// none was decided.
+#[inline(always)]
+fn cached_outside(verdict: u32, generation: u32) -> Option<bool> {
+    (generation != 0 && verdict >> 1 == generation).then_some(verdict & 1 != 0)
 }
 
 /// The (IPv4, IPv6) switches of the allow-sets guarding `proto`, if any.

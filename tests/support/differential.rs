@@ -495,15 +495,16 @@ fn early_exits_agree(table: &PortArray, f: &Frame) -> Result<bool, String> {
     let frame = SliceFrame(&f.data);
     let mut vxlan = false;
     for direction in [Direction::Rx, Direction::Tx] {
-        let c = parse::classify(&frame, direction, table);
         let early = parse::early(&frame, direction, table);
-        match early.exit {
-            parse::Exit::Full => {}
-            parse::Exit::Plain => plain_exit_agrees(f, direction, &c, early.ip_end)?,
-            parse::Exit::Vxlan => {
-                vxlan_exit_agrees(f, direction, &c, &early)?;
-                vxlan |= direction == Direction::Rx;
-            }
+        if early.exit == parse::Exit::Full {
+            continue;
+        }
+        let c = parse::classify(&frame, direction, table);
+        if early.exit == parse::Exit::Plain {
+            plain_exit_agrees(f, &frame, direction, &c, early.ip_end)?;
+        } else {
+            vxlan_exit_agrees(f, direction, &c, &early)?;
+            vxlan |= direction == Direction::Rx;
         }
     }
     Ok(vxlan)
@@ -513,14 +514,14 @@ fn early_exits_agree(table: &PortArray, f: &Frame) -> Result<bool, String> {
 /// needs nothing more, ending where the exit says.
 fn plain_exit_agrees(
     f: &Frame,
+    frame: &SliceFrame<'_>,
     direction: Direction,
     c: &parse::Classified,
     end: usize,
 ) -> Result<(), String> {
-    let frame = SliceFrame(&f.data);
     // The key the programs count plain traffic under.
     let plain = FlowKey::of(1, direction, c) == FlowKey::plain(1, direction);
-    if plain && c.ip_end == end && !parse::needs_checks(c) && !parse::plain_bgp(&frame, c) {
+    if plain && c.ip_end == end && !parse::needs_checks(c) && !parse::plain_bgp(frame, c) {
         return Ok(());
     }
     Err(format!(
@@ -530,7 +531,7 @@ fn plain_exit_agrees(
         c.reason,
         c.ip_end,
         parse::needs_checks(c),
-        parse::plain_bgp(&frame, c),
+        parse::plain_bgp(frame, c),
         hex(&f.data)
     ))
 }

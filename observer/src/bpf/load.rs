@@ -15,8 +15,7 @@ use aya::{
     programs::{BtfTracePoint, ProgramError},
 };
 use observer_common::{
-    BGP_PROG_MAP, CONFIG_MAP, FLOWS_MAP, SKB_LAYOUT_GLOBAL, SkbLayout, UDP_PORTS_MAP,
-    XDP_BGP_PROG_MAP, config,
+    BGP_PROG_MAP, FLOWS_MAP, SKB_LAYOUT_GLOBAL, SkbLayout, UDP_PORTS_MAP, XDP_BGP_PROG_MAP,
 };
 
 use super::{
@@ -125,12 +124,7 @@ impl Observer {
                 .set(port as u32, value, 0)
                 .with_context(|| format!("writing UDP port {port} into the port table"))?;
         }
-        // The first generation of the drop-check verdicts the programs cache
-        // per flow: 0 means "none cached", under which nothing is cached.
-        Array::<_, u32>::try_from(ebpf.map_mut(CONFIG_MAP).context("CONFIG map missing")?)?
-            .set(config::ALLOW_GENERATION, 1, 0)
-            .context("writing the first allow-set generation")?;
-        Ok(Observer {
+        let mut observer = Observer {
             ebpf,
             features,
             plan,
@@ -147,7 +141,10 @@ impl Observer {
             },
             btf_problem,
             drop_hook: DropHook::Pending,
-        })
+        };
+        super::maps::next_allow_generation(&mut observer)
+            .context("starting the allow-set generation")?;
+        Ok(observer)
     }
 
     /// What the kernel offers.

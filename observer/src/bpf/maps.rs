@@ -452,8 +452,10 @@ fn set_switch(observer: &mut Observer, index: u32, on: bool) -> Result<bool> {
 }
 
 /// Voids the allow-set verdicts the programs cached: the next packet of
-/// every flow asks the tries again.
-fn next_allow_generation(observer: &mut Observer) -> Result<()> {
+/// every flow asks the tries again. At load it starts the first
+/// generation (0, "no verdict", becomes 1), under which the programs
+/// cache verdicts at all.
+pub(super) fn next_allow_generation(observer: &mut Observer) -> Result<()> {
     let config: Array<&MapData, u32> = Array::try_from(
         observer
             .ebpf
