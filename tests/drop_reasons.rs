@@ -303,6 +303,109 @@ fn vxlan_flags_vni_fragments_and_mtu() {
     );
 }
 
+/// A flow's node facts (allow-set verdict, unknown VNI, interface MTU) are
+/// cached in its cache slot, where common VXLAN frames read them without
+/// a map lookup: every change of those facts must reach the packets of a
+/// flow already cached. UDP inside, so the frames take the VXLAN early
+/// exit after the flow's first; above 1,294 bytes, so the MTU is checked.
+#[test]
+fn node_fact_changes_reach_flows_already_cached() {
+    if !support::have_root("node_fact_changes_reach_flows_already_cached") {
+        return;
+    }
+    let (src, dst) = (addr("198.18.6.6"), addr("198.18.0.1"));
+    let inner_udp = udp_frame(
+        addr("10.42.0.1"),
+        addr("10.42.0.2"),
+        40000,
+        5201,
+        &[0xab; 1300],
+    );
+    let frame = vxlan_frame(src, dst, 4096, &inner_udp);
+    let ip_len = (frame.len() - ETH_HLEN) as u32;
+    assert!(ip_len > 1280, "{ip_len}: large enough for the MTU check");
+    let flagged = |rows: &[(Proto, String, ClassifierDrop, u64)], reason| {
+        rows.iter()
+            .filter(|r| r.0 == Proto::Vxlan && r.1 == "198.18.6.6" && r.2 == reason)
+            .map(|r| r.3)
+            .sum::<u64>()
+    };
+    for hook in [Hook::Xdp, Hook::TcIngress] {
+        let mut obs = observer();
+        let mut sent = 0u64;
+        let mut send = |obs: &Observer, n: u32| {
+            sent += u64::from(n);
+            run(obs, hook, &frame, n)
+        };
+        assert!(send(&obs, 3).is_empty(), "{hook:?}: no facts, no flags");
+
+        obs.apply_local_vnis(&[1]).unwrap();
+        let rows = send(&obs, 2);
+        assert_eq!(
+            flagged(&rows, ClassifierDrop::VniUnknown),
+            2,
+            "{hook:?}: {rows:?}"
+        );
+        obs.apply_local_vnis(&[4096, 1]).unwrap();
+        let rows = send(&obs, 2);
+        assert_eq!(
+            flagged(&rows, ClassifierDrop::VniUnknown),
+            2,
+            "{hook:?}: {rows:?}"
+        );
+
+        obs.set_mtu(TEST_RUN_IFINDEX, ip_len).unwrap();
+        assert!(send(&obs, 1).iter().all(|r| r.2 != ClassifierDrop::OverMtu));
+        obs.set_mtu(TEST_RUN_IFINDEX, ip_len - 1).unwrap();
+        let rows = send(&obs, 2);
+        assert_eq!(
+            flagged(&rows, ClassifierDrop::OverMtu),
+            2,
+            "{hook:?}: {rows:?}"
+        );
+        obs.set_mtu(TEST_RUN_IFINDEX, 9000).unwrap();
+        let rows = send(&obs, 2);
+        assert_eq!(
+            flagged(&rows, ClassifierDrop::OverMtu),
+            2,
+            "{hook:?}: {rows:?}"
+        );
+
+        let with = |p: &[&str]| AllowSets {
+            vxlan: allow(p),
+            ..AllowSets::default()
+        };
+        obs.apply_allow_sets(&with(&["198.18.7.0/24"])).unwrap();
+        let rows = send(&obs, 2);
+        assert_eq!(
+            flagged(&rows, ClassifierDrop::CalicoAllowSet),
+            2,
+            "{hook:?}: {rows:?}"
+        );
+        obs.apply_allow_sets(&with(&["198.18.6.6/32"])).unwrap();
+        let rows = send(&obs, 3);
+        assert_eq!(
+            flagged(&rows, ClassifierDrop::CalicoAllowSet),
+            2,
+            "{hook:?}: {rows:?}"
+        );
+
+        // Every frame in the flow's row, once.
+        let counted: Vec<_> = obs
+            .read_flows()
+            .unwrap()
+            .into_iter()
+            .filter(|(id, _)| id.proto == Proto::Vxlan && id.peer == Some(src))
+            .map(|(id, c)| (id.vni, c.packets, c.bytes))
+            .collect();
+        assert_eq!(
+            counted,
+            vec![(4096, sent, sent * frame.len() as u64)],
+            "{hook:?}"
+        );
+    }
+}
+
 #[test]
 fn egress_and_plain_traffic_are_never_flagged() {
     if !support::have_root("egress_and_plain_traffic_are_never_flagged") {

@@ -26,6 +26,37 @@ pub trait CheckFacts {
     fn iface_mtu(&self) -> Option<u32>;
 }
 
+/// The node facts about one flow key, decided together: what a flow
+/// cache slot keeps ([`crate::KeyFacts`]) and the checks read from it.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub struct FlowFacts {
+    /// The key's encapsulation has an active allow-set without its source.
+    pub outside_allow_set: bool,
+    /// The VNI check is on and no local vxlan device has the key's VNI.
+    pub vni_unknown: bool,
+    /// MTU of the key's interface; 0 when unknown. A plain value, not an
+    /// `Option`: the programs' verifier refuses the uninitialised register
+    /// LLVM copies for a `None`.
+    pub mtu: u32,
+}
+
+impl CheckFacts for FlowFacts {
+    #[inline(always)]
+    fn outside_allow_set(&mut self, _: &Classified) -> bool {
+        self.outside_allow_set
+    }
+
+    #[inline(always)]
+    fn vni_unknown(&self, _: u32) -> bool {
+        self.vni_unknown
+    }
+
+    #[inline(always)]
+    fn iface_mtu(&self) -> Option<u32> {
+        (self.mtu != 0).then_some(self.mtu)
+    }
+}
+
 /// Calls `flag` once per reason the received frame `c` of `wire_len`
 /// bytes earns: a source outside the allow-set of its encapsulation,
 /// VXLAN without the I flag or with a VNI no local device has, an outer

@@ -13,20 +13,22 @@ pub mod parse;
 /// Name of the per-CPU LRU hash map holding one [`FlowKey`] -> [`FlowValue`]
 /// entry per (interface, direction, protocol, peer, VNI).
 pub const FLOWS_MAP: &str = "FLOWS";
-/// Name of the array mapping a UDP port to a [`Proto`] (plus [`PORT_MATCH_SOURCE`]).
-pub const UDP_PORTS_MAP: &str = "UDP_PORTS";
+/// Name of the programs' global table mapping a UDP port to a [`Proto`]
+/// (plus [`PORT_MATCH_SOURCE`]): 65,536 bytes, indexed by port, written by
+/// the loader before load.
+pub const UDP_PORT_TAGS_GLOBAL: &str = "UDP_PORT_TAGS";
 /// Name of the per-CPU array of [`Stat`] counters.
 pub const STATS_MAP: &str = "STATS";
 
 /// Default capacity of [`FLOWS_MAP`]; userspace can change it before load.
 pub const DEFAULT_MAX_FLOWS: u32 = 16_384;
 
-/// Bit set in a [`UDP_PORTS_MAP`] value when the port also identifies the
+/// Bit set in a [`UDP_PORT_TAGS_GLOBAL`] value when the port also identifies the
 /// protocol as a *source* port (WireGuard answers from its listen port to an
 /// ephemeral one; VXLAN senders pick random source ports, so for them it is
 /// not set).
 pub const PORT_MATCH_SOURCE: u8 = 0x80;
-/// Mask extracting the [`Proto`] from a [`UDP_PORTS_MAP`] value.
+/// Mask extracting the [`Proto`] from a [`UDP_PORT_TAGS_GLOBAL`] value.
 pub const PORT_PROTO_MASK: u8 = 0x7f;
 
 /// Well-known UDP ports, used as defaults by userspace.
@@ -357,7 +359,7 @@ impl FlowValue {
 /// [`FLOWS_MAP`].
 pub const FLOW_CACHE_MAP: &str = "FLOW_CACHE";
 /// Slots of [`FLOW_CACHE_MAP`] per CPU (a power of two: the slot index is
-/// the top bits of a hash). 1,024 slots of 88 bytes are 88 KiB per CPU.
+/// the top bits of a hash). 1,024 slots of 96 bytes are 96 KiB per CPU.
 pub const FLOW_CACHE_SLOTS: u32 = 1024;
 
 /// One slot of the per-CPU flow cache: the counters of one [`FlowKey`] on
@@ -376,12 +378,69 @@ pub struct FlowCacheSlot {
     /// The key; `ifindex` 0 marks a free slot (no hook runs on ifindex 0),
     /// and is written last when a slot is claimed.
     pub key: FlowKey,
-    /// Cached allow-set verdict: `generation << 1 | outside`, where
-    /// `generation` is [`config::ALLOW_GENERATION`] when it was decided; 0
-    /// when none was.
-    pub allow_verdict: u32,
+    /// What the drop checks need to know of the key, cached.
+    pub facts: KeyFacts,
+    /// Padding, always zero.
+    pub _pad: u32,
     /// The counters.
     pub value: FlowValue,
+}
+
+/// The node facts the classifier checks need about one [`FlowKey`]
+/// (`checks::FlowFacts`: is its source outside its allow-set, does a
+/// local device have its VNI, its interface's MTU), as its cache slot
+/// keeps them: decided once per key and facts generation
+/// ([`config::FACTS_GENERATION`]), so that a flow's packets after its
+/// first pay neither the LPM trie nor the VNI and MTU hash lookups.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct KeyFacts {
+    /// `generation << 2 | vni_unknown << 1 | outside_allow_set`, where
+    /// `generation` is [`config::FACTS_GENERATION`] when the facts were
+    /// decided; 0 when none were.
+    pub verdict: u32,
+    /// MTU of the key's interface; 0 when unknown.
+    pub mtu: u32,
+}
+
+impl KeyFacts {
+    /// The largest generation a verdict holds (30 bits); userspace wraps
+    /// to 1 after it.
+    pub const MAX_GENERATION: u32 = u32::MAX >> 2;
+
+    /// `facts`, decided under `generation`.
+    #[inline(always)]
+    pub fn decided(generation: u32, facts: &checks::FlowFacts) -> KeyFacts {
+        KeyFacts {
+            verdict: (generation << 2)
+                | (u32::from(facts.vni_unknown) << 1)
+                | u32::from(facts.outside_allow_set),
+            mtu: facts.mtu,
+        }
+    }
+
+    /// The facts, when they were decided under `generation` (never 0);
+    /// `None` when they are stale or none were decided.
+    #[inline(always)]
+    pub fn current(&self, generation: u32) -> Option<checks::FlowFacts> {
+        self.is_current(generation).then(|| self.facts())
+    }
+
+    /// Whether the facts were decided under `generation` (never 0).
+    #[inline(always)]
+    pub fn is_current(&self, generation: u32) -> bool {
+        generation != 0 && self.verdict >> 2 == generation
+    }
+
+    /// The facts, whenever they were decided.
+    #[inline(always)]
+    pub fn facts(&self) -> checks::FlowFacts {
+        checks::FlowFacts {
+            outside_allow_set: self.verdict & 1 != 0,
+            vni_unknown: self.verdict & 2 != 0,
+            mtu: self.mtu,
+        }
+    }
 }
 
 /// Name of the per-CPU array of [`PlainCounters`] indexed by
@@ -576,11 +635,13 @@ assert_no_padding!(
 assert_no_padding!(
     FlowCacheSlot {
         key,
-        allow_verdict,
+        facts,
+        _pad,
         value
     },
     value
 );
+assert_no_padding!(KeyFacts { verdict, mtu }, mtu);
 assert_no_padding!(
     DropKey {
         peer,
@@ -709,10 +770,11 @@ pub mod config {
     pub const IPIP_ALLOW_V6: u32 = 3;
     /// Local vxlan devices were read: flag VNIs none of them has.
     pub const VNI_CHECK: u32 = 4;
-    /// Generation of the allow-sets and their switches, never 0: userspace
-    /// increments it after every change, which voids the verdicts cached in
-    /// [`super::FlowCacheSlot::allow_verdict`].
-    pub const ALLOW_GENERATION: u32 = 5;
+    /// Generation of the node facts the checks read (the allow-sets and
+    /// their switches, the local VNIs and the VNI switch, the interface
+    /// MTUs), never 0: userspace increments it after every change, which
+    /// voids the facts cached in [`super::FlowCacheSlot::facts`].
+    pub const FACTS_GENERATION: u32 = 5;
     /// Number of slots.
     pub const COUNT: u32 = 6;
 }

@@ -54,6 +54,48 @@ pub trait Frame {
     /// aligned for `T`. Implementations pass `off` through
     /// [`window_offset`] before using it as a pointer offset.
     fn read<T: Plain>(&self, off: usize) -> Option<T>;
+
+    /// The frame's first `len` bytes, when it holds them: one bounds check
+    /// for every read at a constant offset inside them ([`Head::get`]),
+    /// instead of one per read. `len` is a constant of the caller's, at
+    /// most [`HEADER_WINDOW`].
+    fn head(&self, len: usize) -> Option<Head>;
+}
+
+/// The first `len` bytes of a frame, known to be there ([`Frame::head`]).
+///
+/// Why: [`Frame::read`] checks each read against the frame's end through a
+/// masked offset, as a computed offset needs on every supported verifier;
+/// at the constant offsets of the hooks' first look ([`early`]) one check
+/// of the whole header stack is enough, and each read is then one load.
+#[derive(Clone, Copy)]
+pub struct Head {
+    at: *const u8,
+    len: usize,
+}
+
+impl Head {
+    /// The `T` at offset `off` (a constant); `None` when it does not lie
+    /// inside the head (a check that constants fold away).
+    #[inline(always)]
+    pub fn get<T: Plain>(&self, off: usize) -> Option<T> {
+        if off + core::mem::size_of::<T>() > self.len {
+            return None;
+        }
+        // SAFETY: `at..at + len` is readable (the `Frame::head` that made
+        // this checked it) and holds the read; any bytes are a valid `T`.
+        let at = unsafe { self.at.add(off) } as *const T;
+        // On BPF an aligned read of a possibly misaligned packet pointer,
+        // as in `PacketFrame::read`: word loads instead of byte loads.
+        #[cfg(target_arch = "bpf")]
+        // SAFETY: as above; BPF allows misaligned loads on the
+        // architectures the observer supports (x86_64, arm64).
+        let value = unsafe { core::ptr::read(at) };
+        #[cfg(not(target_arch = "bpf"))]
+        // SAFETY: as above.
+        let value = unsafe { core::ptr::read_unaligned(at) };
+        Some(value)
+    }
 }
 
 /// Types a frame's bytes may be read as: every bit pattern is a valid
@@ -83,7 +125,7 @@ unsafe impl Plain for EncapHdr {}
 
 /// The UDP port table: port -> protocol byte (a [`Proto`], plus
 /// [`PORT_MATCH_SOURCE`]); 0 for ports that name no encapsulation. The
-/// programs read the `UDP_PORTS` map, userspace an array.
+/// programs read their `UDP_PORT_TAGS` global, userspace an array.
 pub trait PortTable {
     /// The protocol byte of `port`.
     fn tag(&self, port: u16) -> u8;
@@ -101,6 +143,14 @@ impl Frame for SliceFrame<'_> {
         // SAFETY: `bytes` holds size_of::<T>() bytes, and any bytes are a
         // valid T (`Plain`).
         Some(unsafe { core::ptr::read_unaligned(bytes.as_ptr() as *const T) })
+    }
+
+    #[inline(always)]
+    fn head(&self, len: usize) -> Option<Head> {
+        (len <= HEADER_WINDOW && len <= self.0.len()).then_some(Head {
+            at: self.0.as_ptr(),
+            len,
+        })
     }
 }
 
@@ -126,6 +176,17 @@ impl Frame for PacketFrame {
         // aligned read lets LLVM emit word loads instead of byte loads.
         Some(unsafe { core::ptr::read(at as *const T) })
     }
+
+    #[inline(always)]
+    fn head(&self, len: usize) -> Option<Head> {
+        if len > HEADER_WINDOW || self.start + len > self.end {
+            return None;
+        }
+        Some(Head {
+            at: self.start as *const u8,
+            len,
+        })
+    }
 }
 
 /// The first bytes of a frame copied into a [`Scratch`] buffer (skb data
@@ -149,6 +210,14 @@ impl Frame for CopiedFrame {
         // bytes, so the read stays inside the buffer (the verifier checks
         // the same bound); the first `len` bytes were written by the copy.
         Some(unsafe { core::ptr::read_unaligned((self.buf as *const u8).add(off) as *const T) })
+    }
+
+    #[inline(always)]
+    fn head(&self, len: usize) -> Option<Head> {
+        (len <= HEADER_WINDOW && len <= self.len).then_some(Head {
+            at: self.buf as *const u8,
+            len,
+        })
     }
 }
 
@@ -601,40 +670,54 @@ impl CommonVxlan {
 /// generates, `tests/support/differential.rs`).
 #[inline(always)]
 pub fn early<F: Frame, P: PortTable>(f: &F, direction: Direction, ports: &P) -> Early {
-    let Some(eth_type) = f.read::<u16>(12) else {
+    // Each header stack is read from one `Frame::head`: one bounds check,
+    // then loads at constant offsets.
+    let Some(h) = f.head(EARLY_V4_LEN) else {
         return Early::FULL;
     };
-    // The outer IPv4 addresses, [0, 0] for IPv6: plain values on every
-    // path (an `Option` of the header left registers uninitialised on the
-    // IPv6 path, which the verifier refuses).
-    let (l4_off, l4_proto, end, outer_v4) = match u16::from_be(eth_type) {
+    let Some(eth_type) = h.get::<u16>(12) else {
+        return Early::FULL;
+    };
+    // The L4 protocol, the first two words of the L4 header (UDP's or
+    // TCP's ports, as on the wire), where the IP packet ends, and the outer
+    // IPv4 addresses (`[0, 0]` and no VXLAN exit for IPv6): plain values on
+    // every path (an `Option` of the header left registers uninitialised
+    // on the IPv6 path, which the verifier refuses).
+    let (l4_proto, [source, destination], end, outer_v4) = match u16::from_be(eth_type) {
         ETH_P_IP => {
-            let Some(h) = f.read::<Ipv4Hdr>(ETH_HLEN) else {
+            let (Some(ip), Some(l4)) =
+                (h.get::<Ipv4Hdr>(ETH_HLEN), h.get::<[u16; 2]>(ETH_HLEN + 20))
+            else {
                 return Early::FULL;
             };
-            if h.version_ihl != 0x45 || u16::from_be(h.frag_off) & 0x3fff != 0 {
+            if ip.version_ihl != 0x45 || u16::from_be(ip.frag_off) & 0x3fff != 0 {
                 return Early::FULL;
             }
-            let end = ip_end(ETH_HLEN, u16::from_be(h.total_len) as usize);
-            (ETH_HLEN + 20, h.proto, end, Some([h.src, h.dst]))
+            let end = ip_end(ETH_HLEN, u16::from_be(ip.total_len) as usize);
+            (ip.proto, l4, end, Some([ip.src, ip.dst]))
         }
         ETH_P_IPV6 => {
-            let Some(h) = f.read::<Ipv6Hdr>(ETH_HLEN) else {
+            let Some(h) = f.head(EARLY_V6_LEN) else {
                 return Early::FULL;
             };
-            if (u32::from_be(h.version_flow) >> 28) != 6 {
+            let (Some(ip), Some(l4)) =
+                (h.get::<Ipv6Hdr>(ETH_HLEN), h.get::<[u16; 2]>(ETH_HLEN + 40))
+            else {
+                return Early::FULL;
+            };
+            if (u32::from_be(ip.version_flow) >> 28) != 6 {
                 return Early::FULL;
             }
-            let end = ip_end(ETH_HLEN + 40, u16::from_be(h.payload_len) as usize);
-            (ETH_HLEN + 40, h.next_header, end, None)
+            let end = ip_end(ETH_HLEN + 40, u16::from_be(ip.payload_len) as usize);
+            (ip.next_header, l4, end, None)
         }
         _ => return Early::FULL,
     };
     let plain = Early::new(Exit::Plain, end, CommonVxlan::NONE);
     match l4_proto {
-        IPPROTO_UDP => match f.read::<[u16; 4]>(l4_off).map(|h| udp_proto(&h, ports)) {
-            Some(Proto::Other) => plain,
-            Some(Proto::Vxlan) => match outer_v4 {
+        IPPROTO_UDP => match udp_port_proto(source, destination, ports) {
+            Proto::Other => plain,
+            Proto::Vxlan => match outer_v4 {
                 Some(outer) => match common_vxlan(f, outer, direction) {
                     Some(v) => Early::new(Exit::Vxlan, end, v),
                     None => Early::FULL,
@@ -643,32 +726,35 @@ pub fn early<F: Frame, P: PortTable>(f: &F, direction: Direction, ports: &P) -> 
             },
             _ => Early::FULL,
         },
-        IPPROTO_TCP => match f.read(l4_off) {
-            Some(ports) if !bgp_ports(ports) => plain,
-            _ => Early::FULL,
-        },
+        IPPROTO_TCP if !bgp_port_pair(source, destination) => plain,
         _ => Early::FULL,
     }
 }
+
+/// What [`early`] reads of every frame: Ethernet, IPv4 without options
+/// and a UDP header (or the ports of a TCP header, which is longer).
+const EARLY_V4_LEN: usize = ETH_HLEN + 20 + UDP_HLEN;
+/// The same with IPv6 without extension headers.
+const EARLY_V6_LEN: usize = ETH_HLEN + 40 + UDP_HLEN;
+/// Where [`common_vxlan`] finds the VXLAN header and the inner frame.
+const COMMON_VXLAN_OFF: usize = EARLY_V4_LEN;
+const COMMON_INNER_ETH_OFF: usize = COMMON_VXLAN_OFF + VXLAN_HLEN;
+/// What [`common_vxlan`] reads: up to the end of the inner IPv4 header.
+const COMMON_VXLAN_LEN: usize = COMMON_INNER_ETH_OFF + ETH_HLEN + 20;
 
 /// [`early`] past the UDP header of a VXLAN frame whose outer IPv4 header
 /// (without options) has the addresses `[source, destination]`.
 #[inline(always)]
 fn common_vxlan<F: Frame>(f: &F, outer: [u32; 2], direction: Direction) -> Option<CommonVxlan> {
-    const VXLAN_OFF: usize = ETH_HLEN + 20 + UDP_HLEN;
-    const INNER_ETH_OFF: usize = VXLAN_OFF + VXLAN_HLEN;
-    // One header at a time, each with its own return: read together, the
-    // three bounds checks became arithmetic on packet pointers, which the
-    // verifier refuses.
-    let vxlan = f.read::<EncapHdr>(VXLAN_OFF)?;
-    if vxlan.b[0] & crate::checks::VXLAN_FLAG_I == 0 {
-        return None;
-    }
-    if u16::from_be(f.read::<u16>(INNER_ETH_OFF + 12)?) != ETH_P_IP {
-        return None;
-    }
-    let inner = f.read::<Ipv4Hdr>(INNER_ETH_OFF + ETH_HLEN)?;
-    if inner.version_ihl != 0x45 || inner.proto == IPPROTO_ICMP {
+    let h = f.head(COMMON_VXLAN_LEN)?;
+    let vxlan = h.get::<EncapHdr>(COMMON_VXLAN_OFF)?;
+    let inner_type = h.get::<u16>(COMMON_INNER_ETH_OFF + 12)?;
+    let inner = h.get::<Ipv4Hdr>(COMMON_INNER_ETH_OFF + ETH_HLEN)?;
+    if vxlan.b[0] & crate::checks::VXLAN_FLAG_I == 0
+        || u16::from_be(inner_type) != ETH_P_IP
+        || inner.version_ihl != 0x45
+        || inner.proto == IPPROTO_ICMP
+    {
         return None;
     }
     Some(CommonVxlan {
@@ -876,9 +962,16 @@ fn ipv6_payload<F: Frame>(
 /// its source port's when that port's entry asks for source matches.
 #[inline(always)]
 fn udp_proto<P: PortTable>(header: &[u16; 4], table: &P) -> Proto {
-    let mut tag = table.tag(u16::from_be(header[1]));
+    udp_port_proto(header[0], header[1], table)
+}
+
+/// [`udp_proto`] of a UDP header's `source` and `destination` ports, as
+/// on the wire.
+#[inline(always)]
+fn udp_port_proto<P: PortTable>(source: u16, destination: u16, table: &P) -> Proto {
+    let mut tag = table.tag(u16::from_be(destination));
     if tag == 0 {
-        let source_tag = table.tag(u16::from_be(header[0]));
+        let source_tag = table.tag(u16::from_be(source));
         if source_tag & PORT_MATCH_SOURCE != 0 {
             tag = source_tag;
         }
@@ -1045,9 +1138,16 @@ pub fn plain_bgp<F: Frame>(f: &F, c: &Classified) -> bool {
 
 /// Whether a TCP header's two ports (as on the wire) hold the BGP port.
 #[inline(always)]
-fn bgp_ports(ports: [u8; 4]) -> bool {
-    let bgp = crate::BGP_PORT.to_be_bytes();
-    ports[..2] == bgp || ports[2..] == bgp
+fn bgp_ports(ports: [u16; 2]) -> bool {
+    bgp_port_pair(ports[0], ports[1])
+}
+
+/// [`bgp_ports`] of a TCP header's `source` and `destination` ports, as
+/// on the wire.
+#[inline(always)]
+fn bgp_port_pair(source: u16, destination: u16) -> bool {
+    let bgp = crate::BGP_PORT.to_be();
+    source == bgp || destination == bgp
 }
 
 /// Length of all headers up to the innermost L4 payload, used to count the

@@ -5,7 +5,9 @@
 //! go straight to their cache slot.
 
 use aya_ebpf::bindings::BPF_NOEXIST;
-use observer_common::{Direction, FLOW_CACHE_SLOTS, FlowCacheSlot, FlowKey, FlowValue, Stat};
+use observer_common::{
+    Direction, FLOW_CACHE_SLOTS, FlowCacheSlot, FlowKey, FlowValue, KeyFacts, Stat,
+};
 
 use crate::{
     drops,
@@ -14,7 +16,7 @@ use crate::{
 };
 
 /// Adds `packets`/`bytes` to `key`. Returns this CPU's cache slot of the
-/// key when it has one (the allow-set verdict is cached there).
+/// key when it has one (the key's node facts are cached there).
 #[inline(always)]
 pub fn record(
     key: &FlowKey,
@@ -104,7 +106,7 @@ pub fn record_common_vxlan(
     let Some(slot) = cached_slot(&FlowKey::common_vxlan(ifindex, direction, v)) else {
         return false;
     };
-    if checks && !drops::common_vxlan_passes(ifindex, v, bytes, slot.allow_verdict) {
+    if checks && !drops::common_vxlan_passes(v, bytes, &slot.facts) {
         return false;
     }
     slot.value.add_common_vxlan(v, bytes);
@@ -155,7 +157,7 @@ fn same_key(a: &FlowKey, b: &FlowKey) -> bool {
 /// a key.
 #[inline(always)]
 fn claim(slot: &mut FlowCacheSlot, key: &FlowKey, c: &Classified, packets: u64, bytes: u64) {
-    slot.allow_verdict = 0;
+    slot.facts = KeyFacts::default();
     slot.value = FlowValue::first(c, packets, bytes);
     slot.key = FlowKey { ifindex: 0, ..*key };
     core::sync::atomic::compiler_fence(core::sync::atomic::Ordering::Release);

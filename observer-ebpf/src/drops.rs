@@ -3,8 +3,8 @@
 
 use aya_ebpf::maps::lpm_trie::Key;
 use observer_common::{
-    ClassifierDrop, DropKey, DropValue, Proto,
-    checks::{self, CheckFacts},
+    ClassifierDrop, DropKey, DropValue, KeyFacts, Proto,
+    checks::{self, CheckFacts, FlowFacts},
     config, drop_origin, family,
 };
 
@@ -13,6 +13,7 @@ use crate::{
         CONFIG, DROPS, IFACE_MTU, IPIP_ALLOW4, IPIP_ALLOW6, LOCAL_VNIS, MapPorts, VXLAN_ALLOW4,
         VXLAN_ALLOW6, config_on,
     },
+    parse::clobbered,
     parse::{Classified, CommonVxlan},
 };
 
@@ -35,56 +36,117 @@ pub fn record(ifindex: u32, c: &Classified, origin: u8, reason: u32, bytes: u64)
 }
 
 /// Flags received tunnel packets the node is likely to drop, without
-/// touching them (the reasons: `observer_common::checks`). `verdict` is
-/// the allow-set verdict cached in the flow's cache slot, when it has one.
+/// touching them (the reasons: `observer_common::checks`). `slot` holds
+/// the node facts cached for the flow's key, when it has a cache slot:
+/// read there when current, else decided and stored (`current_facts`).
 #[inline(always)]
-pub fn classifier_checks(ifindex: u32, c: &Classified, wire_len: u64, verdict: Option<&mut u32>) {
-    let mut facts = MapFacts { ifindex, verdict };
+pub fn classifier_checks(ifindex: u32, c: &Classified, wire_len: u64, slot: Option<&mut KeyFacts>) {
+    let mut facts = match slot {
+        Some(slot) => MapFacts {
+            ifindex,
+            decided: true,
+            facts: current_facts(slot, ifindex, c),
+        },
+        None => MapFacts {
+            ifindex,
+            decided: false,
+            facts: FlowFacts::default(),
+        },
+    };
     checks::classifier_drops(c, wire_len, &mut facts, |reason: ClassifierDrop| {
         record(ifindex, c, drop_origin::CLASSIFIER, reason as u32, wire_len)
     });
 }
 
 /// Whether a received [`CommonVxlan`] frame passes the classifier checks on
-/// what is already known: the allow-set verdict its cache slot holds was
-/// decided under the current generation and says inside, and the other
-/// checks flag nothing (`checks::common_vxlan_clean`). `false` sends the
-/// frame the full way, which decides the verdict or flags the frame.
+/// what is already known: the facts its cache slot holds (`facts`) are
+/// current and say its source is inside its allow-set, and with them the
+/// other checks flag nothing (`checks::common_vxlan_clean`). `false` sends
+/// the frame the full way, which decides the facts or flags the frame.
 #[inline(always)]
-pub fn common_vxlan_passes(ifindex: u32, v: &CommonVxlan, wire_len: u64, verdict: u32) -> bool {
-    cached_outside(verdict, allow_generation()) == Some(false)
-        && checks::common_vxlan_clean(
-            v,
-            wire_len,
-            &MapFacts {
-                ifindex,
-                verdict: None,
-            },
-        )
+pub fn common_vxlan_passes(v: &CommonVxlan, wire_len: u64, facts: &KeyFacts) -> bool {
+    facts
+        .current(facts_generation())
+        .is_some_and(|f| !f.outside_allow_set && checks::common_vxlan_clean(v, wire_len, &f))
 }
 
-/// The checks' node facts, from the maps userspace fills.
-struct MapFacts<'a> {
+/// The facts `slot` holds when they are current, else the facts of `c`
+/// on `ifindex` from the maps, stored in `slot`: the LPM trie and the VNI
+/// and MTU lookups run once per flow and change of the node's facts, not
+/// per packet. The generation is read before the maps, so facts decided
+/// while userspace changes one are stored under the old generation and
+/// decided again.
+///
+/// Either way the facts are read back from the slot, through
+/// `parse::clobbered`: to the verifier they are then values from map
+/// memory, unknown, so the checks after this are verified once instead of
+/// once for each combination of facts just decided (which tripled XDP's
+/// verified instructions).
+#[inline(always)]
+fn current_facts(slot: &mut KeyFacts, ifindex: u32, c: &Classified) -> FlowFacts {
+    let generation = facts_generation();
+    if !slot.is_current(generation) {
+        let facts = FlowFacts {
+            outside_allow_set: outside_allow_set(c),
+            vni_unknown: c.proto == Proto::Vxlan && vni_unknown(c.vni),
+            mtu: iface_mtu(ifindex),
+        };
+        *slot = KeyFacts::decided(generation, &facts);
+    }
+    // SAFETY: the same slot, reloaded (see above).
+    unsafe { &*clobbered(slot) }.facts()
+}
+
+/// The checks' node facts: the key's, `decided`, when it has a cache
+/// slot; else looked up in the maps as the checks ask. (A flag beside
+/// plain values, not an `Option`: see `FlowFacts::mtu`.)
+struct MapFacts {
     ifindex: u32,
-    verdict: Option<&'a mut u32>,
+    decided: bool,
+    facts: FlowFacts,
 }
 
-impl CheckFacts for MapFacts<'_> {
+impl CheckFacts for MapFacts {
     #[inline(always)]
     fn outside_allow_set(&mut self, c: &Classified) -> bool {
-        outside_allow_set_cached(c, self.verdict.as_deref_mut())
+        if self.decided {
+            self.facts.outside_allow_set
+        } else {
+            outside_allow_set(c)
+        }
     }
 
     #[inline(always)]
     fn vni_unknown(&self, vni: u32) -> bool {
-        config_on(config::VNI_CHECK) && LOCAL_VNIS.get_ptr(vni).is_none()
+        if self.decided {
+            self.facts.vni_unknown
+        } else {
+            vni_unknown(vni)
+        }
     }
 
     #[inline(always)]
     fn iface_mtu(&self) -> Option<u32> {
-        // SAFETY: map value pointer from a successful lookup.
-        IFACE_MTU.get_ptr(self.ifindex).map(|mtu| unsafe { *mtu })
+        let mtu = if self.decided {
+            self.facts.mtu
+        } else {
+            iface_mtu(self.ifindex)
+        };
+        (mtu != 0).then_some(mtu)
     }
+}
+
+/// Whether the VNI check is on and no local vxlan device has `vni`.
+#[inline(always)]
+fn vni_unknown(vni: u32) -> bool {
+    config_on(config::VNI_CHECK) && LOCAL_VNIS.get_ptr(vni).is_none()
+}
+
+/// The MTU of interface `ifindex`; 0 when userspace wrote none.
+#[inline(always)]
+fn iface_mtu(ifindex: u32) -> u32 {
+    // SAFETY: map value pointer from a successful lookup.
+    IFACE_MTU.get_ptr(ifindex).map_or(0, |mtu| unsafe { *mtu })
 }
 
 /// Counts a router's "too big" ICMP error about a tunnel packet this node
@@ -102,41 +164,18 @@ pub fn path_mtu_checks<F: crate::parse::Frame>(f: &F, ifindex: u32, c: &Classifi
     }
 }
 
-/// [`outside_allow_set`], from `verdict` when it was decided under the
-/// current allow-set generation: the trie is walked once per flow and set
-/// change, not per packet. The generation is read before the trie, so a
-/// verdict decided while userspace changes a set is stored under the old
-/// generation and decided again.
-#[inline(always)]
-fn outside_allow_set_cached(c: &Classified, verdict: Option<&mut u32>) -> bool {
-    let Some(switches) = allow_switches(c.proto) else {
-        return false;
-    };
-    let Some(verdict) = verdict else {
-        return outside_allow_set(c, switches);
-    };
-    let generation = allow_generation();
-    if let Some(outside) = cached_outside(*verdict, generation) {
-        return outside;
-    }
-    let outside = outside_allow_set(c, switches);
-    *verdict = (generation << 1) | u32::from(outside);
-    outside
-}
-
-/// `CONFIG[ALLOW_GENERATION]`; 0 (no verdict counts as cached) when it
+/// `CONFIG[FACTS_GENERATION]`; 0 (no facts count as current) when it
 /// cannot be read.
 #[inline(always)]
-fn allow_generation() -> u32 {
-    CONFIG.get(config::ALLOW_GENERATION).copied().unwrap_or(0)
+fn facts_generation() -> u32 {
+    CONFIG.get(config::FACTS_GENERATION).copied().unwrap_or(0)
 }
 
-/// The "outside" bit of a cached `verdict` (`generation << 1 | outside`)
-/// when it was decided under `generation`; `None` when it is stale or
-/// none was decided.
+/// True when the packet's encapsulation has an active allow-set that does
+/// not contain its source.
 #[inline(always)]
-fn cached_outside(verdict: u32, generation: u32) -> Option<bool> {
-    (generation != 0 && verdict >> 1 == generation).then_some(verdict & 1 != 0)
+fn outside_allow_set(c: &Classified) -> bool {
+    allow_switches(c.proto).is_some_and(|switches| outside_allow_set_of(c, switches))
 }
 
 /// The (IPv4, IPv6) switches of the allow-sets guarding `proto`, if any.
@@ -149,10 +188,9 @@ fn allow_switches(proto: Proto) -> Option<(u32, u32)> {
     }
 }
 
-/// True when the packet's encapsulation has an active allow-set that does
-/// not contain its source.
+/// [`outside_allow_set`] with the encapsulation's allow-set switches.
 #[inline(always)]
-fn outside_allow_set(c: &Classified, (v4_switch, v6_switch): (u32, u32)) -> bool {
+fn outside_allow_set_of(c: &Classified, (v4_switch, v6_switch): (u32, u32)) -> bool {
     let vxlan = c.proto == Proto::Vxlan;
     match c.peer_family {
         family::V4 if config_on(v4_switch) => {

@@ -9,8 +9,7 @@ use aya_ebpf::{
     programs::BtfTracePointContext,
 };
 use observer_common::{
-    Direction, REASON_NOT_REPORTED, SkbLayout, WATCHED_BITS as WATCHED_BITS_COUNT, WatchedIface,
-    drop_origin,
+    Direction, REASON_NOT_REPORTED, WATCHED_BITS as WATCHED_BITS_COUNT, WatchedIface, drop_origin,
 };
 
 use crate::{
@@ -59,36 +58,43 @@ fn observe_drop(skb: usize, reason: u32) {
     let _ = try_observe_drop(skb, reason);
 }
 
+/// The offset `field` of [`SKB_LAYOUT`] selects, read where it is needed:
+/// each is a load, and most drops need only two of them.
+macro_rules! offset {
+    ($field:ident) => {
+        // SAFETY: a global written only by the loader before load.
+        unsafe { core::ptr::read_volatile(&raw const SKB_LAYOUT.$field) }
+    };
+}
+
 #[inline(always)]
 fn try_observe_drop(skb: usize, reason: u32) -> Option<()> {
-    // SAFETY: a global written only by the loader before load.
-    let layout: SkbLayout = unsafe { core::ptr::read_volatile(&SKB_LAYOUT) };
-    if layout.valid == 0 || skb == 0 {
+    if offset!(valid) == 0 || skb == 0 {
         return None;
     }
-    let dev: usize = field(skb, layout.skb_dev);
+    let dev: usize = field(skb, offset!(skb_dev));
     if dev == 0 {
         return None;
     }
-    let ifindex: u32 = field(dev, layout.dev_ifindex);
+    let ifindex: u32 = field(dev, offset!(dev_ifindex));
     // Most drops happen on devices nobody watches: the bitmap answers for
     // them after two reads, before the namespace walk and the hash lookup.
     let bit = ifindex & (WATCHED_BITS_COUNT - 1);
     if WATCHED_BITS.get(bit / 64)? & (1u64 << (bit % 64)) == 0 {
         return None;
     }
-    let net: usize = field(dev, layout.dev_nd_net);
-    let netns: u32 = field(net, layout.net_inum);
+    let net: usize = field(dev, offset!(dev_nd_net));
+    let netns: u32 = field(net, offset!(net_inum));
     WATCHED.get_ptr(WatchedIface { netns, ifindex })?;
 
-    let head: usize = field(skb, layout.skb_head);
-    let mac: u16 = field(skb, layout.skb_mac_header);
-    let tail: u32 = field(skb, layout.skb_tail);
+    let head: usize = field(skb, offset!(skb_head));
+    let mac: u16 = field(skb, offset!(skb_mac_header));
+    let tail: u32 = field(skb, offset!(skb_tail));
     if mac == MAC_HEADER_UNSET || tail <= mac as u32 {
         return None;
     }
-    let data: usize = field(skb, layout.skb_data);
-    let len: u32 = field(skb, layout.skb_len);
+    let data: usize = field(skb, offset!(skb_data));
+    let len: u32 = field(skb, offset!(skb_len));
     let start = head + mac as usize;
     // One copy of the header window out of kernel memory, then plain loads.
     let copy = parse::copy_len((tail - mac as u32) as usize)?;

@@ -26,13 +26,13 @@ fn try_checks(ctx: &TcContext) -> Option<()> {
     // SAFETY: this CPU's slot, written by the caller just before.
     let pending = unsafe { *PENDING.get_ptr(0)? };
     let c = &pending.classified;
-    // The flow's cache slot holds its allow-set verdict.
+    // The flow's cache slot holds its node facts.
     let slot = count::cached_slot(&FlowKey::of(pending.ifindex, Direction::Rx, c));
     drops::classifier_checks(
         pending.ifindex,
         c,
         pending.wire_len,
-        slot.map(|s| &mut s.allow_verdict),
+        slot.map(|s| &mut s.facts),
     );
     if pending.copied == 0 {
         let frame = PacketFrame {

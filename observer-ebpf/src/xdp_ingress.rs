@@ -1,6 +1,8 @@
 //! XDP on ingress: counts frames as they arrive, before GRO, so packet
 //! counts are the wire's. Always returns XDP_PASS.
 
+use core::ptr::read_volatile;
+
 use aya_ebpf::{
     bindings::xdp_action, helpers::generated::bpf_xdp_get_buff_len, macros::xdp,
     programs::XdpContext,
@@ -43,11 +45,7 @@ enum Buffers {
 
 #[inline(always)]
 fn try_observer_xdp(ctx: &XdpContext, buffers: Buffers) {
-    let frame = parse::PacketFrame {
-        start: ctx.data(),
-        end: ctx.data_end(),
-    };
-    let ifindex = ctx.ingress_ifindex() as u32;
+    let Xdp { frame, ifindex } = Xdp::read(ctx);
     // Plain TCP and UDP (most packets on many nodes) end here, before the
     // full parse; so does common VXLAN on a flow whose checks are known.
     let early = parse::early(&frame, Direction::Rx, &MapPorts);
@@ -69,6 +67,11 @@ fn try_observer_xdp(ctx: &XdpContext, buffers: Buffers) {
     if counted {
         return;
     }
+    // Read again, not reused: what `early` and the exits learnt on their
+    // way here (packet bounds, whether the interface has a plain slot)
+    // would split the verifier's states for everything below (it tripled
+    // this program's verified instructions).
+    let Xdp { frame, ifindex } = Xdp::read(ctx);
     let mut c = parse::classify(&frame, Direction::Rx, &MapPorts);
     let bytes = frame_bytes(ctx, &frame, buffers, c.ip_end);
     if count::record_plain_only(
@@ -86,7 +89,7 @@ fn try_observer_xdp(ctx: &XdpContext, buffers: Buffers) {
     }
     let slot = count::record(&FlowKey::of(ifindex, Direction::Rx, &c), &c, 1, bytes);
     if parse::needs_checks(&c) {
-        drops::classifier_checks(ifindex, &c, bytes, slot.map(|s| &mut s.allow_verdict));
+        drops::classifier_checks(ifindex, &c, bytes, slot.map(|s| &mut s.facts));
         drops::path_mtu_checks(&frame, ifindex, &c, bytes);
     } else if parse::plain_bgp(&frame, &c) {
         // BGP at the wire is its own program (`xdp_bgp`): parsed here, it
@@ -94,6 +97,32 @@ fn try_observer_xdp(ctx: &XdpContext, buffers: Buffers) {
         // instructions on 6.18). Returns only when the slot is empty.
         // SAFETY: a tail call with the program's own context.
         unsafe { XDP_BGP_PROG.tail_call(ctx, 0) };
+    }
+}
+
+/// The `xdp_md` fields the hook uses.
+struct Xdp {
+    /// The frame, by direct packet access.
+    frame: parse::PacketFrame,
+    ifindex: u32,
+}
+
+impl Xdp {
+    /// Loads the fields; volatile, so that each call is its own set of
+    /// loads (see `try_observer_xdp`).
+    #[inline(always)]
+    fn read(ctx: &XdpContext) -> Xdp {
+        let md = ctx.ctx;
+        // SAFETY: reads of the program's own xdp_md context.
+        unsafe {
+            Xdp {
+                frame: parse::PacketFrame {
+                    start: read_volatile(&raw const (*md).data) as usize,
+                    end: read_volatile(&raw const (*md).data_end) as usize,
+                },
+                ifindex: read_volatile(&raw const (*md).ingress_ifindex),
+            }
+        }
     }
 }
 

@@ -16,7 +16,7 @@ use std::{
 
 use observer::bpf::testrun;
 
-use super::{median, report};
+use super::{median_over, report};
 
 const BPF_MAP_CREATE: libc::c_long = 0;
 const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
@@ -390,9 +390,9 @@ pub fn run(frame: &[u8], pass: BorrowedFd<'_>, repeat: u32, rounds: usize) -> an
             ));
         }
     }
-    let floor = median(&mut samples[0]);
-    for ((t, _, _, inlined), s) in loaded.iter().zip(&mut samples[1..]) {
-        let over = median(s) - floor;
+    let (floor, probes) = samples.split_first().expect("the floor's samples");
+    for ((t, _, _, inlined), s) in loaded.iter().zip(probes) {
+        let over = median_over(s, floor);
         report(
             &format!("map_{}_over_pass", t.name),
             format!("{over:.1}"),
@@ -559,8 +559,8 @@ pub fn floors(
     )
 }
 
-/// Reports `name`: the median time of `prog` on `frame` over that of
-/// `pass`, in interleaved rounds, after one run that must pass the frame
+/// Reports `name`: the time of `prog` on `frame` over that of `pass`
+/// (median of per-round differences, `median_over`), in interleaved rounds, after one run that must pass the frame
 /// (and claims what the probe claims on first sight).
 fn floor_over_pass(
     name: &str,
@@ -581,7 +581,7 @@ fn floor_over_pass(
             testrun::run(prog, frame, None, repeat)?.duration_ns,
         ));
     }
-    let over = median(&mut probe) - median(&mut floor);
+    let over = median_over(&probe, &floor);
     report(name, format!("{over:.1}"), "ns/pkt");
     Ok(())
 }

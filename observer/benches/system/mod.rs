@@ -110,6 +110,21 @@ pub fn rss_kib() -> u64 {
         .unwrap_or(0)
 }
 
+/// Median over rounds of `samples[i] - baseline[i]`: what a case adds to
+/// the baseline measured in the same round. Paired per round, so that the
+/// shared host's drift between rounds (the test-run harness alone moved
+/// from 21 to 27 ns between runs here) cancels instead of adding to the
+/// difference of two medians.
+pub fn median_over(samples: &[f64], baseline: &[f64]) -> f64 {
+    median(
+        &mut samples
+            .iter()
+            .zip(baseline)
+            .map(|(s, b)| s - b)
+            .collect::<Vec<_>>(),
+    )
+}
+
 /// Median of `samples` (sorted in place).
 pub fn median(samples: &mut [f64]) -> f64 {
     samples.sort_by(f64::total_cmp);

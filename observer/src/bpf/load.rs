@@ -11,11 +11,11 @@ use std::{
 use anyhow::{Context, Result, anyhow, bail};
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{Array, MapData, ProgramArray},
+    maps::{MapData, ProgramArray},
     programs::{BtfTracePoint, ProgramError},
 };
 use observer_common::{
-    BGP_PROG_MAP, FLOWS_MAP, SKB_LAYOUT_GLOBAL, SkbLayout, UDP_PORTS_MAP, XDP_BGP_PROG_MAP,
+    BGP_PROG_MAP, FLOWS_MAP, SKB_LAYOUT_GLOBAL, SkbLayout, UDP_PORT_TAGS_GLOBAL, XDP_BGP_PROG_MAP,
 };
 
 use super::{
@@ -23,11 +23,14 @@ use super::{
     btf::KernelBtf,
     features::{Features, Plan},
 };
-use crate::{model::rows::KernelReasons, node::preflight};
+use crate::{
+    model::{ports::PortArray, rows::KernelReasons},
+    node::preflight,
+};
 
 impl Observer {
     /// Probes the kernel, then loads and verifies the programs variants it
-    /// supports, and writes the port table. Fails when the programs cannot
+    /// supports, with the port table written in. Fails when the programs cannot
     /// count in either direction: tc egress, and XDP or tc ingress.
     pub fn load(config: &LoadConfig) -> Result<Observer> {
         let observer = Observer::load_programs(config);
@@ -37,7 +40,7 @@ impl Observer {
 
     /// [`Observer::load`] without returning the loader's memory.
     fn load_programs(config: &LoadConfig) -> Result<Observer> {
-        let entries = config.ports.entries().map_err(|e| anyhow!(e))?;
+        let ports = PortArray::new(&config.ports).map_err(|e| anyhow!(e))?;
         if config.max_flows == 0 {
             bail!("--max-flows must be at least 1");
         }
@@ -66,6 +69,7 @@ impl Observer {
             .map_max_entries(observer_common::DROPS_MAP, config.max_flows)
             .map_max_entries(observer_common::BGP_MAP, bgp_map_entries()?)
             .override_global(SKB_LAYOUT_GLOBAL, &layout, true)
+            .override_global(UDP_PORT_TAGS_GLOBAL, &ports.tags()[..], true)
             .load(EBPF_OBJECT)
             .map_err(|e| explain_load_error(anyhow::Error::new(e), &features.release))?;
         let mut load_failures = Vec::new();
@@ -115,15 +119,6 @@ impl Observer {
                 reasons.join("; ")
             );
         }
-        let mut ports: Array<_, u8> = Array::try_from(
-            ebpf.map_mut(UDP_PORTS_MAP)
-                .context("UDP_PORTS map missing")?,
-        )?;
-        for (port, value) in entries {
-            ports
-                .set(port as u32, value, 0)
-                .with_context(|| format!("writing UDP port {port} into the port table"))?;
-        }
         let mut observer = Observer {
             ebpf,
             features,
@@ -142,8 +137,8 @@ impl Observer {
             btf_problem,
             drop_hook: DropHook::Pending,
         };
-        super::maps::next_allow_generation(&mut observer)
-            .context("starting the allow-set generation")?;
+        super::maps::next_facts_generation(&mut observer)
+            .context("starting the node facts generation")?;
         Ok(observer)
     }
 

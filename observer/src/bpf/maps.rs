@@ -22,9 +22,9 @@ use ipnet::IpNet;
 use observer_common::{
     BGP_MAP, BgpCounters, BgpKey, CONFIG_MAP, DROPS_MAP, DropKey, DropValue, FLOW_CACHE_MAP,
     FLOW_CACHE_SLOTS, FLOWS_MAP, FlowCacheSlot, FlowKey, FlowValue, IFACE_MTU_MAP,
-    IPIP_ALLOW_V4_MAP, IPIP_ALLOW_V6_MAP, LOCAL_VNIS_MAP, PLAIN_MAP, PLAIN_SLOTS, PlainCounters,
-    STATS_MAP, Stat, VXLAN_ALLOW_V4_MAP, VXLAN_ALLOW_V6_MAP, WATCHED_BITS, WATCHED_BITS_MAP,
-    WATCHED_MAP, WatchedIface, config,
+    IPIP_ALLOW_V4_MAP, IPIP_ALLOW_V6_MAP, KeyFacts, LOCAL_VNIS_MAP, PLAIN_MAP, PLAIN_SLOTS,
+    PlainCounters, STATS_MAP, Stat, VXLAN_ALLOW_V4_MAP, VXLAN_ALLOW_V6_MAP, WATCHED_BITS,
+    WATCHED_BITS_MAP, WATCHED_MAP, WatchedIface, config,
 };
 
 use super::{Observer, batch};
@@ -44,8 +44,11 @@ impl Observer {
                 .map_mut(IFACE_MTU_MAP)
                 .context("IFACE_MTU map missing")?,
         )?;
+        if mtus.get(&ifindex, 0).ok() == Some(mtu) {
+            return Ok(());
+        }
         mtus.insert(ifindex, mtu, 0)?;
-        Ok(())
+        next_facts_generation(self)
     }
 
     /// Registers `ifindex` of the current namespace for the kernel drop
@@ -78,10 +81,13 @@ impl Observer {
             let _ = watched.remove(&WatchedIface { netns, ifindex });
         }
         let _ = self.sync_watched_bits(ifindex);
-        if let Some(map) = self.ebpf.map_mut(IFACE_MTU_MAP)
-            && let Ok(mut mtus) = BpfHashMap::<_, u32, u32>::try_from(map)
-        {
-            let _ = mtus.remove(&ifindex);
+        let removed = self
+            .ebpf
+            .map_mut(IFACE_MTU_MAP)
+            .and_then(|map| BpfHashMap::<_, u32, u32>::try_from(map).ok())
+            .is_some_and(|mut mtus| mtus.remove(&ifindex).is_ok());
+        if removed {
+            let _ = next_facts_generation(self);
         }
     }
 
@@ -451,22 +457,23 @@ fn set_switch(observer: &mut Observer, index: u32, on: bool) -> Result<bool> {
     set_config(observer, index, u32::from(on))
 }
 
-/// Voids the allow-set verdicts the programs cached: the next packet of
-/// every flow asks the tries again. At load it starts the first
-/// generation (0, "no verdict", becomes 1), under which the programs
-/// cache verdicts at all.
-pub(super) fn next_allow_generation(observer: &mut Observer) -> Result<()> {
+/// Voids the node facts the programs cached per flow (allow-set verdicts,
+/// unknown VNIs, interface MTUs): the next packet of every flow decides
+/// them again from the maps. Called after the maps changed. At load it
+/// starts the first generation (0, "none decided", becomes 1), under
+/// which the programs cache facts at all.
+pub(super) fn next_facts_generation(observer: &mut Observer) -> Result<()> {
     let config: Array<&MapData, u32> = Array::try_from(
         observer
             .ebpf
             .map(CONFIG_MAP)
             .context("CONFIG map missing")?,
     )?;
-    let current = config.get(&config::ALLOW_GENERATION, 0)?;
-    // Never 0 (which means "no verdict cached"); 31 bits, as the programs
-    // store it shifted left by one.
-    let next = (current % (u32::MAX >> 1)) + 1;
-    set_config(observer, config::ALLOW_GENERATION, next)?;
+    let current = config.get(&config::FACTS_GENERATION, 0)?;
+    // Never 0 (which means "none decided"), and within the bits the
+    // programs store it in.
+    let next = (current % KeyFacts::MAX_GENERATION) + 1;
+    set_config(observer, config::FACTS_GENERATION, next)?;
     Ok(())
 }
 
@@ -554,7 +561,7 @@ fn apply_allow_sets(observer: &mut Observer, snapshot: &AllowSets) -> Result<()>
         changed |= set_switch(observer, v6_switch, set.ipv6)?;
     }
     if changed {
-        next_allow_generation(observer)?;
+        next_facts_generation(observer)?;
     }
     Ok(())
 }
@@ -569,14 +576,20 @@ fn apply_local_vnis(observer: &mut Observer, vnis: &[u32]) -> Result<()> {
             .context("LOCAL_VNIS map missing")?,
     )?;
     let present: Vec<u32> = map.keys().filter_map(|k| k.ok()).collect();
-    for vni in vnis {
+    let mut changed = false;
+    for vni in vnis.iter().filter(|v| !present.contains(v)) {
         map.insert(*vni, 1, 0)
             .context("adding a VNI to LOCAL_VNIS (more local vxlan devices than it holds?)")?;
+        changed = true;
     }
     for stale in present.iter().filter(|v| !vnis.contains(v)) {
         map.remove(stale)?;
+        changed = true;
     }
-    set_switch(observer, config::VNI_CHECK, !vnis.is_empty())?;
+    changed |= set_switch(observer, config::VNI_CHECK, !vnis.is_empty())?;
+    if changed {
+        next_facts_generation(observer)?;
+    }
     Ok(())
 }
 
@@ -586,6 +599,44 @@ mod tests {
 
     use super::*;
     use crate::model::aggregate::DropAggregator;
+
+    #[test]
+    fn key_facts_are_current_only_under_their_generation() {
+        use observer_common::checks::FlowFacts;
+        let every = [
+            FlowFacts::default(),
+            FlowFacts {
+                outside_allow_set: true,
+                vni_unknown: false,
+                mtu: 1450,
+            },
+            FlowFacts {
+                outside_allow_set: false,
+                vni_unknown: true,
+                mtu: 65536,
+            },
+            FlowFacts {
+                outside_allow_set: true,
+                vni_unknown: true,
+                mtu: 0,
+            },
+        ];
+        for facts in every {
+            for generation in [1, 2, KeyFacts::MAX_GENERATION] {
+                let cached = KeyFacts::decided(generation, &facts);
+                assert_eq!(cached.current(generation), Some(facts));
+                assert_eq!(cached.facts(), facts);
+                assert_eq!(
+                    cached.current(generation % KeyFacts::MAX_GENERATION + 1),
+                    None
+                );
+                // 0 is "none decided": never current, whatever was stored.
+                assert_eq!(cached.current(0), None);
+            }
+        }
+        // A free slot's facts were never decided.
+        assert_eq!(KeyFacts::default().current(1), None);
+    }
 
     #[test]
     fn plain_frames_have_one_plain_slot_per_interface_and_direction() {

@@ -1,5 +1,5 @@
 //! Which UDP ports mean which encapsulation; written into the programs'
-//! `UDP_PORTS` map before they are attached.
+//! `UDP_PORT_TAGS` table before they are loaded.
 
 use observer_common::{PORT_MATCH_SOURCE, Proto, parse::PortTable, ports};
 
@@ -62,7 +62,7 @@ impl PortConfig {
 }
 
 /// The port table as an array indexed by port, like the programs'
-/// `UDP_PORTS` map: what the parser reads when it runs natively
+/// `UDP_PORT_TAGS` table: what the parser reads when it runs natively
 /// (`observer replay`, `observer probe`).
 pub struct PortArray(Box<[u8; 65536]>);
 
@@ -74,6 +74,11 @@ impl PortArray {
             table[usize::from(port)] = tag;
         }
         Ok(PortArray(table))
+    }
+
+    /// The tag of every port, indexed by port.
+    pub fn tags(&self) -> &[u8; 65536] {
+        &self.0
     }
 }
 
