@@ -91,6 +91,16 @@ impl Harness {
         h
     }
 
+    /// Packets and bytes per row, read by `how`.
+    fn counts(&self, how: MapRead) -> BTreeMap<FlowId, (u64, u64)> {
+        self.obs
+            .read_flows_with(how)
+            .unwrap_or_else(|e| panic!("{how:?}: {e:#}"))
+            .into_iter()
+            .map(|(id, c)| (id, (c.packets, c.bytes)))
+            .collect()
+    }
+
     fn read(&self) -> BTreeMap<FlowId, FlowCounters> {
         self.obs
             .read_flows()
@@ -2073,6 +2083,57 @@ fn frame_builders_produce_valid_frames() {
 /// same rows, exactly: 5,000 VXLAN peers, peer `i` sending `i % 7 + 1`
 /// frames, so the flow map needs several batch calls (1,024 entries each)
 /// and the flow cache's slots fill too.
+/// Between two first uses of a flow-cache or plain slot, reads by batch
+/// read only the slots in use (`bpf::slots`): every read must still equal
+/// the key-by-key walk of everything, as slots are put to use on each
+/// hook and frames repeat on the slots in use.
+#[test]
+fn reads_of_the_slots_in_use_equal_the_walk_of_all() {
+    if !support::have_root("reads_of_the_slots_in_use_equal_the_walk_of_all") {
+        return;
+    }
+    let mut h = Harness::new(&LoadConfig::default());
+    let local = IpAddr::from([10, 0, 0, 1]);
+    let inner = udp_frame(
+        [192, 168, 0, 1].into(),
+        [192, 168, 0, 2].into(),
+        40000,
+        5201,
+        b"x",
+    );
+    let vxlan = |i: u8| vxlan_frame(IpAddr::from([10, 9, 0, i]), local, 42, &inner);
+    let plain = udp_frame(IpAddr::from([10, 9, 1, 1]), local, 5000, 53, b"q");
+    let same = |h: &Harness, step: &str| {
+        // By batch twice: the second read plans on the first.
+        let batch = h.counts(MapRead::Batch);
+        assert_eq!(batch, h.counts(MapRead::Batch), "{step}");
+        assert_eq!(batch, h.counts(MapRead::Walk), "{step}");
+        batch
+    };
+    let mut expected = 0u64;
+    for (step, hook, frame, repeat) in [
+        ("first VXLAN peers", Hook::Xdp, vxlan(1), 3),
+        ("a second peer", Hook::Xdp, vxlan(2), 1),
+        ("repeats on slots in use", Hook::Xdp, vxlan(1), 5),
+        ("plain traffic's first packet", Hook::Xdp, plain.clone(), 1),
+        ("plain repeats", Hook::Xdp, plain.clone(), 4),
+        ("tc ingress, same peer", Hook::TcIngress, vxlan(2), 2),
+        ("tc egress", Hook::TcEgress, vxlan(3), 2),
+        ("repeats again", Hook::Xdp, vxlan(2), 2),
+    ] {
+        for _ in 0..repeat {
+            h.run_unchecked(hook, &frame, None, 1);
+        }
+        expected += repeat;
+        let rows = same(&h, step);
+        assert_eq!(
+            rows.values().map(|(packets, _)| packets).sum::<u64>(),
+            expected,
+            "{step}: every frame in one row"
+        );
+    }
+}
+
 #[test]
 fn batch_lookups_and_the_walk_read_the_same_rows() {
     const PEERS: u32 = 5_000;
@@ -2097,16 +2158,8 @@ fn batch_lookups_and_the_walk_read_the_same_rows() {
             (u64::from(frames), frames as u64 * frame.len() as u64),
         );
     }
-    let rows = |how| -> BTreeMap<FlowId, (u64, u64)> {
-        h.obs
-            .read_flows_with(how)
-            .unwrap_or_else(|e| panic!("{how:?}: {e:#}"))
-            .into_iter()
-            .map(|(id, c)| (id, (c.packets, c.bytes)))
-            .collect()
-    };
-    let batch = rows(MapRead::Batch);
-    assert_eq!(batch, rows(MapRead::Walk));
+    let batch = h.counts(MapRead::Batch);
+    assert_eq!(batch, h.counts(MapRead::Walk));
     let by_peer: BTreeMap<IpAddr, (u64, u64)> = batch
         .iter()
         .map(|(id, counts)| (id.peer.expect("a peer row"), *counts))

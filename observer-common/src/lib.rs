@@ -386,6 +386,44 @@ pub struct FlowCacheSlot {
     pub value: FlowValue,
 }
 
+impl FlowCacheSlot {
+    /// Whether this slot holds `key`: the key compared as three aligned
+    /// words and a half word (the slot is 8-aligned, and the key's 28
+    /// bytes have no padding), instead of seven fields one by one. Word by
+    /// word, not as arrays: an array compare may become a memcmp call,
+    /// which eBPF does not have.
+    #[inline(always)]
+    pub fn holds(&self, key: &FlowKey) -> bool {
+        let at = core::ptr::from_ref(self).cast::<u64>();
+        // SAFETY: the slot's first 24 bytes are its key's `peer`, `ifindex`
+        // and `vni`, bytes 24..28 its four one-byte fields: plain integers,
+        // read at their alignment.
+        let (peer_lo, peer_hi, ifindex_vni, tail) = unsafe {
+            (
+                at.read(),
+                at.add(1).read(),
+                at.add(2).read(),
+                at.cast::<u32>().add(6).read(),
+            )
+        };
+        peer_lo == pair(key.peer[0], key.peer[1])
+            && peer_hi == pair(key.peer[2], key.peer[3])
+            && ifindex_vni == pair(key.ifindex, key.vni)
+            && tail == u32::from_ne_bytes([key.direction, key.proto, key.peer_family, key.reason])
+    }
+}
+
+/// `lo` then `hi` as one word, in memory order. (Shifts, not a byte
+/// array: LLVM's BPF backend assembled that byte by byte.)
+#[inline(always)]
+fn pair(lo: u32, hi: u32) -> u64 {
+    if cfg!(target_endian = "little") {
+        u64::from(lo) | (u64::from(hi) << 32)
+    } else {
+        (u64::from(lo) << 32) | u64::from(hi)
+    }
+}
+
 /// The node facts the classifier checks need about one [`FlowKey`]
 /// (`checks::FlowFacts`: is its source outside its allow-set, does a
 /// local device have its VNI, its interface's MTU), as its cache slot
@@ -577,6 +615,9 @@ pub enum Stat {
     ProbeRxPackets = 5,
     /// `observer probe` packets sent.
     ProbeTxPackets = 6,
+    /// [`PLAIN_MAP`] slots (per CPU) that counted their first packet:
+    /// userspace reads every slot only after this moves.
+    PlainSlotsUsed = 7,
 }
 
 /// The first bytes of the inner ICMP payload of every `observer probe`
@@ -584,7 +625,7 @@ pub enum Stat {
 pub const PROBE_MAGIC: [u8; 8] = *b"OBSPROBE";
 
 /// Number of slots in [`STATS_MAP`].
-pub const STAT_COUNT: u32 = 7;
+pub const STAT_COUNT: u32 = 8;
 
 /// Proves at compile time, on both sides, that a map type has no padding:
 /// its size is the sum of its fields' sizes and its last field ends it.
@@ -730,8 +771,10 @@ pub const IPIP_ALLOW_V4_MAP: &str = "IPIP_ALLOW4";
 pub const IPIP_ALLOW_V6_MAP: &str = "IPIP_ALLOW6";
 /// Capacity of each allow-set trie.
 pub const ALLOW_SET_MAX_PREFIXES: u32 = 65_536;
-/// Name of the `u32` array of switches indexed by [`config`] constants.
-pub const CONFIG_MAP: &str = "CONFIG";
+/// Name of the programs' data section holding the `u32` words indexed by
+/// [`config`] constants (`[u32; config::COUNT]`): aya makes it an array
+/// map of one value, which userspace rewrites whole.
+pub const CONFIG_SECTION: &str = ".data.config";
 /// Name of the hash set of VNIs configured on local vxlan devices.
 pub const LOCAL_VNIS_MAP: &str = "LOCAL_VNIS";
 /// Capacity of [`LOCAL_VNIS_MAP`].
@@ -746,8 +789,11 @@ pub const WATCHED_MAX: u32 = 256;
 /// set for every watched interface: kfree_skb's first test, two reads into
 /// the skb, so that a drop on any other device costs almost nothing. A set
 /// bit is then confirmed in [`WATCHED_MAP`] (ifindexes may share a bit).
-pub const WATCHED_BITS_MAP: &str = "WATCHED_BITS";
-/// Bits in [`WATCHED_BITS_MAP`] (a power of two).
+///
+/// It is the programs' data section of this name (`[u64; WATCHED_BITS /
+/// 64]`), an array map of one value, like [`CONFIG_SECTION`].
+pub const WATCHED_BITS_SECTION: &str = ".data.watched";
+/// Bits in [`WATCHED_BITS_SECTION`] (a power of two).
 pub const WATCHED_BITS: u32 = 65536;
 /// Name of the program array tc ingress tail-calls its drop checks from.
 pub const CHECKS_MAP: &str = "CHECKS";
@@ -758,7 +804,7 @@ pub const XDP_BGP_PROG_MAP: &str = "XDP_BGP_PROG";
 /// Name of the global holding the [`SkbLayout`].
 pub const SKB_LAYOUT_GLOBAL: &str = "SKB_LAYOUT";
 
-/// Indexes of [`CONFIG_MAP`]; a non-zero value switches a check on.
+/// Indexes of [`CONFIG_SECTION`]; a non-zero value switches a check on.
 pub mod config {
     /// An IPv4 VXLAN allow-set was found: check VXLAN sources against it.
     pub const VXLAN_ALLOW_V4: u32 = 0;

@@ -245,7 +245,7 @@ pub fn copy_len(len: usize) -> Option<usize> {
     } else {
         len
     };
-    Some((opaque(len - 1) & (HEADER_WINDOW - 1)) + 1)
+    Some(bounded(len - 1, HEADER_WINDOW - 1) + 1)
 }
 
 /// The parser only reads the first `HEADER_WINDOW` bytes of a frame. 512
@@ -258,19 +258,28 @@ pub const HEADER_WINDOW: usize = 512;
 /// `off` checked to leave `size` bytes inside [`HEADER_WINDOW`], in a form
 /// every supported kernel's verifier can bound.
 ///
-/// Why the mask: verifiers before about 6.3 forget the bounds of a value
-/// that went through OR, XOR or a shift by a register, which is how LLVM
-/// assembles multi-byte header fields, so a computed offset reached the
-/// pointer addition as "any 64-bit value" and 6.1 rejected the program.
-/// An AND with a constant is bounded by every verifier; the asm move hides
-/// the value from LLVM, which would otherwise drop the AND as redundant
-/// after the range check.
+/// Why the mask ([`bounded`]): verifiers before about 6.3 forget the
+/// bounds of a value that went through OR, XOR or a shift by a register,
+/// which is how LLVM assembles multi-byte header fields, so a computed
+/// offset reached the pointer addition as "any 64-bit value" and 6.1
+/// rejected the program; LLVM would drop a plain AND as redundant after
+/// the range check.
 #[inline(always)]
 pub fn window_offset(off: usize, size: usize) -> Option<usize> {
     if off + size > HEADER_WINDOW {
         return None;
     }
-    Some(opaque(off) & (HEADER_WINDOW - 1))
+    Some(bounded(off, HEADER_WINDOW - 1))
+}
+
+/// `x & mask`, with the AND kept even where the optimizer knows it
+/// changes nothing: a value that went through a byte swap, an OR or a
+/// shift by a register is unbounded to verifiers before about 6.3 (5.10
+/// refused a port from `u16::from_be` as an index into the port table),
+/// and an AND with a constant is bounded by every verifier.
+#[inline(always)]
+pub fn bounded(x: usize, mask: usize) -> usize {
+    opaque(x) & mask
 }
 
 /// `x`, unknown to the optimizer (a register move in asm on BPF).

@@ -42,7 +42,7 @@ pub fn record(
         // tc) never interrupt one another on a CPU, and userspace only
         // reads it.
         let slot = unsafe { &mut *slot };
-        if same_key(&slot.key, key) {
+        if slot.holds(key) {
             slot.value.add(c, packets, bytes);
             return Some(slot);
         }
@@ -86,6 +86,10 @@ pub fn record_plain(key: &FlowKey, packets: u64, bytes: u64) -> bool {
     // SAFETY: this CPU's slot; the hooks that write PLAIN (XDP and tc)
     // never interrupt one another on a CPU, and userspace only reads it.
     let plain = unsafe { &mut *plain };
+    if plain.packets == 0 {
+        // Userspace reads only the slots in use until this moves.
+        bump(Stat::PlainSlotsUsed);
+    }
     plain.packets += packets;
     plain.bytes += bytes;
     true
@@ -119,7 +123,7 @@ pub fn cached_slot(key: &FlowKey) -> Option<&'static mut FlowCacheSlot> {
     let slot = FLOW_CACHE.get_ptr_mut(cache_index(key))?;
     // SAFETY: as in `record`.
     let slot = unsafe { &mut *slot };
-    same_key(&slot.key, key).then_some(slot)
+    slot.holds(key).then_some(slot)
 }
 
 /// Slot of `key`: its words folded with XOR, then one multiplicative
@@ -138,18 +142,6 @@ fn cache_index(key: &FlowKey) -> u32 {
         ^ (key.ifindex.rotate_left(8) ^ key.vni.rotate_left(16))
         ^ tail.rotate_left(24);
     h.wrapping_mul(GOLDEN) >> (32 - FLOW_CACHE_SLOTS.trailing_zeros())
-}
-
-/// Key equality as seven word compares (the struct has no padding).
-#[inline(always)]
-fn same_key(a: &FlowKey, b: &FlowKey) -> bool {
-    a.ifindex == b.ifindex
-        && a.peer == b.peer
-        && a.vni == b.vni
-        && a.direction == b.direction
-        && a.proto == b.proto
-        && a.peer_family == b.peer_family
-        && a.reason == b.reason
 }
 
 /// Fills a free slot with `key`. The key's ifindex, which marks the slot

@@ -10,8 +10,8 @@ use observer_common::{
 
 use crate::{
     maps::{
-        CONFIG, DROPS, IFACE_MTU, IPIP_ALLOW4, IPIP_ALLOW6, LOCAL_VNIS, MapPorts, VXLAN_ALLOW4,
-        VXLAN_ALLOW6, config_on,
+        DROPS, IFACE_MTU, IPIP_ALLOW4, IPIP_ALLOW6, LOCAL_VNIS, MapPorts, VXLAN_ALLOW4,
+        VXLAN_ALLOW6, config_on, config_word,
     },
     parse::clobbered,
     parse::{Classified, CommonVxlan},
@@ -164,11 +164,11 @@ pub fn path_mtu_checks<F: crate::parse::Frame>(f: &F, ifindex: u32, c: &Classifi
     }
 }
 
-/// `CONFIG[FACTS_GENERATION]`; 0 (no facts count as current) when it
-/// cannot be read.
+/// `CONFIG[FACTS_GENERATION]` (0 until userspace starts it: no facts
+/// count as current).
 #[inline(always)]
 fn facts_generation() -> u32 {
-    CONFIG.get(config::FACTS_GENERATION).copied().unwrap_or(0)
+    config_word(config::FACTS_GENERATION)
 }
 
 /// True when the packet's encapsulation has an active allow-set that does

@@ -8,13 +8,11 @@ use aya_ebpf::{
     helpers::generated::bpf_probe_read_kernel as bpf_probe_read_kernel_buf, macros::btf_tracepoint,
     programs::BtfTracePointContext,
 };
-use observer_common::{
-    Direction, REASON_NOT_REPORTED, WATCHED_BITS as WATCHED_BITS_COUNT, WatchedIface, drop_origin,
-};
+use observer_common::{Direction, REASON_NOT_REPORTED, WatchedIface, drop_origin};
 
 use crate::{
     drops,
-    maps::{MapPorts, SCRATCH, SCRATCH_DROPS, SKB_LAYOUT, WATCHED, WATCHED_BITS},
+    maps::{MapPorts, SCRATCH, SCRATCH_DROPS, SKB_LAYOUT, WATCHED, watched_bit},
     parse,
 };
 
@@ -79,8 +77,7 @@ fn try_observe_drop(skb: usize, reason: u32) -> Option<()> {
     let ifindex: u32 = field(dev, offset!(dev_ifindex));
     // Most drops happen on devices nobody watches: the bitmap answers for
     // them after two reads, before the namespace walk and the hash lookup.
-    let bit = ifindex & (WATCHED_BITS_COUNT - 1);
-    if WATCHED_BITS.get(bit / 64)? & (1u64 << (bit % 64)) == 0 {
+    if !watched_bit(ifindex) {
         return None;
     }
     let net: usize = field(dev, offset!(dev_nd_net));

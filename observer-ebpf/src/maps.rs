@@ -1,11 +1,13 @@
 //! The maps the programs write (layouts in `observer-common`).
 
+use core::ptr::read_volatile;
+
 use aya_ebpf::{
     bindings::BPF_F_NO_PREALLOC,
     macros::map,
-    maps::{Array, HashMap, LpmTrie, LruHashMap, LruPerCpuHashMap, PerCpuArray, ProgramArray},
+    maps::{HashMap, LpmTrie, LruHashMap, LruPerCpuHashMap, PerCpuArray, ProgramArray},
 };
-use observer_common::parse::{Classified, PortTable, Scratch, clobbered};
+use observer_common::parse::{self, Classified, PortTable, Scratch, clobbered};
 use observer_common::{
     ALLOW_SET_MAX_PREFIXES, BGP_MAX_KEYS, BgpCounters, BgpKey, DEFAULT_MAX_FLOWS, DropKey,
     DropValue, FLOW_CACHE_SLOTS, FlowCacheSlot, FlowKey, FlowValue, LOCAL_VNIS_MAX, PLAIN_SLOTS,
@@ -48,10 +50,12 @@ pub struct MapPorts;
 impl PortTable for MapPorts {
     #[inline(always)]
     fn tag(&self, port: u16) -> u8 {
-        // SAFETY: `port` indexes inside the 65,536 bytes. Volatile: the
+        // Bounded for the verifier: the port comes out of a byte swap.
+        let index = parse::bounded(port as usize, 0xffff);
+        // SAFETY: `index` is inside the 65,536 bytes. Volatile: the
         // compiler sees an immutable table of zeroes, which the loader
         // overwrites.
-        unsafe { core::ptr::read_volatile(UDP_PORT_TAGS.as_ptr().add(port as usize)) }
+        unsafe { read_volatile(UDP_PORT_TAGS.as_ptr().add(index)) }
     }
 }
 
@@ -101,9 +105,15 @@ pub static IPIP_ALLOW4: LpmTrie<u32, u8> =
 pub static IPIP_ALLOW6: LpmTrie<[u32; 4], u8> =
     LpmTrie::with_max_entries(ALLOW_SET_MAX_PREFIXES, BPF_F_NO_PREALLOC);
 
-/// Check switches, indexed by `observer_common::config`.
-#[map(name = "CONFIG")]
-pub static CONFIG: Array<u32> = Array::with_max_entries(config::COUNT, 0);
+/// Check switches and the node facts generation, indexed by
+/// `observer_common::config`. A global in a data section of its own
+/// (`CONFIG_SECTION`, which userspace rewrites), not an array map: a read
+/// is one load, where an array map's lookup is a dozen instructions even
+/// when the verifier inlines it, and the VXLAN exit reads the generation
+/// for every frame.
+#[unsafe(link_section = ".data.config")]
+#[unsafe(no_mangle)]
+static mut CONFIG: [u32; config::COUNT as usize] = [0; config::COUNT as usize];
 
 /// VNIs of the local vxlan devices.
 #[map(name = "LOCAL_VNIS")]
@@ -118,11 +128,24 @@ pub static IFACE_MTU: HashMap<u32, u32> = HashMap::with_max_entries(WATCHED_MAX,
 pub static WATCHED: HashMap<WatchedIface, u8> = HashMap::with_max_entries(WATCHED_MAX, 0);
 
 /// Bit `ifindex % WATCHED_BITS` set for every watched interface, one `u64`
-/// per 64 bits: kfree_skb's cheap first test.
-#[map(name = "WATCHED_BITS")]
-pub static WATCHED_BITS: Array<u64> = Array::with_max_entries(WATCHED_BITS_WORDS, 0);
+/// per 64 bits: kfree_skb's cheap first test. A global in a data section
+/// of its own (`WATCHED_BITS_SECTION`), as [`CONFIG`]: every drop of the
+/// machine reads it.
+#[unsafe(link_section = ".data.watched")]
+#[unsafe(no_mangle)]
+static mut WATCHED_BITS: [u64; WATCHED_BITS_WORDS] = [0; WATCHED_BITS_WORDS];
 
-const WATCHED_BITS_WORDS: u32 = WATCHED_BITS_COUNT / 64;
+const WATCHED_BITS_WORDS: usize = (WATCHED_BITS_COUNT / 64) as usize;
+
+/// Whether `ifindex`'s bit of [`WATCHED_BITS`] is set.
+#[inline(always)]
+pub fn watched_bit(ifindex: u32) -> bool {
+    let bit = (ifindex & (WATCHED_BITS_COUNT - 1)) as usize;
+    // SAFETY: `bit / 64` indexes inside the array. Volatile: userspace
+    // rewrites it while the programs run.
+    let word = unsafe { read_volatile((&raw const WATCHED_BITS).cast::<u64>().add(bit / 64)) };
+    word & (1u64 << (bit % 64)) != 0
+}
 
 /// sk_buff field offsets from the running kernel's BTF, set at load time.
 /// An immutable static lands in `.rodata`, which the loader freezes, so
@@ -261,8 +284,19 @@ pub fn settle(c: &mut Classified, slot: u32) -> Option<()> {
     Some(())
 }
 
-/// Reads a `CONFIG` switch.
+/// `CONFIG[index]` (0 for an index beyond it).
+#[inline(always)]
+pub fn config_word(index: u32) -> u32 {
+    if index >= config::COUNT {
+        return 0;
+    }
+    // SAFETY: `index` is inside the array. Volatile: userspace rewrites it
+    // while the programs run.
+    unsafe { read_volatile((&raw const CONFIG).cast::<u32>().add(index as usize)) }
+}
+
+/// Whether a `CONFIG` switch is on.
 #[inline(always)]
 pub fn config_on(index: u32) -> bool {
-    CONFIG.get(index).is_some_and(|v| *v != 0)
+    config_word(index) != 0
 }

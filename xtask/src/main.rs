@@ -91,7 +91,7 @@ enum Task {
     /// also on Ctrl-C.
     Lab(lab::LabArgs),
     /// Nanoseconds per packet of the XDP program, measured in the kernel with
-    /// BPF_PROG_TEST_RUN (1,000,000 runs, median of 5) on hand-built VXLAN,
+    /// BPF_PROG_TEST_RUN (1,000,000 runs, 15 rounds, paired medians) on hand-built VXLAN,
     /// IPIP, Geneve, plain UDP and truncated frames, against a program that
     /// only returns XDP_PASS.
     Bench,

@@ -136,6 +136,7 @@ impl Observer {
             },
             btf_problem,
             drop_hook: DropHook::Pending,
+            slot_reads: Default::default(),
         };
         super::maps::next_facts_generation(&mut observer)
             .context("starting the node facts generation")?;

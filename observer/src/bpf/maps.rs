@@ -9,7 +9,7 @@ use std::{
     net::IpAddr,
 };
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, anyhow};
 use aya::{
     Pod,
     maps::{
@@ -20,14 +20,17 @@ use aya::{
 use foldhash::HashMap as FastMap;
 use ipnet::IpNet;
 use observer_common::{
-    BGP_MAP, BgpCounters, BgpKey, CONFIG_MAP, DROPS_MAP, DropKey, DropValue, FLOW_CACHE_MAP,
+    BGP_MAP, BgpCounters, BgpKey, CONFIG_SECTION, DROPS_MAP, DropKey, DropValue, FLOW_CACHE_MAP,
     FLOW_CACHE_SLOTS, FLOWS_MAP, FlowCacheSlot, FlowKey, FlowValue, IFACE_MTU_MAP,
     IPIP_ALLOW_V4_MAP, IPIP_ALLOW_V6_MAP, KeyFacts, LOCAL_VNIS_MAP, PLAIN_MAP, PLAIN_SLOTS,
     PlainCounters, STATS_MAP, Stat, VXLAN_ALLOW_V4_MAP, VXLAN_ALLOW_V6_MAP, WATCHED_BITS,
-    WATCHED_BITS_MAP, WATCHED_MAP, WatchedIface, config,
+    WATCHED_BITS_SECTION, WATCHED_MAP, WatchedIface, config,
 };
 
-use super::{Observer, batch};
+use super::{
+    Observer, batch,
+    slots::{SlotPlan, SlotReads},
+};
 use crate::{
     model::bgp_wire::{WireCounters, WireId},
     model::facts::{AllowSets, SetKind},
@@ -104,12 +107,14 @@ impl Observer {
             .map(|k| watched_bit(k.ifindex))
             .filter(|bit| bit / 64 == word)
             .fold(0u64, |value, bit| value | 1 << (bit % 64));
-        let mut bits: Array<&mut MapData, u64> = Array::try_from(
+        let mut bits: Array<&mut MapData, [u64; WATCHED_BITS_WORDS]> = Array::try_from(
             self.ebpf
-                .map_mut(WATCHED_BITS_MAP)
-                .context("WATCHED_BITS map missing")?,
+                .map_mut(WATCHED_BITS_SECTION)
+                .context("the watched-interface bitmap is missing")?,
         )?;
-        bits.set(word, value, 0)?;
+        let mut words = bits.get(&0, 0)?;
+        words[word as usize] = value;
+        bits.set(0, words, 0)?;
         Ok(())
     }
 
@@ -163,7 +168,8 @@ impl Observer {
 
     /// The keys counted outside the LRU map, with their counters summed
     /// over CPUs: those held in the per-CPU flow cache, and plain traffic
-    /// in the per-CPU plain counters.
+    /// in the per-CPU plain counters. By batch (`how`), only the slots in
+    /// use are read while no new one was put to use (`slots`).
     fn read_flow_cache(&self, how: MapRead) -> Result<FastMap<FlowKey, FlowCounters>> {
         let mut keys: FastMap<FlowKey, FlowCounters> = FastMap::default();
         let mut add = |key: FlowKey, packets: u64, bytes: u64, inner| {
@@ -173,16 +179,21 @@ impl Observer {
             counters.inner = counters.inner.or(inner);
             counters.cached = (counters.packets, counters.bytes);
         };
+        let mut trackers = self
+            .slot_reads
+            .lock()
+            .map_err(|_| anyhow!("the slot reads' lock was poisoned"))?;
         let cache = self
             .ebpf
             .map(FLOW_CACHE_MAP)
             .context("FLOW_CACHE map missing")?;
-        for_each_percpu_array(
+        for_each_slot_in_use(
             &PerCpuArray::try_from(cache)?,
-            FLOW_CACHE_MAP,
-            FLOW_CACHE_SLOTS,
+            (FLOW_CACHE_MAP, FLOW_CACHE_SLOTS),
             how,
-            |_, slots: &[FlowCacheSlot]| {
+            (self.stat(Stat::FlowCacheClaims)?, &mut trackers.flow_cache),
+            |slots: &[FlowCacheSlot]| slots.iter().any(|slot| slot.key.ifindex != 0),
+            |_, slots| {
                 for slot in slots.iter().filter(|slot| slot.key.ifindex != 0) {
                     let one = FlowCounters::sum([&slot.value]);
                     add(slot.key, one.packets, one.bytes, one.inner);
@@ -190,12 +201,13 @@ impl Observer {
             },
         )?;
         let plain = self.ebpf.map(PLAIN_MAP).context("PLAIN map missing")?;
-        for_each_percpu_array(
+        for_each_slot_in_use(
             &PerCpuArray::try_from(plain)?,
-            PLAIN_MAP,
-            PLAIN_SLOTS,
+            (PLAIN_MAP, PLAIN_SLOTS),
             how,
-            |slot, cpus: &[PlainCounters]| {
+            (self.stat(Stat::PlainSlotsUsed)?, &mut trackers.plain),
+            |cpus: &[PlainCounters]| cpus.iter().any(|c| c.packets != 0),
+            |slot, cpus| {
                 let packets = cpus.iter().map(|c| c.packets).sum();
                 if packets != 0 {
                     let bytes = cpus.iter().map(|c| c.bytes).sum();
@@ -204,6 +216,13 @@ impl Observer {
             },
         )?;
         Ok(keys)
+    }
+
+    /// This counter of the programs, summed over CPUs.
+    fn stat(&self, stat: Stat) -> Result<u64> {
+        let stats: PerCpuArray<&MapData, u64> =
+            PerCpuArray::try_from(self.ebpf.map(STATS_MAP).context("STATS map missing")?)?;
+        Ok(stats.get(&(stat as u32), 0)?.iter().sum())
     }
 
     /// Reads every row of the drop map, summed over CPUs.
@@ -248,9 +267,7 @@ impl Observer {
     /// of a [`Observer::read_flows`] just made), so the map is walked once
     /// per interval, not twice.
     pub fn stats_for(&self, flow_entries: u64) -> Result<KernelStats> {
-        let stats: PerCpuArray<&MapData, u64> =
-            PerCpuArray::try_from(self.ebpf.map(STATS_MAP).context("STATS map missing")?)?;
-        let read = |stat: Stat| -> Result<u64> { Ok(stats.get(&(stat as u32), 0)?.iter().sum()) };
+        let read = |stat: Stat| self.stat(stat);
         let flow_inserts = read(Stat::FlowInserts)?;
         Ok(KernelStats {
             flow_entries,
@@ -331,6 +348,39 @@ fn for_each_percpu_array<V: Pod>(
             entry(index, &values);
         }
     }
+    Ok(())
+}
+
+/// [`for_each_percpu_array`] of a per-CPU slot array (`name`, `entries`
+/// long) whose slots, once in use, stay in use: by batch, only the slots
+/// seen in use when `tracker` says no slot was put to use since it last
+/// saw all (`first_uses`, the programs' count of them, read just before;
+/// see `slots`). `in_use` tells a slot in use by its values.
+fn for_each_slot_in_use<V: Pod>(
+    map: &PerCpuArray<&MapData, V>,
+    (name, entries): (&str, u32),
+    how: MapRead,
+    (first_uses, tracker): (u64, &mut SlotReads),
+    in_use: impl Fn(&[V]) -> bool,
+    mut entry: impl FnMut(u32, &[V]),
+) -> Result<()> {
+    if let (MapRead::Batch, SlotPlan::Only(slots)) = (how, tracker.plan(first_uses)) {
+        for index in slots {
+            let values = map
+                .get(&index, 0)
+                .with_context(|| format!("reading index {index} of the {name} map"))?;
+            entry(index, &values);
+        }
+        return Ok(());
+    }
+    let mut used = BTreeSet::new();
+    for_each_percpu_array(map, name, entries, how, |index, values| {
+        if in_use(values) {
+            used.insert(index);
+        }
+        entry(index, values);
+    })?;
+    tracker.read_all(first_uses, used);
     Ok(())
 }
 
@@ -421,6 +471,9 @@ fn watched_bit(ifindex: u32) -> u32 {
     ifindex & (WATCHED_BITS - 1)
 }
 
+/// `u64` words of the programs' watched-interface bitmap.
+const WATCHED_BITS_WORDS: usize = (WATCHED_BITS / 64) as usize;
+
 /// Network-order words of an address, as the programs read them from packets.
 fn words(addr: IpAddr) -> [u32; 4] {
     let bytes = match addr {
@@ -438,18 +491,36 @@ fn words(addr: IpAddr) -> [u32; 4] {
     out
 }
 
-/// Sets a CONFIG slot; returns whether its value changed.
-fn set_config(observer: &mut Observer, index: u32, value: u32) -> Result<bool> {
-    let mut config: Array<&mut MapData, u32> = Array::try_from(
+/// The words of the programs' `CONFIG` global, indexed by [`config`].
+type ConfigWords = [u32; config::COUNT as usize];
+
+/// The programs' `CONFIG` words.
+fn config_words(observer: &Observer) -> Result<ConfigWords> {
+    let config: Array<&MapData, ConfigWords> = Array::try_from(
         observer
             .ebpf
-            .map_mut(CONFIG_MAP)
-            .context("CONFIG map missing")?,
+            .map(CONFIG_SECTION)
+            .context("the programs' CONFIG words are missing")?,
     )?;
-    if config.get(&index, 0)? == value {
+    Ok(config.get(&0, 0)?)
+}
+
+/// Sets a CONFIG word; returns whether its value changed.
+fn set_config(observer: &mut Observer, index: u32, value: u32) -> Result<bool> {
+    let mut words = config_words(observer)?;
+    if words[index as usize] == value {
         return Ok(false);
     }
-    config.set(index, value, 0)?;
+    words[index as usize] = value;
+    let mut config: Array<&mut MapData, ConfigWords> = Array::try_from(
+        observer
+            .ebpf
+            .map_mut(CONFIG_SECTION)
+            .context("the programs' CONFIG words are missing")?,
+    )?;
+    // The whole value is rewritten; the programs read one aligned word at
+    // a time, so a reader sees each word old or new, never torn.
+    config.set(0, words, 0)?;
     Ok(true)
 }
 
@@ -463,13 +534,7 @@ fn set_switch(observer: &mut Observer, index: u32, on: bool) -> Result<bool> {
 /// starts the first generation (0, "none decided", becomes 1), under
 /// which the programs cache facts at all.
 pub(super) fn next_facts_generation(observer: &mut Observer) -> Result<()> {
-    let config: Array<&MapData, u32> = Array::try_from(
-        observer
-            .ebpf
-            .map(CONFIG_MAP)
-            .context("CONFIG map missing")?,
-    )?;
-    let current = config.get(&config::FACTS_GENERATION, 0)?;
+    let current = config_words(observer)?[config::FACTS_GENERATION as usize];
     // Never 0 (which means "none decided"), and within the bits the
     // programs store it in.
     let next = (current % KeyFacts::MAX_GENERATION) + 1;
@@ -599,6 +664,44 @@ mod tests {
 
     use super::*;
     use crate::model::aggregate::DropAggregator;
+
+    #[test]
+    fn a_cache_slot_holds_its_own_key_and_no_other() {
+        let key = FlowKey {
+            peer: [0x0a00_0001, 0x0203_0405, 0xfeed_beef, 7],
+            ifindex: 3,
+            vni: 4096,
+            direction: 1,
+            proto: Proto::Vxlan as u8,
+            peer_family: observer_common::family::V6,
+            reason: 0,
+        };
+        let slot = FlowCacheSlot {
+            key,
+            facts: KeyFacts::default(),
+            _pad: 0,
+            value: FlowValue::default(),
+        };
+        assert!(slot.holds(&key));
+        // Each field, changed alone.
+        let changed: [fn(&mut FlowKey); 10] = [
+            |k| k.peer[0] ^= 1,
+            |k| k.peer[1] ^= 1 << 31,
+            |k| k.peer[2] ^= 1 << 8,
+            |k| k.peer[3] ^= 1,
+            |k| k.ifindex += 1,
+            |k| k.vni ^= 1 << 23,
+            |k| k.direction ^= 1,
+            |k| k.proto = Proto::Geneve as u8,
+            |k| k.peer_family = observer_common::family::V4,
+            |k| k.reason = 1,
+        ];
+        for (i, change) in changed.iter().enumerate() {
+            let mut other = key;
+            change(&mut other);
+            assert!(!slot.holds(&other), "field change {i}");
+        }
+    }
 
     #[test]
     fn key_facts_are_current_only_under_their_generation() {

@@ -1,8 +1,11 @@
 //! The only code that touches the eBPF object: [`Observer`] loads it
 //! (`load`), attaches it to interfaces with bpf links (`attach`), and reads
-//! and writes its maps (`maps`); `btf`, `features` and `verifier_stats`
+//! and writes its maps (`maps`, which `slots` tells which slots of the
+//! per-CPU slot arrays to read); `btf`, `features` and `verifier_stats`
 //! read the running kernel, `testrun` runs programs on frames. Dropping the
 //! [`Observer`] detaches everything.
+
+use std::sync::Mutex;
 
 use aya::{
     Ebpf,
@@ -16,6 +19,7 @@ pub mod btf;
 pub mod features;
 pub mod load;
 pub mod maps;
+mod slots;
 pub mod testrun;
 pub mod verifier_stats;
 
@@ -24,7 +28,10 @@ pub use attach::ifindex;
 pub use load::{TC_BGP_PROGRAM, TC_CHECKS_PROGRAM};
 
 use crate::{
-    bpf::features::{Features, Plan},
+    bpf::{
+        features::{Features, Plan},
+        slots::SlotTrackers,
+    },
     model::{ports::PortConfig, rows::KernelReasons},
 };
 
@@ -166,6 +173,9 @@ pub struct Observer {
     /// Why kernel drops cannot be counted, when the BTF facts are missing.
     btf_problem: Option<String>,
     drop_hook: DropHook,
+    /// Which slots of the flow cache and the plain counters the next read
+    /// reads (`slots`); behind a lock because rows are read through `&self`.
+    slot_reads: Mutex<SlotTrackers>,
 }
 
 impl Observer {
