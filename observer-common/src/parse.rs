@@ -59,7 +59,7 @@ pub trait Frame {
     /// for every read at a constant offset inside them ([`Head::get`]),
     /// instead of one per read. `len` is a constant of the caller's, at
     /// most [`HEADER_WINDOW`].
-    fn head(&self, len: usize) -> Option<Head>;
+    fn head(&self, len: usize) -> Option<Head<'_>>;
 }
 
 /// The first `len` bytes of a frame, known to be there ([`Frame::head`]).
@@ -69,12 +69,14 @@ pub trait Frame {
 /// at the constant offsets of the hooks' first look ([`early`]) one check
 /// of the whole header stack is enough, and each read is then one load.
 #[derive(Clone, Copy)]
-pub struct Head {
+pub struct Head<'frame> {
     at: *const u8,
     len: usize,
+    /// Borrows the frame: a head cannot outlive the bytes it reads.
+    frame: core::marker::PhantomData<&'frame [u8]>,
 }
 
-impl Head {
+impl Head<'_> {
     /// The `T` at offset `off` (a constant); `None` when it does not lie
     /// inside the head (a check that constants fold away).
     #[inline(always)]
@@ -146,10 +148,11 @@ impl Frame for SliceFrame<'_> {
     }
 
     #[inline(always)]
-    fn head(&self, len: usize) -> Option<Head> {
+    fn head(&self, len: usize) -> Option<Head<'_>> {
         (len <= HEADER_WINDOW && len <= self.0.len()).then_some(Head {
             at: self.0.as_ptr(),
             len,
+            frame: core::marker::PhantomData,
         })
     }
 }
@@ -178,13 +181,14 @@ impl Frame for PacketFrame {
     }
 
     #[inline(always)]
-    fn head(&self, len: usize) -> Option<Head> {
+    fn head(&self, len: usize) -> Option<Head<'_>> {
         if len > HEADER_WINDOW || self.start + len > self.end {
             return None;
         }
         Some(Head {
             at: self.start as *const u8,
             len,
+            frame: core::marker::PhantomData,
         })
     }
 }
@@ -213,10 +217,11 @@ impl Frame for CopiedFrame {
     }
 
     #[inline(always)]
-    fn head(&self, len: usize) -> Option<Head> {
+    fn head(&self, len: usize) -> Option<Head<'_>> {
         (len <= HEADER_WINDOW && len <= self.len).then_some(Head {
             at: self.buf as *const u8,
             len,
+            frame: core::marker::PhantomData,
         })
     }
 }

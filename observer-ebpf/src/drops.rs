@@ -13,8 +13,7 @@ use crate::{
         DROPS, IFACE_MTU, IPIP_ALLOW4, IPIP_ALLOW6, LOCAL_VNIS, MapPorts, VXLAN_ALLOW4,
         VXLAN_ALLOW6, config_on, config_word,
     },
-    parse::clobbered,
-    parse::{Classified, CommonVxlan},
+    parse::{Classified, CommonVxlan, clobbered},
 };
 
 /// Adds one packet to the drop counters of (ifindex, peer, origin, reason).
