@@ -795,6 +795,14 @@ pub const WATCHED_MAX: u32 = 256;
 pub const WATCHED_BITS_SECTION: &str = ".data.watched";
 /// Bits in [`WATCHED_BITS_SECTION`] (a power of two).
 pub const WATCHED_BITS: u32 = 65536;
+/// `u64` words of [`WATCHED_BITS_SECTION`].
+pub const WATCHED_BITS_WORDS: usize = (WATCHED_BITS / 64) as usize;
+
+/// `ifindex`'s bit in [`WATCHED_BITS_SECTION`] (interfaces may share one).
+#[inline(always)]
+pub fn watched_bit(ifindex: u32) -> u32 {
+    ifindex & (WATCHED_BITS - 1)
+}
 /// Name of the program array tc ingress tail-calls its drop checks from.
 pub const CHECKS_MAP: &str = "CHECKS";
 /// Name of the program array both tc hooks tail-call BGP counting from.
@@ -803,6 +811,9 @@ pub const BGP_PROG_MAP: &str = "BGP_PROG";
 pub const XDP_BGP_PROG_MAP: &str = "XDP_BGP_PROG";
 /// Name of the global holding the [`SkbLayout`].
 pub const SKB_LAYOUT_GLOBAL: &str = "SKB_LAYOUT";
+
+/// The words of [`CONFIG_SECTION`], indexed by [`config`] constants.
+pub type ConfigWords = [u32; config::COUNT as usize];
 
 /// Indexes of [`CONFIG_SECTION`]; a non-zero value switches a check on.
 pub mod config {

@@ -729,7 +729,7 @@ pub fn early<F: Frame, P: PortTable>(f: &F, direction: Direction, ports: &P) -> 
     };
     let plain = Early::new(Exit::Plain, end, CommonVxlan::NONE);
     match l4_proto {
-        IPPROTO_UDP => match udp_port_proto(source, destination, ports) {
+        IPPROTO_UDP => match udp_proto(source, destination, ports) {
             Proto::Other => plain,
             Proto::Vxlan => match outer_v4 {
                 Some(outer) => match common_vxlan(f, outer, direction) {
@@ -740,7 +740,7 @@ pub fn early<F: Frame, P: PortTable>(f: &F, direction: Direction, ports: &P) -> 
             },
             _ => Early::FULL,
         },
-        IPPROTO_TCP if !bgp_port_pair(source, destination) => plain,
+        IPPROTO_TCP if !bgp_ports(source, destination) => plain,
         _ => Early::FULL,
     }
 }
@@ -971,18 +971,11 @@ fn ipv6_payload<F: Frame>(
     }
 }
 
-/// The encapsulation a UDP header (source and destination port, as on
-/// the wire, then length and checksum) names: its destination port's, else
-/// its source port's when that port's entry asks for source matches.
+/// The encapsulation a UDP header's `source` and `destination` ports (as
+/// on the wire) name: the destination port's, else the source port's when
+/// that port's entry asks for source matches.
 #[inline(always)]
-fn udp_proto<P: PortTable>(header: &[u16; 4], table: &P) -> Proto {
-    udp_port_proto(header[0], header[1], table)
-}
-
-/// [`udp_proto`] of a UDP header's `source` and `destination` ports, as
-/// on the wire.
-#[inline(always)]
-fn udp_port_proto<P: PortTable>(source: u16, destination: u16, table: &P) -> Proto {
+fn udp_proto<P: PortTable>(source: u16, destination: u16, table: &P) -> Proto {
     let mut tag = table.tag(u16::from_be(destination));
     if tag == 0 {
         let source_tag = table.tag(u16::from_be(source));
@@ -998,7 +991,7 @@ fn udp<F: Frame, P: PortTable>(f: &F, off: usize, table: &P) -> Result<Encap, Un
     let Some(ports) = f.read::<[u16; 4]>(off) else {
         return Err(Unclassified::TruncatedL4);
     };
-    let proto = udp_proto(&ports, table);
+    let proto = udp_proto(ports[0], ports[1], table);
     let hdr_off = off + UDP_HLEN;
     let (inner, inner_off) = match proto {
         Proto::Other => return Ok(Encap::plain()),
@@ -1147,19 +1140,14 @@ pub fn plain_bgp<F: Frame>(f: &F, c: &Classified) -> bool {
     {
         return false;
     }
-    f.read(c.l4_off).is_some_and(bgp_ports)
+    f.read::<[u16; 2]>(c.l4_off)
+        .is_some_and(|[source, destination]| bgp_ports(source, destination))
 }
 
-/// Whether a TCP header's two ports (as on the wire) hold the BGP port.
+/// Whether a TCP header's `source` or `destination` port (as on the
+/// wire) is the BGP port.
 #[inline(always)]
-fn bgp_ports(ports: [u16; 2]) -> bool {
-    bgp_port_pair(ports[0], ports[1])
-}
-
-/// [`bgp_ports`] of a TCP header's `source` and `destination` ports, as
-/// on the wire.
-#[inline(always)]
-fn bgp_port_pair(source: u16, destination: u16) -> bool {
+fn bgp_ports(source: u16, destination: u16) -> bool {
     let bgp = crate::BGP_PORT.to_be();
     source == bgp || destination == bgp
 }

@@ -12,7 +12,7 @@ use observer_common::{Direction, REASON_NOT_REPORTED, WatchedIface, drop_origin}
 
 use crate::{
     drops,
-    maps::{MapPorts, SCRATCH, SCRATCH_DROPS, SKB_LAYOUT, WATCHED, watched_bit},
+    maps::{MapPorts, SCRATCH, SCRATCH_DROPS, SKB_LAYOUT, WATCHED, is_watched_bit},
     parse,
 };
 
@@ -77,7 +77,7 @@ fn try_observe_drop(skb: usize, reason: u32) -> Option<()> {
     let ifindex: u32 = field(dev, offset!(dev_ifindex));
     // Most drops happen on devices nobody watches: the bitmap answers for
     // them after two reads, before the namespace walk and the hash lookup.
-    if !watched_bit(ifindex) {
+    if !is_watched_bit(ifindex) {
         return None;
     }
     let net: usize = field(dev, offset!(dev_nd_net));

@@ -9,10 +9,10 @@ use aya_ebpf::{
 };
 use observer_common::parse::{self, Classified, PortTable, Scratch, clobbered};
 use observer_common::{
-    ALLOW_SET_MAX_PREFIXES, BGP_MAX_KEYS, BgpCounters, BgpKey, DEFAULT_MAX_FLOWS, DropKey,
-    DropValue, FLOW_CACHE_SLOTS, FlowCacheSlot, FlowKey, FlowValue, LOCAL_VNIS_MAX, PLAIN_SLOTS,
-    PlainCounters, Proto, STAT_COUNT, SkbLayout, Unclassified, WATCHED_BITS as WATCHED_BITS_COUNT,
-    WATCHED_MAX, WatchedIface, config,
+    ALLOW_SET_MAX_PREFIXES, BGP_MAX_KEYS, BgpCounters, BgpKey, ConfigWords, DEFAULT_MAX_FLOWS,
+    DropKey, DropValue, FLOW_CACHE_SLOTS, FlowCacheSlot, FlowKey, FlowValue, LOCAL_VNIS_MAX,
+    PLAIN_SLOTS, PlainCounters, Proto, STAT_COUNT, SkbLayout, Unclassified, WATCHED_BITS_WORDS,
+    WATCHED_MAX, WatchedIface, config, watched_bit,
 };
 
 /// Per (interface, direction, protocol, peer, VNI) packet and byte counters.
@@ -113,7 +113,7 @@ pub static IPIP_ALLOW6: LpmTrie<[u32; 4], u8> =
 /// for every frame.
 #[unsafe(link_section = ".data.config")]
 #[unsafe(no_mangle)]
-static mut CONFIG: [u32; config::COUNT as usize] = [0; config::COUNT as usize];
+static mut CONFIG: ConfigWords = [0; config::COUNT as usize];
 
 /// VNIs of the local vxlan devices.
 #[map(name = "LOCAL_VNIS")]
@@ -135,12 +135,10 @@ pub static WATCHED: HashMap<WatchedIface, u8> = HashMap::with_max_entries(WATCHE
 #[unsafe(no_mangle)]
 static mut WATCHED_BITS: [u64; WATCHED_BITS_WORDS] = [0; WATCHED_BITS_WORDS];
 
-const WATCHED_BITS_WORDS: usize = (WATCHED_BITS_COUNT / 64) as usize;
-
 /// Whether `ifindex`'s bit of [`WATCHED_BITS`] is set.
 #[inline(always)]
-pub fn watched_bit(ifindex: u32) -> bool {
-    let bit = (ifindex & (WATCHED_BITS_COUNT - 1)) as usize;
+pub fn is_watched_bit(ifindex: u32) -> bool {
+    let bit = watched_bit(ifindex) as usize;
     // SAFETY: `bit / 64` indexes inside the array. Volatile: userspace
     // rewrites it while the programs run.
     let word = unsafe { read_volatile((&raw const WATCHED_BITS).cast::<u64>().add(bit / 64)) };

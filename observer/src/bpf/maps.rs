@@ -20,11 +20,11 @@ use aya::{
 use foldhash::HashMap as FastMap;
 use ipnet::IpNet;
 use observer_common::{
-    BGP_MAP, BgpCounters, BgpKey, CONFIG_SECTION, DROPS_MAP, DropKey, DropValue, FLOW_CACHE_MAP,
-    FLOW_CACHE_SLOTS, FLOWS_MAP, FlowCacheSlot, FlowKey, FlowValue, IFACE_MTU_MAP,
+    BGP_MAP, BgpCounters, BgpKey, CONFIG_SECTION, ConfigWords, DROPS_MAP, DropKey, DropValue,
+    FLOW_CACHE_MAP, FLOW_CACHE_SLOTS, FLOWS_MAP, FlowCacheSlot, FlowKey, FlowValue, IFACE_MTU_MAP,
     IPIP_ALLOW_V4_MAP, IPIP_ALLOW_V6_MAP, KeyFacts, LOCAL_VNIS_MAP, PLAIN_MAP, PLAIN_SLOTS,
-    PlainCounters, STATS_MAP, Stat, VXLAN_ALLOW_V4_MAP, VXLAN_ALLOW_V6_MAP, WATCHED_BITS,
-    WATCHED_BITS_SECTION, WATCHED_MAP, WatchedIface, config,
+    PlainCounters, STATS_MAP, Stat, VXLAN_ALLOW_V4_MAP, VXLAN_ALLOW_V6_MAP, WATCHED_BITS_SECTION,
+    WATCHED_BITS_WORDS, WATCHED_MAP, WatchedIface, config, watched_bit,
 };
 
 use super::{
@@ -466,14 +466,6 @@ where
 
 // ----------------------------------------------------------- lookup maps
 
-/// `ifindex`'s bit in the kfree_skb prefilter bitmap.
-fn watched_bit(ifindex: u32) -> u32 {
-    ifindex & (WATCHED_BITS - 1)
-}
-
-/// `u64` words of the programs' watched-interface bitmap.
-const WATCHED_BITS_WORDS: usize = (WATCHED_BITS / 64) as usize;
-
 /// Network-order words of an address, as the programs read them from packets.
 fn words(addr: IpAddr) -> [u32; 4] {
     let bytes = match addr {
@@ -490,9 +482,6 @@ fn words(addr: IpAddr) -> [u32; 4] {
     }
     out
 }
-
-/// The words of the programs' `CONFIG` global, indexed by [`config`].
-type ConfigWords = [u32; config::COUNT as usize];
 
 /// The programs' `CONFIG` words.
 fn config_words(observer: &Observer) -> Result<ConfigWords> {
