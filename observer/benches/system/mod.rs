@@ -188,15 +188,8 @@ pub fn cpu_busy_ns() -> anyhow::Result<f64> {
     let mut busy = 0.0;
     let mut result = Ok(());
     for (cpu, fields) in &per_cpu {
-        // SAFETY: as above.
-        let mut one: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-        unsafe { libc::CPU_SET(*cpu, &mut one) };
-        // SAFETY: as above.
-        if unsafe { libc::sched_setaffinity(0, size, &one) } != 0 {
-            result = Err(anyhow::anyhow!(
-                "sched_setaffinity cpu {cpu}: {}",
-                io::Error::last_os_error()
-            ));
+        if let Err(e) = observer::bpf::testrun::pin_to_cpu(*cpu) {
+            result = Err(anyhow::anyhow!("sched_setaffinity cpu {cpu}: {e}"));
             break;
         }
         let mut now: libc::timespec = unsafe { std::mem::zeroed() };

@@ -7,6 +7,8 @@
 //! errors, veth and backlog drops (a drop would run the observer's
 //! kfree_skb program, a cost the bench would cause itself). A frame the
 //! veth ring refuses is resent by the sender and counted in the drops.
+//! The sender runs on CPU 0 ([`SENDER_CPU`], which also runs R's receive
+//! path in its softirq) and R's reader on CPU 1 ([`READER_CPU`]).
 //!
 //! Throughput: the sender saturates, with at most [`WINDOW`] frames sent
 //! and not yet read by R (so nothing overflows), for [`THROUGHPUT_FLOOD`];
@@ -24,15 +26,26 @@
 //! - `throughput_ratio_generic`, `throughput_ratio_xdp_off`: the observer
 //!   with `--xdp-mode generic` / `--xdp-mode off` (tc ingress) over nothing.
 //!
+//! - `throughput_aa_ratio`: nothing over nothing, measured as a setting
+//!   like the others: the bench's own resolution, with `throughput_aa_mad`
+//!   and `throughput_ratio_mad` the median absolute deviations of the
+//!   per-round ratios of nothing and of the observer.
+//!
 //! All settings run once in each of [`ROUNDS`] rounds (after a warm-up
-//! round), the order rotating from round to round. A ratio is the median
-//! of the per-round ratios (the two floods of a round are seconds apart,
-//! so drift of the shared host cancels); a pps figure is the median of its
-//! rounds.
+//! round), the order rotating from round to round, and every flood of a
+//! setting sits between two floods with nothing attached: its ratio to
+//! nothing is its pps over the mean of those two, and a ratio figure is
+//! the median of the per-round ratios (the host's throughput drifted by up
+//! to 12 % within seconds, more than the hooks under test; bracketing
+//! cancels that drift, where a ratio to one flood of nothing elsewhere in
+//! the round did not). A pps figure is the median of its rounds.
+//! `throughput_ratio_vs_xdp_pass` is the median per round of the
+//! observer's ratio over XDP_PASS's.
 //!
 //! CPU: the sender is paced at [`CPU_RATE`] frames/s (bursts of 256),
 //! which R reads without drops in every setting, so every setting
-//! processes the same frames. Rounds as above.
+//! processes the same frames. Rounds as above, without the bracketing
+//! floods (the CPU figures subtract the same round's baseline).
 //! - Machine-wide: busy time of all CPUs ([`cpu_busy_ns`]: monotonic clock
 //!   minus cpuidle residency minus steal, per CPU) per frame read. With
 //!   nothing attached that is `cpu_baseline`; a setting's cost is the
@@ -104,6 +117,15 @@ const THROUGHPUT_FLOOD: Duration = Duration::from_millis(1500);
 /// The CPU floods' rate and length.
 const CPU_RATE: f64 = 120_000.0;
 const CPU_FLOOD: Duration = Duration::from_millis(2000);
+/// The CPU S's sender thread runs on. On veth, R's whole receive path up
+/// to the socket (the hook under test included) runs in the sender's
+/// softirq, on this CPU: it is the one a throughput flood saturates.
+const SENDER_CPU: usize = 0;
+/// The CPU R's reading thread runs on: apart from the sender, so that the
+/// two never take turns on one CPU (unpinned, the scheduler put them
+/// together in some floods and not others, which moved throughput more
+/// than the hooks under test).
+const READER_CPU: usize = 1;
 /// Rounds of the floods with BPF run-time stats on.
 const STATS_ROUNDS: usize = 2;
 
@@ -171,6 +193,15 @@ impl Drop for Lab {
             let _ = drain.join();
         }
     }
+}
+
+/// Pins the calling thread to `cpu`, or to the last CPU on a smaller
+/// machine.
+fn pin(cpu: usize) -> anyhow::Result<()> {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let cpu = cpu.min(cpus - 1);
+    observer::bpf::testrun::pin_to_cpu(cpu)
+        .with_context(|| format!("pinning a thread to CPU {cpu}"))
 }
 
 /// Reads and discards datagrams on `socket` until `stop`, in batches,
@@ -312,12 +343,14 @@ impl Lab {
         let drainer = std::thread::spawn(move || -> anyhow::Result<()> {
             // SAFETY: gettid has no preconditions.
             tid_out.store(unsafe { libc::gettid() }, Ordering::Relaxed);
-            let socket = enter_netns(&ns).and_then(|()| {
-                let socket = std::net::UdpSocket::bind("198.18.0.1:4789")?;
-                socket.set_read_timeout(Some(Duration::from_millis(100)))?;
-                set_rcvbuf(&socket, RCVBUF)?;
-                Ok(socket)
-            });
+            let socket = pin(READER_CPU)
+                .and_then(|()| enter_netns(&ns))
+                .and_then(|()| {
+                    let socket = std::net::UdpSocket::bind("198.18.0.1:4789")?;
+                    socket.set_read_timeout(Some(Duration::from_millis(100)))?;
+                    set_rcvbuf(&socket, RCVBUF)?;
+                    Ok(socket)
+                });
             let _ = ready_tx.send(socket.as_ref().map(|_| ()).map_err(|e| e.to_string()));
             drain(&socket?, &flag, &count);
             Ok(())
@@ -368,6 +401,7 @@ impl Lab {
         let (s, template, delivered) = (self.s.clone(), template.to_vec(), self.delivered.clone());
         let start = Instant::now();
         let sent = std::thread::spawn(move || -> anyhow::Result<u64> {
+            pin(SENDER_CPU)?;
             enter_netns(&s)?;
             let mut storm = Storm::open("vs", template)?;
             let stop = AtomicBool::new(false);
@@ -688,76 +722,142 @@ impl Measured {
     }
 }
 
-/// Floods once per setting in each of `rounds` rounds plus a warm-up round
-/// (not kept), the order rotating by one each round. Returns the rounds of
-/// each setting, in the order of `settings`.
-fn interleave(
-    lab: &Lab,
-    vxlan: &[u8],
-    xdp_pass: BorrowedFd,
-    settings: &[Setting],
-    rounds: usize,
+/// A setting's flood, with its ratio to the two floods with nothing
+/// attached around it ([`Floods::bracketed`]).
+struct Bracketed {
+    measured: Measured,
+    ratio: f64,
+}
+
+/// How the floods of a bench are run.
+struct Floods<'a> {
+    lab: &'a Lab,
+    vxlan: &'a [u8],
+    xdp_pass: BorrowedFd<'a>,
+    pass_id: u32,
     duration: Duration,
     pace: Pace,
-) -> anyhow::Result<Vec<Vec<Measured>>> {
-    let pass_id = prog_id(xdp_pass)?;
-    let mut out: Vec<Vec<Measured>> = settings.iter().map(|_| Vec::new()).collect();
-    for round in 0..=rounds {
-        for k in 0..settings.len() {
-            let i = (round + k) % settings.len();
-            let armed = lab.arm(settings[i], xdp_pass)?;
-            let (ids, pid) = match &armed {
-                Armed::Nothing => (vec![], None),
-                Armed::XdpPass(_) => (vec![pass_id], None),
-                Armed::Observer(a) => (a.program_ids()?, Some(a.pid())),
-                Armed::Tcpdump(t) => (vec![], Some(t.pid())),
-            };
-            let programs0 = program_stats(&ids);
-            let cpu0 = pid.map(process_cpu).transpose()?.unwrap_or(0.0);
-            let flood = lab.flood(vxlan, duration, pace)?;
-            let cpu1 = pid.map(process_cpu).transpose()?.unwrap_or(0.0);
-            let programs = program_stats(&ids)
-                .into_iter()
-                .map(|(id, name, runs, ns)| {
-                    let (runs0, ns0) = programs0
-                        .iter()
-                        .find(|p| p.0 == id)
-                        .map_or((0, 0), |p| (p.2, p.3));
-                    (name, runs - runs0, ns - ns0)
-                })
-                .collect();
-            let tcpdump_dropped = match armed {
-                Armed::Tcpdump(t) => t.stop()?,
-                _ => 0,
-            };
-            let unread = flood.sent.saturating_sub(flood.delivered);
-            if flood.drops.total() > 0 || unread > 0 {
-                eprintln!(
-                    "bench: note: {:?} round {round}: {unread} of {} frames not read by R, drops {:?}",
-                    settings[i], flood.sent, flood.drops
-                );
-            }
-            if round > 0 {
-                out[i].push(Measured {
-                    flood,
-                    process_ns: (cpu1 - cpu0) * 1e9,
-                    programs,
-                    tcpdump_dropped,
-                });
+}
+
+impl<'a> Floods<'a> {
+    fn new(
+        lab: &'a Lab,
+        vxlan: &'a [u8],
+        xdp_pass: BorrowedFd<'a>,
+        duration: Duration,
+        pace: Pace,
+    ) -> anyhow::Result<Floods<'a>> {
+        Ok(Floods {
+            lab,
+            vxlan,
+            xdp_pass,
+            pass_id: prog_id(xdp_pass)?,
+            duration,
+            pace,
+        })
+    }
+
+    /// Puts `setting` in place, floods once, and removes it.
+    fn one(&self, setting: Setting, round: usize) -> anyhow::Result<Measured> {
+        let armed = self.lab.arm(setting, self.xdp_pass)?;
+        let (ids, pid) = match &armed {
+            Armed::Nothing => (vec![], None),
+            Armed::XdpPass(_) => (vec![self.pass_id], None),
+            Armed::Observer(a) => (a.program_ids()?, Some(a.pid())),
+            Armed::Tcpdump(t) => (vec![], Some(t.pid())),
+        };
+        let programs0 = program_stats(&ids);
+        let cpu0 = pid.map(process_cpu).transpose()?.unwrap_or(0.0);
+        let flood = self.lab.flood(self.vxlan, self.duration, self.pace)?;
+        let cpu1 = pid.map(process_cpu).transpose()?.unwrap_or(0.0);
+        let programs = program_stats(&ids)
+            .into_iter()
+            .map(|(id, name, runs, ns)| {
+                let (runs0, ns0) = programs0
+                    .iter()
+                    .find(|p| p.0 == id)
+                    .map_or((0, 0), |p| (p.2, p.3));
+                (name, runs - runs0, ns - ns0)
+            })
+            .collect();
+        let tcpdump_dropped = match armed {
+            Armed::Tcpdump(t) => t.stop()?,
+            _ => 0,
+        };
+        let unread = flood.sent.saturating_sub(flood.delivered);
+        if flood.drops.total() > 0 || unread > 0 {
+            eprintln!(
+                "bench: note: {setting:?} round {round}: {unread} of {} frames not read by R, drops {:?}",
+                flood.sent, flood.drops
+            );
+        }
+        Ok(Measured {
+            flood,
+            process_ns: (cpu1 - cpu0) * 1e9,
+            programs,
+            tcpdump_dropped,
+        })
+    }
+
+    /// Floods once per setting in each of `rounds` rounds plus a warm-up
+    /// round (not kept), the order rotating by one each round. Returns the
+    /// rounds of each setting, in the order of `settings`.
+    fn interleave(
+        &self,
+        settings: &[Setting],
+        rounds: usize,
+    ) -> anyhow::Result<Vec<Vec<Measured>>> {
+        let mut out: Vec<Vec<Measured>> = settings.iter().map(|_| Vec::new()).collect();
+        for round in 0..=rounds {
+            for k in 0..settings.len() {
+                let i = (round + k) % settings.len();
+                let measured = self.one(settings[i], round)?;
+                if round > 0 {
+                    out[i].push(measured);
+                }
             }
         }
+        Ok(out)
     }
-    Ok(out)
+
+    /// As [`Floods::interleave`], with a flood with nothing attached
+    /// before the first setting of a round and after every setting: each
+    /// setting's flood is then bracketed by two of nothing's, seconds
+    /// apart, and its ratio to nothing is its pps over their mean, which
+    /// cancels the host's drift (it moved throughput by up to 12 % within
+    /// seconds here, more than the hooks under test). Returns the floods
+    /// with nothing, and the rounds of each setting with their ratios.
+    fn bracketed(
+        &self,
+        settings: &[Setting],
+        rounds: usize,
+    ) -> anyhow::Result<(Vec<Measured>, Vec<Vec<Bracketed>>)> {
+        let mut nothing = Vec::new();
+        let mut out: Vec<Vec<Bracketed>> = settings.iter().map(|_| Vec::new()).collect();
+        for round in 0..=rounds {
+            let mut before = self.one(Setting::Nothing, round)?;
+            for k in 0..settings.len() {
+                let i = (round + k) % settings.len();
+                let measured = self.one(settings[i], round)?;
+                let after = self.one(Setting::Nothing, round)?;
+                let ratio = measured.flood.pps() / ((before.flood.pps() + after.flood.pps()) / 2.0);
+                if round > 0 {
+                    out[i].push(Bracketed { measured, ratio });
+                    nothing.push(before);
+                }
+                before = after;
+            }
+            if round > 0 {
+                nothing.push(before);
+            }
+        }
+        Ok((nothing, out))
+    }
 }
 
 /// Median of `f` over `rounds`.
 fn median_of(rounds: &[Measured], f: impl Fn(&Measured) -> f64) -> f64 {
     median(&mut rounds.iter().map(f).collect::<Vec<_>>())
-}
-
-/// Median over rounds of `f(a's round, b's round)`.
-fn median_paired(a: &[Measured], b: &[Measured], f: impl Fn(&Measured, &Measured) -> f64) -> f64 {
-    median(&mut a.iter().zip(b).map(|(a, b)| f(a, b)).collect::<Vec<_>>())
 }
 
 /// Median absolute deviation of `values` from their median.
@@ -767,10 +867,9 @@ fn mad(values: &[f64]) -> f64 {
 }
 
 /// Frames dropped, or sent and never read by R, in all of `measured`.
-fn total_drops(measured: &[Vec<Measured>]) -> u64 {
+fn total_drops<'m>(measured: impl IntoIterator<Item = &'m Measured>) -> u64 {
     measured
-        .iter()
-        .flatten()
+        .into_iter()
         .map(|m| {
             let unread = m.flood.sent.saturating_sub(m.flood.delivered);
             m.flood.drops.total().max(unread)
@@ -806,41 +905,65 @@ pub fn run(vxlan: &[u8], xdp_pass: BorrowedFd) -> anyhow::Result<()> {
 
 fn throughput(lab: &Lab, vxlan: &[u8], xdp_pass: BorrowedFd, picked: Mode) -> anyhow::Result<()> {
     let settings = [
-        Setting::Nothing,
         Setting::XdpPass(picked),
         Setting::Observer(None),
         Setting::Observer(Some("generic")),
         Setting::Observer(Some("off")),
+        // Nothing as a setting too: its ratio to the floods around it is
+        // the bench's own resolution (an A/A comparison).
+        Setting::Nothing,
     ];
-    let m = interleave(
-        lab,
-        vxlan,
-        xdp_pass,
-        &settings,
-        ROUNDS,
-        THROUGHPUT_FLOOD,
-        Pace::Window(WINDOW),
-    )?;
-    let [nothing, pass, observer, generic, off] = &m[..] else {
+    let floods = Floods::new(lab, vxlan, xdp_pass, THROUGHPUT_FLOOD, Pace::Window(WINDOW))?;
+    let (nothing, m) = floods.bracketed(&settings, ROUNDS)?;
+    let [pass, observer, generic, off, again] = &m[..] else {
         unreachable!("five settings")
     };
-    let pps = |rounds: &[Measured]| format!("{:.0}", median_of(rounds, |r| r.flood.pps()));
-    let ratio = |a: &[Measured], b: &[Measured]| {
+    let pps = |rounds: &[Bracketed]| {
         format!(
-            "{:.3}",
-            median_paired(a, b, |a, b| a.flood.pps() / b.flood.pps())
+            "{:.0}",
+            median(
+                &mut rounds
+                    .iter()
+                    .map(|r| r.measured.flood.pps())
+                    .collect::<Vec<_>>()
+            )
         )
     };
-    report("throughput_without", pps(nothing), "pps");
+    let ratios = |rounds: &[Bracketed]| rounds.iter().map(|r| r.ratio).collect::<Vec<_>>();
+    let ratio = |rounds: &[Bracketed]| format!("{:.3}", median(&mut ratios(rounds)));
+    let ratio_mad = |rounds: &[Bracketed]| format!("{:.3}", mad(&ratios(rounds)));
+    let vs_pass = median(
+        &mut observer
+            .iter()
+            .zip(pass)
+            .map(|(o, p)| o.ratio / p.ratio)
+            .collect::<Vec<_>>(),
+    );
+    report(
+        "throughput_without",
+        format!("{:.0}", median_of(&nothing, |r| r.flood.pps())),
+        "pps",
+    );
     report("throughput_with", pps(observer), "pps");
-    report("throughput_ratio", ratio(observer, nothing), "x");
+    report("throughput_ratio", ratio(observer), "x");
+    report("throughput_ratio_mad", ratio_mad(observer), "x");
+    report("throughput_aa_ratio", ratio(again), "x");
+    report("throughput_aa_mad", ratio_mad(again), "x");
     report("throughput_xdp_pass", pps(pass), "pps");
-    report("throughput_xdp_pass_ratio", ratio(pass, nothing), "x");
-    report("throughput_ratio_vs_xdp_pass", ratio(observer, pass), "x");
+    report("throughput_xdp_pass_ratio", ratio(pass), "x");
+    report("throughput_ratio_vs_xdp_pass", format!("{vs_pass:.3}"), "x");
     report("throughput_with_generic", pps(generic), "pps");
-    report("throughput_ratio_generic", ratio(generic, nothing), "x");
-    report("throughput_ratio_xdp_off", ratio(off, nothing), "x");
-    report("throughput_drops", total_drops(&m), "frames");
+    report("throughput_ratio_generic", ratio(generic), "x");
+    report("throughput_ratio_xdp_off", ratio(off), "x");
+    report(
+        "throughput_drops",
+        total_drops(
+            nothing
+                .iter()
+                .chain(m.iter().flatten().map(|r| &r.measured)),
+        ),
+        "frames",
+    );
     Ok(())
 }
 
@@ -853,15 +976,8 @@ fn cpu(lab: &Lab, vxlan: &[u8], xdp_pass: BorrowedFd, picked: Mode) -> anyhow::R
         Setting::Observer(Some("generic")),
         Setting::Observer(Some("off")),
     ];
-    let m = interleave(
-        lab,
-        vxlan,
-        xdp_pass,
-        &settings,
-        ROUNDS,
-        CPU_FLOOD,
-        Pace::Rate(CPU_RATE),
-    )?;
+    let floods = Floods::new(lab, vxlan, xdp_pass, CPU_FLOOD, Pace::Rate(CPU_RATE))?;
+    let m = floods.interleave(&settings, ROUNDS)?;
     let [nothing, observer, pass, tcpdump, generic, off] = &m[..] else {
         unreachable!("five settings")
     };
@@ -887,14 +1003,9 @@ fn cpu(lab: &Lab, vxlan: &[u8], xdp_pass: BorrowedFd, picked: Mode) -> anyhow::R
     // (two clock reads) plus a one-instruction program.
     let stats = aya::sys::enable_stats(aya::sys::Stats::RunTime)
         .context("enabling kernel.bpf_stats_enabled")?;
-    let s = interleave(
-        lab,
-        vxlan,
-        xdp_pass,
+    let s = floods.interleave(
         &[Setting::XdpPass(picked), Setting::Observer(None)],
         STATS_ROUNDS,
-        CPU_FLOOD,
-        Pace::Rate(CPU_RATE),
     )?;
     drop(stats);
     let [pass_stats, observer_stats] = &s[..] else {
@@ -936,7 +1047,11 @@ fn cpu(lab: &Lab, vxlan: &[u8], xdp_pass: BorrowedFd, picked: Mode) -> anyhow::R
         format!("{:.0}", median_of(nothing, |r| r.flood.delivered as f64)),
         "packets/flood",
     );
-    report("cpu_drops", total_drops(&m) + total_drops(&s), "frames");
+    report(
+        "cpu_drops",
+        total_drops(m.iter().flatten()) + total_drops(s.iter().flatten()),
+        "frames",
+    );
     report(
         "cpu_baseline",
         format!("{:.0}", median_of(nothing, Measured::busy_per_packet)),

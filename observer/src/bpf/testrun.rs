@@ -101,15 +101,21 @@ pub fn run(
 /// it makes lands in the same per-CPU map values: then a row's inner
 /// sample is its latest frame's, as in a single-CPU sequence.
 pub fn pin_to_this_cpu() -> io::Result<()> {
-    // SAFETY: sched_getcpu has no preconditions; the set is a zeroed plain
-    // struct that CPU_SET writes one bit of, passed with its size.
+    // SAFETY: sched_getcpu has no preconditions.
+    let cpu = unsafe { libc::sched_getcpu() };
+    if cpu < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    pin_to_cpu(cpu as usize)
+}
+
+/// Pins the calling thread to `cpu`.
+pub fn pin_to_cpu(cpu: usize) -> io::Result<()> {
+    // SAFETY: the set is a zeroed plain struct that CPU_SET writes one bit
+    // of, passed with its size.
     unsafe {
-        let cpu = libc::sched_getcpu();
-        if cpu < 0 {
-            return Err(io::Error::last_os_error());
-        }
         let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu as usize, &mut set);
+        libc::CPU_SET(cpu, &mut set);
         if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
             return Err(io::Error::last_os_error());
         }
