@@ -242,8 +242,8 @@ fn run() -> anyhow::Result<()> {
             .map_err(|_| anyhow::anyhow!("packet bench panicked"))?
     })?;
     let only = std::env::var("OBSERVER_BENCH_ONLY").unwrap_or_default();
-    if only == "traffic" {
-        system::traffic::run(&vxlan, pass.as_fd())?;
+    if only == "traffic" || only == "throughput" {
+        system::traffic::run(&vxlan, pass.as_fd(), only == "traffic")?;
         return system::write_table();
     }
     // The kfree_skb cost is measured on real drops in namespaces, on a
@@ -258,7 +258,7 @@ fn run() -> anyhow::Result<()> {
     system::snapshot::run(&vxlan)?;
     system::monitor::run()?;
     system::replay::run(&vxlan)?;
-    system::traffic::run(&vxlan, pass.as_fd())?;
+    system::traffic::run(&vxlan, pass.as_fd(), true)?;
     system::write_table()
 }
 

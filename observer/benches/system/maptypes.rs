@@ -66,19 +66,50 @@ pub fn load_xdp_pass() -> io::Result<OwnedFd> {
 /// (-1, "next program / default action", the observer's own verdict): the
 /// tcx counterpart of [`load_xdp_pass`].
 pub fn load_tc_pass() -> io::Result<OwnedFd> {
-    const BPF_PROG_TYPE_SCHED_CLS: u32 = 3;
-    const BPF_TCX_INGRESS: u32 = 46;
-    load_raw(
-        BPF_PROG_TYPE_SCHED_CLS,
-        BPF_TCX_INGRESS,
+    ProbeHook::Tcx.load(
         b"tc_pass",
         &[
             // BPF_ALU64 | BPF_MOV | BPF_K: r0 = -1 (TC_ACT_UNSPEC)
-            Insn::new(0xb7, 0, 0, -1),
+            Insn::new(0xb7, 0, 0, ProbeHook::Tcx.pass()),
             // BPF_JMP | BPF_EXIT
             Insn::new(0x95, 0, 0, 0),
         ],
     )
+}
+
+/// Where a hand-written program runs: XDP, or tc ingress through tcx.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum ProbeHook {
+    Xdp,
+    Tcx,
+}
+
+impl ProbeHook {
+    /// Offsets of the frame's start and end pointers in the context
+    /// (`struct xdp_md`, `struct __sk_buff`).
+    fn bounds(self) -> (i16, i16) {
+        match self {
+            ProbeHook::Xdp => (0, 4),
+            ProbeHook::Tcx => (76, 80),
+        }
+    }
+
+    /// The verdict that passes the frame on unchanged.
+    fn pass(self) -> i32 {
+        match self {
+            ProbeHook::Xdp => XDP_PASS as i32,
+            ProbeHook::Tcx => -1,
+        }
+    }
+
+    fn load(self, prog_name: &[u8], insns: &[Insn]) -> io::Result<OwnedFd> {
+        const BPF_PROG_TYPE_SCHED_CLS: u32 = 3;
+        const BPF_TCX_INGRESS: u32 = 46;
+        match self {
+            ProbeHook::Xdp => load_raw_xdp(prog_name, insns),
+            ProbeHook::Tcx => load_raw(BPF_PROG_TYPE_SCHED_CLS, BPF_TCX_INGRESS, prog_name, insns),
+        }
+    }
 }
 
 /// Loads an XDP program from raw instructions.
@@ -545,11 +576,7 @@ pub fn floors(
         pass,
         (repeat, rounds),
     )?;
-    // VXLAN's port, tagged for the VXLAN probe only.
-    update(ports.as_fd(), &4789u32.to_ne_bytes(), &[1])?;
-    // Per slot: source, VNI word, packets, bytes.
-    let slots = create_array(6, 24, 1024)?;
-    let prog = load_xdp_raw_vxlan_floor(ports.as_fd(), slots.as_fd())?;
+    let prog = load_vxlan_floor(ProbeHook::Xdp)?;
     floor_over_pass(
         "vxlan_floor_over_pass",
         prog.as_fd(),
@@ -664,12 +691,13 @@ fn push_port_lookup(
 /// `len` bytes are there; then each (load opcode, offset, value) of
 /// `fields` must read `value` (multi-byte fields as read little-endian);
 /// then r7 is the frame's length.
-fn prologue(len: i32, fields: &[(u8, i16, i32)]) -> (Vec<Insn>, Vec<usize>) {
+fn prologue(hook: ProbeHook, len: i32, fields: &[(u8, i16, i32)]) -> (Vec<Insn>, Vec<usize>) {
     let mut code = Vec::new();
     let mut to_exit = Vec::new();
+    let (data, data_end) = hook.bounds();
     code.extend([
-        Insn::new(0x61, 6 | (1 << 4), 0, 0),
-        Insn::new(0x61, 7 | (1 << 4), 4, 0),
+        Insn::new(0x61, 6 | (1 << 4), data, 0),
+        Insn::new(0x61, 7 | (1 << 4), data_end, 0),
         Insn::new(0xbf, 2 | (6 << 4), 0, 0),
         Insn::new(0x07, 2, 0, len),
     ]);
@@ -686,31 +714,39 @@ fn prologue(len: i32, fields: &[(u8, i16, i32)]) -> (Vec<Insn>, Vec<usize>) {
     (code, to_exit)
 }
 
-/// Appends the probe's exit (`r0 = XDP_PASS`), points the jumps in
-/// `to_exit` at it and loads the program.
-fn finish_probe(name: &[u8], mut code: Vec<Insn>, to_exit: &[usize]) -> io::Result<OwnedFd> {
+/// Appends the probe's exit (`r0 =` the hook's pass verdict), points the
+/// jumps in `to_exit` at it and loads the program.
+fn finish_probe(
+    hook: ProbeHook,
+    name: &[u8],
+    mut code: Vec<Insn>,
+    to_exit: &[usize],
+) -> io::Result<OwnedFd> {
     let exit = code.len();
-    code.push(Insn::new(0xb7, 0, 0, XDP_PASS as i32));
+    code.push(Insn::new(0xb7, 0, 0, hook.pass()));
     code.push(Insn::new(0x95, 0, 0, 0));
     for &at in to_exit {
         code[at].off = (exit - at - 1) as i16;
     }
-    load_raw_xdp(name, &code)
+    hook.load(name, &code)
 }
 
 /// The plain probe of [`floors`].
 fn load_xdp_raw_floor(ports: BorrowedFd<'_>, counters: BorrowedFd<'_>) -> io::Result<OwnedFd> {
     // Ethernet, IPv4 without options, UDP: type 0x0800, version 4 + IHL
     // 5, protocol 17.
-    let (mut code, mut to_exit) =
-        prologue(42, &[(0x69, 12, 0x0008), (0x71, 14, 0x45), (0x71, 23, 17)]);
+    let (mut code, mut to_exit) = prologue(
+        ProbeHook::Xdp,
+        42,
+        &[(0x69, 12, 0x0008), (0x71, 14, 0x45), (0x71, 23, 17)],
+    );
     push_port_lookup(&mut code, &mut to_exit, ports, 36, false);
     push_port_lookup(&mut code, &mut to_exit, ports, 34, false);
     // *(u32 *)(r10 - 8) = 0: the counters' only slot.
     code.push(Insn::new(0x62, 10, -8, 0));
     push_lookup(&mut code, &mut to_exit, counters, -8);
     push_add(&mut code, 0);
-    finish_probe(b"plain_floor", code, &to_exit)
+    finish_probe(ProbeHook::Xdp, b"plain_floor", code, &to_exit)
 }
 
 /// packets += 1 and bytes += r7 at `at` and `at + 8` of the value r0
@@ -726,13 +762,22 @@ fn push_add(code: &mut Vec<Insn>, at: i16) {
     ]);
 }
 
-/// The VXLAN probe of [`floors`]. A slot whose key differs is claimed (the
-/// first run); the measured runs all find their key.
-fn load_xdp_raw_vxlan_floor(ports: BorrowedFd<'_>, slots: BorrowedFd<'_>) -> io::Result<OwnedFd> {
+/// The VXLAN probe of [`floors`] at `hook`, with maps of its own (the
+/// program holds them): a port table with VXLAN's port tagged, and 1,024
+/// per-CPU slots of source, VNI word, packets and bytes. A slot whose key
+/// differs is claimed (a flow's first frame); later frames find their key.
+/// The traffic bench attaches it too: the cheapest program that counts
+/// the bench's frames per peer.
+pub fn load_vxlan_floor(hook: ProbeHook) -> anyhow::Result<OwnedFd> {
     const GOLDEN: u32 = 0x9e37_79b1;
+    let ports = create_array(2, 1, 65_536)?;
+    update(ports.as_fd(), &4789u32.to_ne_bytes(), &[1])?;
+    let slots = create_array(6, 24, 1024)?;
+    let (ports, slots) = (ports.as_fd(), slots.as_fd());
     // Outer Ethernet, IPv4 without options, UDP, VXLAN, inner Ethernet
     // and IPv4 without options: 84 bytes.
     let (mut code, mut to_exit) = prologue(
+        hook,
         84,
         &[
             (0x69, 12, 0x0008),
@@ -797,5 +842,5 @@ fn load_xdp_raw_vxlan_floor(ports: BorrowedFd<'_>, slots: BorrowedFd<'_>) -> io:
     for at in to_claim {
         code[at].off = (claim - at - 1) as i16;
     }
-    finish_probe(b"vxlan_floor", code, &to_exit)
+    Ok(finish_probe(hook, b"vxlan_floor", code, &to_exit)?)
 }

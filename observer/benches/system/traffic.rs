@@ -23,6 +23,12 @@
 //!   into a page-pool page);
 //! - `throughput_ratio_vs_xdp_pass`: the observer over that XDP_PASS: what
 //!   the observer's programs and process add;
+//! - `throughput_floor_ratio`: the cheapest program that counts the
+//!   bench's frames per peer (`maptypes::load_vxlan_floor`), in the mode
+//!   the observer picked, over nothing: the floor of any counting program
+//!   at this hook; `throughput_floor_ratio_vs_xdp_pass` is what counting
+//!   adds to the hook, `throughput_ratio_vs_floor` what the observer adds
+//!   to counting;
 //! - `throughput_ratio_generic`, `throughput_ratio_xdp_off`: the observer
 //!   with `--xdp-mode generic` / `--xdp-mode off` (tc ingress) over nothing.
 //!
@@ -40,7 +46,8 @@
 //! cancels that drift, where a ratio to one flood of nothing elsewhere in
 //! the round did not). A pps figure is the median of its rounds.
 //! `throughput_ratio_vs_xdp_pass` is the median per round of the
-//! observer's ratio over XDP_PASS's.
+//! observer's ratio over XDP_PASS's. An observer's flood starts at its
+//! first interval line, after its start-up (see [`Attached::start`]).
 //!
 //! CPU: the sender is paced at [`CPU_RATE`] frames/s (bursts of 256),
 //! which R reads without drops in every setting, so every setting
@@ -95,7 +102,8 @@ use std::{
 use anyhow::{Context, anyhow, ensure};
 
 use super::{
-    Namespaces, cpu_busy_ns, enter_netns, median, process_cpu, report, sh, storm::Storm, target_dir,
+    Namespaces, cpu_busy_ns, enter_netns, maptypes::ProbeHook, median, process_cpu, report, sh,
+    storm::Storm, target_dir,
 };
 
 /// Outer sources 198.18.0.16 - 198.18.0.31.
@@ -156,6 +164,9 @@ enum Setting {
     Nothing,
     /// `r0 = XDP_PASS; exit` attached with a bpf link.
     XdpPass(Mode),
+    /// The cheapest program that counts the bench's frames per peer
+    /// (`maptypes::load_vxlan_floor`), attached with a bpf link.
+    Floor(Mode),
     /// The built `observer attach`, with `--xdp-mode` this if given.
     Observer(Option<&'static str>),
     /// `tcpdump -w /dev/null` with the equivalent filter.
@@ -459,10 +470,15 @@ impl Lab {
     }
 
     /// Puts `setting` in place on vr; dropping the result removes it.
-    fn arm(&self, setting: Setting, xdp_pass: BorrowedFd) -> anyhow::Result<Armed> {
+    fn arm(&self, setting: Setting, probes: &Probes) -> anyhow::Result<Armed> {
         Ok(match setting {
             Setting::Nothing => Armed::Nothing,
-            Setting::XdpPass(mode) => Armed::XdpPass(self.attach_xdp(xdp_pass, mode)?),
+            Setting::XdpPass(mode) => {
+                Armed::Probe(self.attach_xdp(probes.pass, mode)?, probes.pass_id)
+            }
+            Setting::Floor(mode) => {
+                Armed::Probe(self.attach_xdp(probes.floor, mode)?, probes.floor_id)
+            }
             Setting::Observer(mode) => Armed::Observer(Attached::start(self, mode)?),
             Setting::Tcpdump => Armed::Tcpdump(Tcpdump::start(self)?),
         })
@@ -503,7 +519,7 @@ impl Lab {
             };
             ensure!(
                 fd >= 0,
-                "attaching xdp_pass to vr: {}",
+                "attaching a probe program to vr: {}",
                 std::io::Error::last_os_error()
             );
             // SAFETY: a new descriptor nothing else owns.
@@ -517,7 +533,9 @@ impl Lab {
 /// What [`Lab::arm`] put in place.
 enum Armed {
     Nothing,
-    XdpPass(#[allow(dead_code)] OwnedFd),
+    /// A hand-written program's link (detached when closed) and the
+    /// program's id.
+    Probe(#[allow(dead_code)] OwnedFd, u32),
     Observer(Attached),
     Tcpdump(Tcpdump),
 }
@@ -547,6 +565,12 @@ struct Attached {
 
 impl Attached {
     /// `xdp_mode`: the `--xdp-mode` value, if any (else the default, auto).
+    /// Returns at the observer's first interval line: its start-up is
+    /// over (loading, and the first reads of the node's facts, which run
+    /// a few tools in the 0.2 s after attaching), and what a flood
+    /// measures from then on is the steady state an SRE leaves running,
+    /// as in the monitor bench. (Flooding from the attach line on, those
+    /// tools ran on the sender's CPU in some floods and not others.)
     fn start(lab: &Lab, xdp_mode: Option<&str>) -> anyhow::Result<Attached> {
         let out = target_dir().join(format!("bench-observer-{}.jsonl", std::process::id()));
         let child = Command::new(env!("CARGO_BIN_EXE_observer"))
@@ -557,10 +581,10 @@ impl Attached {
             .spawn()?;
         let attached = Attached { child, out };
         let deadline = Instant::now() + Duration::from_secs(20);
-        while !fs::read_to_string(&attached.out)?.contains(r#""type":"attach""#) {
+        while !fs::read_to_string(&attached.out)?.contains(r#""type":"stats""#) {
             ensure!(
                 Instant::now() < deadline,
-                "observer did not attach within 20 s"
+                "observer printed no interval within 20 s"
             );
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -729,12 +753,32 @@ struct Bracketed {
     ratio: f64,
 }
 
+/// The hand-written programs the bench attaches in the observer's mode.
+struct Probes<'a> {
+    /// XDP_PASS, or TC_ACT_UNSPEC for tcx.
+    pass: BorrowedFd<'a>,
+    pass_id: u32,
+    /// `maptypes::load_vxlan_floor` for that hook.
+    floor: BorrowedFd<'a>,
+    floor_id: u32,
+}
+
+impl<'a> Probes<'a> {
+    fn new(pass: BorrowedFd<'a>, floor: BorrowedFd<'a>) -> anyhow::Result<Probes<'a>> {
+        Ok(Probes {
+            pass,
+            pass_id: prog_id(pass)?,
+            floor,
+            floor_id: prog_id(floor)?,
+        })
+    }
+}
+
 /// How the floods of a bench are run.
 struct Floods<'a> {
     lab: &'a Lab,
     vxlan: &'a [u8],
-    xdp_pass: BorrowedFd<'a>,
-    pass_id: u32,
+    probes: &'a Probes<'a>,
     duration: Duration,
     pace: Pace,
 }
@@ -743,26 +787,25 @@ impl<'a> Floods<'a> {
     fn new(
         lab: &'a Lab,
         vxlan: &'a [u8],
-        xdp_pass: BorrowedFd<'a>,
+        probes: &'a Probes<'a>,
         duration: Duration,
         pace: Pace,
-    ) -> anyhow::Result<Floods<'a>> {
-        Ok(Floods {
+    ) -> Floods<'a> {
+        Floods {
             lab,
             vxlan,
-            xdp_pass,
-            pass_id: prog_id(xdp_pass)?,
+            probes,
             duration,
             pace,
-        })
+        }
     }
 
     /// Puts `setting` in place, floods once, and removes it.
     fn one(&self, setting: Setting, round: usize) -> anyhow::Result<Measured> {
-        let armed = self.lab.arm(setting, self.xdp_pass)?;
+        let armed = self.lab.arm(setting, self.probes)?;
         let (ids, pid) = match &armed {
             Armed::Nothing => (vec![], None),
-            Armed::XdpPass(_) => (vec![self.pass_id], None),
+            Armed::Probe(_, id) => (vec![*id], None),
             Armed::Observer(a) => (a.program_ids()?, Some(a.pid())),
             Armed::Tcpdump(t) => (vec![], Some(t.pid())),
         };
@@ -878,8 +921,9 @@ fn total_drops<'m>(measured: impl IntoIterator<Item = &'m Measured>) -> u64 {
 }
 
 /// Runs the traffic benches with copies of `vxlan` (outer 198.18.0.2 ->
-/// 198.18.0.1, VNI 4096); `xdp_pass` is the trivial XDP program.
-pub fn run(vxlan: &[u8], xdp_pass: BorrowedFd) -> anyhow::Result<()> {
+/// 198.18.0.1, VNI 4096); `xdp_pass` is the trivial XDP program. The CPU
+/// part runs `with_cpu` only.
+pub fn run(vxlan: &[u8], xdp_pass: BorrowedFd, with_cpu: bool) -> anyhow::Result<()> {
     let lab = Lab::new()?;
     // The mode `observer attach` picks by itself on vr; XDP_PASS is
     // compared in the same mode.
@@ -894,16 +938,21 @@ pub fn run(vxlan: &[u8], xdp_pass: BorrowedFd) -> anyhow::Result<()> {
     // The "XDP_PASS" baseline in tcx mode: a tc program that only returns
     // TC_ACT_UNSPEC.
     let tc_pass = super::maptypes::load_tc_pass()?;
-    let xdp_pass = if picked == Mode::Tcx {
-        tc_pass.as_fd()
+    let (xdp_pass, hook) = if picked == Mode::Tcx {
+        (tc_pass.as_fd(), ProbeHook::Tcx)
     } else {
-        xdp_pass
+        (xdp_pass, ProbeHook::Xdp)
     };
-    throughput(&lab, vxlan, xdp_pass, picked)?;
-    cpu(&lab, vxlan, xdp_pass, picked)
+    let floor = super::maptypes::load_vxlan_floor(hook)?;
+    let probes = Probes::new(xdp_pass, floor.as_fd())?;
+    throughput(&lab, vxlan, &probes, picked)?;
+    if !with_cpu {
+        return Ok(());
+    }
+    cpu(&lab, vxlan, &probes, picked)
 }
 
-fn throughput(lab: &Lab, vxlan: &[u8], xdp_pass: BorrowedFd, picked: Mode) -> anyhow::Result<()> {
+fn throughput(lab: &Lab, vxlan: &[u8], probes: &Probes, picked: Mode) -> anyhow::Result<()> {
     let settings = [
         Setting::XdpPass(picked),
         Setting::Observer(None),
@@ -912,11 +961,12 @@ fn throughput(lab: &Lab, vxlan: &[u8], xdp_pass: BorrowedFd, picked: Mode) -> an
         // Nothing as a setting too: its ratio to the floods around it is
         // the bench's own resolution (an A/A comparison).
         Setting::Nothing,
+        Setting::Floor(picked),
     ];
-    let floods = Floods::new(lab, vxlan, xdp_pass, THROUGHPUT_FLOOD, Pace::Window(WINDOW))?;
+    let floods = Floods::new(lab, vxlan, probes, THROUGHPUT_FLOOD, Pace::Window(WINDOW));
     let (nothing, m) = floods.bracketed(&settings, ROUNDS)?;
-    let [pass, observer, generic, off, again] = &m[..] else {
-        unreachable!("five settings")
+    let [pass, observer, generic, off, again, floor] = &m[..] else {
+        unreachable!("six settings")
     };
     let pps = |rounds: &[Bracketed]| {
         format!(
@@ -932,13 +982,19 @@ fn throughput(lab: &Lab, vxlan: &[u8], xdp_pass: BorrowedFd, picked: Mode) -> an
     let ratios = |rounds: &[Bracketed]| rounds.iter().map(|r| r.ratio).collect::<Vec<_>>();
     let ratio = |rounds: &[Bracketed]| format!("{:.3}", median(&mut ratios(rounds)));
     let ratio_mad = |rounds: &[Bracketed]| format!("{:.3}", mad(&ratios(rounds)));
-    let vs_pass = median(
-        &mut observer
-            .iter()
-            .zip(pass)
-            .map(|(o, p)| o.ratio / p.ratio)
-            .collect::<Vec<_>>(),
-    );
+    // Per round, a setting's ratio over another's.
+    let over = |a: &[Bracketed], b: &[Bracketed]| {
+        format!(
+            "{:.3}",
+            median(
+                &mut a
+                    .iter()
+                    .zip(b)
+                    .map(|(a, b)| a.ratio / b.ratio)
+                    .collect::<Vec<_>>()
+            )
+        )
+    };
     report(
         "throughput_without",
         format!("{:.0}", median_of(&nothing, |r| r.flood.pps())),
@@ -951,7 +1007,10 @@ fn throughput(lab: &Lab, vxlan: &[u8], xdp_pass: BorrowedFd, picked: Mode) -> an
     report("throughput_aa_mad", ratio_mad(again), "x");
     report("throughput_xdp_pass", pps(pass), "pps");
     report("throughput_xdp_pass_ratio", ratio(pass), "x");
-    report("throughput_ratio_vs_xdp_pass", format!("{vs_pass:.3}"), "x");
+    report("throughput_ratio_vs_xdp_pass", over(observer, pass), "x");
+    report("throughput_floor_ratio", ratio(floor), "x");
+    report("throughput_floor_ratio_vs_xdp_pass", over(floor, pass), "x");
+    report("throughput_ratio_vs_floor", over(observer, floor), "x");
     report("throughput_with_generic", pps(generic), "pps");
     report("throughput_ratio_generic", ratio(generic), "x");
     report("throughput_ratio_xdp_off", ratio(off), "x");
@@ -967,7 +1026,7 @@ fn throughput(lab: &Lab, vxlan: &[u8], xdp_pass: BorrowedFd, picked: Mode) -> an
     Ok(())
 }
 
-fn cpu(lab: &Lab, vxlan: &[u8], xdp_pass: BorrowedFd, picked: Mode) -> anyhow::Result<()> {
+fn cpu(lab: &Lab, vxlan: &[u8], probes: &Probes, picked: Mode) -> anyhow::Result<()> {
     let settings = [
         Setting::Nothing,
         Setting::Observer(None),
@@ -976,7 +1035,7 @@ fn cpu(lab: &Lab, vxlan: &[u8], xdp_pass: BorrowedFd, picked: Mode) -> anyhow::R
         Setting::Observer(Some("generic")),
         Setting::Observer(Some("off")),
     ];
-    let floods = Floods::new(lab, vxlan, xdp_pass, CPU_FLOOD, Pace::Rate(CPU_RATE))?;
+    let floods = Floods::new(lab, vxlan, probes, CPU_FLOOD, Pace::Rate(CPU_RATE));
     let m = floods.interleave(&settings, ROUNDS)?;
     let [nothing, observer, pass, tcpdump, generic, off] = &m[..] else {
         unreachable!("five settings")
