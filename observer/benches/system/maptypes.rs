@@ -80,7 +80,9 @@ pub fn load_tc_pass() -> io::Result<OwnedFd> {
 /// Where a hand-written program runs: XDP, or tc ingress through tcx.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum ProbeHook {
+    /// `BPF_PROG_TYPE_XDP`, native or generic.
     Xdp,
+    /// `BPF_PROG_TYPE_SCHED_CLS` for `BPF_TCX_INGRESS`.
     Tcx,
 }
 
@@ -102,6 +104,7 @@ impl ProbeHook {
         }
     }
 
+    /// Loads `insns` as a program of this hook.
     fn load(self, prog_name: &[u8], insns: &[Insn]) -> io::Result<OwnedFd> {
         const BPF_PROG_TYPE_SCHED_CLS: u32 = 3;
         const BPF_TCX_INGRESS: u32 = 46;
