@@ -899,7 +899,7 @@ impl<'a> Floods<'a> {
 }
 
 /// Median of `f` over `rounds`.
-fn median_of(rounds: &[Measured], f: impl Fn(&Measured) -> f64) -> f64 {
+fn median_of<T>(rounds: &[T], f: impl Fn(&T) -> f64) -> f64 {
     median(&mut rounds.iter().map(f).collect::<Vec<_>>())
 }
 
@@ -968,20 +968,15 @@ fn throughput(lab: &Lab, vxlan: &[u8], probes: &Probes, picked: Mode) -> anyhow:
     let [pass, observer, generic, off, again, floor] = &m[..] else {
         unreachable!("six settings")
     };
-    let pps = |rounds: &[Bracketed]| {
+    let pps =
+        |rounds: &[Bracketed]| format!("{:.0}", median_of(rounds, |r| r.measured.flood.pps()));
+    let ratio = |rounds: &[Bracketed]| format!("{:.3}", median_of(rounds, |r| r.ratio));
+    let ratio_mad = |rounds: &[Bracketed]| {
         format!(
-            "{:.0}",
-            median(
-                &mut rounds
-                    .iter()
-                    .map(|r| r.measured.flood.pps())
-                    .collect::<Vec<_>>()
-            )
+            "{:.3}",
+            mad(&rounds.iter().map(|r| r.ratio).collect::<Vec<_>>())
         )
     };
-    let ratios = |rounds: &[Bracketed]| rounds.iter().map(|r| r.ratio).collect::<Vec<_>>();
-    let ratio = |rounds: &[Bracketed]| format!("{:.3}", median(&mut ratios(rounds)));
-    let ratio_mad = |rounds: &[Bracketed]| format!("{:.3}", mad(&ratios(rounds)));
     // Per round, a setting's ratio over another's.
     let over = |a: &[Bracketed], b: &[Bracketed]| {
         format!(
