@@ -126,34 +126,49 @@ pub fn load_raw_xdp(prog_name: &[u8], insns: &[Insn]) -> io::Result<OwnedFd> {
 /// and with kernel.bpf_stats_enabled the stats' own clock reads). Returns
 /// the program, its id and the attachment (detached when dropped).
 pub fn attach_kfree_skb_floor() -> anyhow::Result<(OwnedFd, u32, OwnedFd)> {
+    let prog = load_empty_tracepoint("kfree_skb", b"kfree_floor")?;
+    let link = attach_tracepoint(prog.as_fd())?;
+    let id = prog_info(prog.as_fd())?.0;
+    Ok((prog, id, link))
+}
+
+/// Loads an empty program (`r0 = 0; exit`) for the kernel tracepoint
+/// `tracepoint` (a BTF-typed raw tracepoint, as the observer's drop hook).
+pub fn load_empty_tracepoint(tracepoint: &str, prog_name: &[u8]) -> anyhow::Result<OwnedFd> {
     const BPF_PROG_TYPE_TRACING: u32 = 26;
     const BPF_TRACE_RAW_TP: u32 = 23;
-    const BPF_RAW_TRACEPOINT_OPEN: libc::c_long = 17;
     let btf = aya::Btf::from_sys_fs()?;
-    let target = btf.id_by_type_name_kind("btf_trace_kfree_skb", aya_obj::btf::BtfKind::Typedef)?;
-    let prog = load_program(
+    let target = btf.id_by_type_name_kind(
+        &format!("btf_trace_{tracepoint}"),
+        aya_obj::btf::BtfKind::Typedef,
+    )?;
+    Ok(load_program(
         BPF_PROG_TYPE_TRACING,
         BPF_TRACE_RAW_TP,
         target,
-        b"kfree_floor",
+        prog_name,
         &[Insn::new(0xb7, 0, 0, 0), Insn::new(0x95, 0, 0, 0)],
-    )?;
+    )?)
+}
+
+/// Attaches a program of [`load_empty_tracepoint`] to its tracepoint;
+/// closing the returned descriptor detaches it.
+pub fn attach_tracepoint(prog: BorrowedFd) -> io::Result<OwnedFd> {
+    const BPF_RAW_TRACEPOINT_OPEN: libc::c_long = 17;
     #[repr(C)]
     struct RawTracepointOpenAttr {
         name: u64,
         prog_fd: u32,
         _pad: u32,
     }
-    let link = bpf(
+    bpf(
         BPF_RAW_TRACEPOINT_OPEN,
         &RawTracepointOpenAttr {
             name: 0,
             prog_fd: prog.as_raw_fd() as u32,
             _pad: 0,
         },
-    )?;
-    let id = prog_info(prog.as_fd())?.0;
-    Ok((prog, id, link))
+    )
 }
 
 /// Loads a program of `prog_type` from raw instructions.

@@ -29,6 +29,24 @@
 //!   at this hook; `throughput_floor_ratio_vs_xdp_pass` is what counting
 //!   adds to the hook, `throughput_ratio_vs_floor` what the observer adds
 //!   to counting;
+//! - `throughput_programs_ratio`: the observer's programs alone, loaded and
+//!   attached by the bench through the observer library (`auto`), with no
+//!   observer process; `throughput_programs_vs_floor` is what they add to
+//!   counting, so that `throughput_ratio_vs_floor` splits into the
+//!   programs' part and the process's;
+//! - `throughput_receive_loaded_once_ratio`: the observer's receive
+//!   program for the picked mode (tc ingress on a veth), loaded once
+//!   through the observer library before the first round and attached
+//!   for each flood, over nothing and over the counting floor
+//!   (`throughput_receive_loaded_once_vs_floor`). Every other observer
+//!   setting is loaded just before its flood; a monitor is loaded once.
+//!   Without `attach`, its interface MTU is not in the map, so the
+//!   over-MTU check (one compare) is skipped;
+//! - `throughput_receive_tracepoint_ratio`: an empty program on the
+//!   net:netif_receive_skb tracepoint, which every received skb passes on
+//!   any device, over nothing: the cost of the one hook outside tc and XDP
+//!   that sees every received packet, against the pass program's
+//!   (`throughput_receive_tracepoint_vs_xdp_pass`);
 //! - `throughput_ratio_generic`, `throughput_ratio_xdp_off`: the observer
 //!   with `--xdp-mode generic` / `--xdp-mode off` (tc ingress) over nothing.
 //!
@@ -167,6 +185,17 @@ enum Setting {
     /// The cheapest program that counts the bench's frames per peer
     /// (`maptypes::load_vxlan_floor`), attached with a bpf link.
     Floor(Mode),
+    /// An empty program on the net:netif_receive_skb tracepoint (every
+    /// skb received on any device), attached while the setting is armed:
+    /// what the cheapest hook outside tc and XDP costs.
+    ReceiveTracepoint,
+    /// The observer's programs, loaded and attached (`--xdp-mode auto`) by
+    /// the bench through the observer library: no observer process.
+    ObserverPrograms,
+    /// The observer's receive program for the picked mode, loaded once
+    /// through the observer library before the first round (as a monitor
+    /// left running is), attached with a bpf link for each flood.
+    ReceiveLoadedOnce(Mode),
     /// The built `observer attach`, with `--xdp-mode` this if given.
     Observer(Option<&'static str>),
     /// `tcpdump -w /dev/null` with the equivalent filter.
@@ -479,6 +508,27 @@ impl Lab {
             Setting::Floor(mode) => {
                 Armed::Probe(self.attach_xdp(probes.floor, mode)?, probes.floor_id)
             }
+            Setting::ReceiveTracepoint => Armed::Probe(
+                super::maptypes::attach_tracepoint(probes.receive_tracepoint)?,
+                probes.receive_tracepoint_id,
+            ),
+            Setting::ReceiveLoadedOnce(mode) => Armed::Probe(
+                self.attach_xdp(probes.receive_once, mode)?,
+                probes.receive_once_id,
+            ),
+            Setting::ObserverPrograms => {
+                let r = self.r.clone();
+                let observer =
+                    std::thread::spawn(move || -> anyhow::Result<observer::bpf::Observer> {
+                        enter_netns(&r)?;
+                        let mut observer = observer::bpf::Observer::load(&Default::default())?;
+                        observer.attach("vr", observer::bpf::XdpMode::Auto)?;
+                        Ok(observer)
+                    })
+                    .join()
+                    .map_err(|_| anyhow!("observer load panicked"))??;
+                Armed::Programs(Box::new(observer))
+            }
             Setting::Observer(mode) => Armed::Observer(Attached::start(self, mode)?),
             Setting::Tcpdump => Armed::Tcpdump(Tcpdump::start(self)?),
         })
@@ -537,6 +587,8 @@ enum Armed {
     /// program's id.
     Probe(#[allow(dead_code)] OwnedFd, u32),
     Observer(Attached),
+    /// The observer's programs without its process (detached when dropped).
+    Programs(#[allow(dead_code)] Box<observer::bpf::Observer>),
     Tcpdump(Tcpdump),
 }
 
@@ -761,15 +813,30 @@ struct Probes<'a> {
     /// `maptypes::load_vxlan_floor` for that hook.
     floor: BorrowedFd<'a>,
     floor_id: u32,
+    /// `maptypes::load_empty_tracepoint` for net:netif_receive_skb.
+    receive_tracepoint: BorrowedFd<'a>,
+    receive_tracepoint_id: u32,
+    /// The observer's receive program for the picked mode, loaded once.
+    receive_once: BorrowedFd<'a>,
+    receive_once_id: u32,
 }
 
 impl<'a> Probes<'a> {
-    fn new(pass: BorrowedFd<'a>, floor: BorrowedFd<'a>) -> anyhow::Result<Probes<'a>> {
+    fn new(
+        pass: BorrowedFd<'a>,
+        floor: BorrowedFd<'a>,
+        receive_tracepoint: BorrowedFd<'a>,
+        receive_once: BorrowedFd<'a>,
+    ) -> anyhow::Result<Probes<'a>> {
         Ok(Probes {
             pass,
             pass_id: prog_id(pass)?,
             floor,
             floor_id: prog_id(floor)?,
+            receive_tracepoint,
+            receive_tracepoint_id: prog_id(receive_tracepoint)?,
+            receive_once,
+            receive_once_id: prog_id(receive_once)?,
         })
     }
 }
@@ -806,6 +873,7 @@ impl<'a> Floods<'a> {
         let (ids, pid) = match &armed {
             Armed::Nothing => (vec![], None),
             Armed::Probe(_, id) => (vec![*id], None),
+            Armed::Programs(_) => (vec![], None),
             Armed::Observer(a) => (a.program_ids()?, Some(a.pid())),
             Armed::Tcpdump(t) => (vec![], Some(t.pid())),
         };
@@ -944,7 +1012,20 @@ pub fn run(vxlan: &[u8], xdp_pass: BorrowedFd, with_cpu: bool) -> anyhow::Result
         (xdp_pass, ProbeHook::Xdp)
     };
     let floor = super::maptypes::load_vxlan_floor(hook)?;
-    let probes = Probes::new(xdp_pass, floor.as_fd())?;
+    let receive_tracepoint =
+        super::maptypes::load_empty_tracepoint("netif_receive_skb", b"rx_tp_empty")?;
+    let loaded_once = observer::bpf::Observer::load(&Default::default())?;
+    let receive_once = loaded_once.program_fd(if picked == Mode::Tcx {
+        observer::bpf::Hook::TcIngress
+    } else {
+        observer::bpf::Hook::Xdp
+    })?;
+    let probes = Probes::new(
+        xdp_pass,
+        floor.as_fd(),
+        receive_tracepoint.as_fd(),
+        receive_once,
+    )?;
     throughput(&lab, vxlan, &probes, picked)?;
     if !with_cpu {
         return Ok(());
@@ -962,11 +1043,25 @@ fn throughput(lab: &Lab, vxlan: &[u8], probes: &Probes, picked: Mode) -> anyhow:
         // the bench's own resolution (an A/A comparison).
         Setting::Nothing,
         Setting::Floor(picked),
+        Setting::ReceiveTracepoint,
+        Setting::ObserverPrograms,
+        Setting::ReceiveLoadedOnce(picked),
     ];
     let floods = Floods::new(lab, vxlan, probes, THROUGHPUT_FLOOD, Pace::Window(WINDOW));
     let (nothing, m) = floods.bracketed(&settings, ROUNDS)?;
-    let [pass, observer, generic, off, again, floor] = &m[..] else {
-        unreachable!("six settings")
+    let [
+        pass,
+        observer,
+        generic,
+        off,
+        again,
+        floor,
+        tracepoint,
+        programs,
+        loaded_once,
+    ] = &m[..]
+    else {
+        unreachable!("nine settings")
     };
     let pps =
         |rounds: &[Bracketed]| format!("{:.0}", median_of(rounds, |r| r.measured.flood.pps()));
@@ -1004,8 +1099,31 @@ fn throughput(lab: &Lab, vxlan: &[u8], probes: &Probes, picked: Mode) -> anyhow:
     report("throughput_xdp_pass_ratio", ratio(pass), "x");
     report("throughput_ratio_vs_xdp_pass", over(observer, pass), "x");
     report("throughput_floor_ratio", ratio(floor), "x");
+    report("throughput_floor_ratio_mad", ratio_mad(floor), "x");
     report("throughput_floor_ratio_vs_xdp_pass", over(floor, pass), "x");
     report("throughput_ratio_vs_floor", over(observer, floor), "x");
+    report(
+        "throughput_receive_tracepoint_ratio",
+        ratio(tracepoint),
+        "x",
+    );
+    report("throughput_programs_ratio", ratio(programs), "x");
+    report("throughput_programs_vs_floor", over(programs, floor), "x");
+    report(
+        "throughput_receive_loaded_once_ratio",
+        ratio(loaded_once),
+        "x",
+    );
+    report(
+        "throughput_receive_loaded_once_vs_floor",
+        over(loaded_once, floor),
+        "x",
+    );
+    report(
+        "throughput_receive_tracepoint_vs_xdp_pass",
+        over(tracepoint, pass),
+        "x",
+    );
     report("throughput_with_generic", pps(generic), "pps");
     report("throughput_ratio_generic", ratio(generic), "x");
     report("throughput_ratio_xdp_off", ratio(off), "x");
