@@ -502,36 +502,41 @@ impl Lab {
     fn arm(&self, setting: Setting, probes: &Probes) -> anyhow::Result<Armed> {
         Ok(match setting {
             Setting::Nothing => Armed::Nothing,
-            Setting::XdpPass(mode) => {
-                Armed::Probe(self.attach_xdp(probes.pass, mode)?, probes.pass_id)
-            }
-            Setting::Floor(mode) => {
-                Armed::Probe(self.attach_xdp(probes.floor, mode)?, probes.floor_id)
-            }
+            Setting::XdpPass(mode) => self.attach_probe(probes.pass, mode)?,
+            Setting::Floor(mode) => self.attach_probe(probes.floor, mode)?,
+            Setting::ReceiveLoadedOnce(mode) => self.attach_probe(probes.receive_once, mode)?,
             Setting::ReceiveTracepoint => Armed::Probe(
-                super::maptypes::attach_tracepoint(probes.receive_tracepoint)?,
-                probes.receive_tracepoint_id,
+                super::maptypes::attach_tracepoint(probes.receive_tracepoint.fd)?,
+                probes.receive_tracepoint.id,
             ),
-            Setting::ReceiveLoadedOnce(mode) => Armed::Probe(
-                self.attach_xdp(probes.receive_once, mode)?,
-                probes.receive_once_id,
-            ),
-            Setting::ObserverPrograms => {
-                let r = self.r.clone();
-                let observer =
-                    std::thread::spawn(move || -> anyhow::Result<observer::bpf::Observer> {
-                        enter_netns(&r)?;
-                        let mut observer = observer::bpf::Observer::load(&Default::default())?;
-                        observer.attach("vr", observer::bpf::XdpMode::Auto)?;
-                        Ok(observer)
-                    })
-                    .join()
-                    .map_err(|_| anyhow!("observer load panicked"))??;
-                Armed::Programs(Box::new(observer))
-            }
+            Setting::ObserverPrograms => Armed::Programs(Box::new(self.in_r(|| {
+                let mut observer = observer::bpf::Observer::load(&Default::default())?;
+                observer.attach("vr", observer::bpf::XdpMode::Auto)?;
+                Ok(observer)
+            })?)),
             Setting::Observer(mode) => Armed::Observer(Attached::start(self, mode)?),
             Setting::Tcpdump => Armed::Tcpdump(Tcpdump::start(self)?),
         })
+    }
+
+    /// Runs `f` on a thread that has entered R's namespace (setns moves
+    /// only the calling thread).
+    fn in_r<T: Send + 'static>(
+        &self,
+        f: impl FnOnce() -> anyhow::Result<T> + Send + 'static,
+    ) -> anyhow::Result<T> {
+        let r = self.r.clone();
+        std::thread::spawn(move || {
+            enter_netns(&r)?;
+            f()
+        })
+        .join()
+        .map_err(|_| anyhow!("a thread in {} panicked", self.r))?
+    }
+
+    /// [`Lab::attach_xdp`] of `probe`, armed with its id.
+    fn attach_probe(&self, probe: Probe, mode: Mode) -> anyhow::Result<Armed> {
+        Ok(Armed::Probe(self.attach_xdp(probe.fd, mode)?, probe.id))
     }
 
     /// Attaches `prog` to vr with a bpf link (detached when it is closed):
@@ -542,12 +547,11 @@ impl Lab {
         const BPF_TCX_INGRESS: u32 = 46;
         const XDP_FLAGS_SKB_MODE: u32 = 2;
         const XDP_FLAGS_DRV_MODE: u32 = 4;
-        let (r, prog) = (self.r.clone(), prog.as_raw_fd());
-        std::thread::spawn(move || -> anyhow::Result<OwnedFd> {
-            enter_netns(&r)?;
+        let prog = prog.as_raw_fd();
+        self.in_r(move || {
             // SAFETY: NUL-terminated literal.
             let ifindex = unsafe { libc::if_nametoindex(c"vr".as_ptr()) };
-            ensure!(ifindex != 0, "no vr in {r}");
+            ensure!(ifindex != 0, "no vr in R's namespace");
             // union bpf_attr for BPF_LINK_CREATE: prog_fd, target_ifindex,
             // attach_type, flags; the rest zero.
             let mut attr = [0u32; 16];
@@ -575,8 +579,6 @@ impl Lab {
             // SAFETY: a new descriptor nothing else owns.
             Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
         })
-        .join()
-        .map_err(|_| anyhow!("xdp attach panicked"))?
     }
 }
 
@@ -805,40 +807,34 @@ struct Bracketed {
     ratio: f64,
 }
 
-/// The hand-written programs the bench attaches in the observer's mode.
-struct Probes<'a> {
-    /// XDP_PASS, or TC_ACT_UNSPEC for tcx.
-    pass: BorrowedFd<'a>,
-    pass_id: u32,
-    /// `maptypes::load_vxlan_floor` for that hook.
-    floor: BorrowedFd<'a>,
-    floor_id: u32,
-    /// `maptypes::load_empty_tracepoint` for net:netif_receive_skb.
-    receive_tracepoint: BorrowedFd<'a>,
-    receive_tracepoint_id: u32,
-    /// The observer's receive program for the picked mode, loaded once.
-    receive_once: BorrowedFd<'a>,
-    receive_once_id: u32,
+/// A loaded program the bench attaches, and its id (for its run-time
+/// stats).
+#[derive(Clone, Copy)]
+struct Probe<'a> {
+    fd: BorrowedFd<'a>,
+    id: u32,
 }
 
-impl<'a> Probes<'a> {
-    fn new(
-        pass: BorrowedFd<'a>,
-        floor: BorrowedFd<'a>,
-        receive_tracepoint: BorrowedFd<'a>,
-        receive_once: BorrowedFd<'a>,
-    ) -> anyhow::Result<Probes<'a>> {
-        Ok(Probes {
-            pass,
-            pass_id: prog_id(pass)?,
-            floor,
-            floor_id: prog_id(floor)?,
-            receive_tracepoint,
-            receive_tracepoint_id: prog_id(receive_tracepoint)?,
-            receive_once,
-            receive_once_id: prog_id(receive_once)?,
+impl<'a> Probe<'a> {
+    fn of(fd: BorrowedFd<'a>) -> anyhow::Result<Probe<'a>> {
+        Ok(Probe {
+            fd,
+            id: prog_id(fd)?,
         })
     }
+}
+
+/// The loaded programs the bench attaches: in the observer's mode unless
+/// said otherwise.
+struct Probes<'a> {
+    /// XDP_PASS, or TC_ACT_UNSPEC for tcx.
+    pass: Probe<'a>,
+    /// `maptypes::load_vxlan_floor` for that hook.
+    floor: Probe<'a>,
+    /// `maptypes::load_empty_tracepoint` for net:netif_receive_skb.
+    receive_tracepoint: Probe<'a>,
+    /// The observer's receive program for the picked mode, loaded once.
+    receive_once: Probe<'a>,
 }
 
 /// How the floods of a bench are run.
@@ -1020,12 +1016,12 @@ pub fn run(vxlan: &[u8], xdp_pass: BorrowedFd, with_cpu: bool) -> anyhow::Result
     } else {
         observer::bpf::Hook::Xdp
     })?;
-    let probes = Probes::new(
-        xdp_pass,
-        floor.as_fd(),
-        receive_tracepoint.as_fd(),
-        receive_once,
-    )?;
+    let probes = Probes {
+        pass: Probe::of(xdp_pass)?,
+        floor: Probe::of(floor.as_fd())?,
+        receive_tracepoint: Probe::of(receive_tracepoint.as_fd())?,
+        receive_once: Probe::of(receive_once)?,
+    };
     throughput(&lab, vxlan, &probes, picked)?;
     if !with_cpu {
         return Ok(());
