@@ -242,8 +242,17 @@ fn run() -> anyhow::Result<()> {
             .map_err(|_| anyhow::anyhow!("packet bench panicked"))?
     })?;
     let only = std::env::var("OBSERVER_BENCH_ONLY").unwrap_or_default();
-    if only == "traffic" || only == "throughput" {
-        system::traffic::run(&vxlan, pass.as_fd(), only == "traffic")?;
+    let traffic_only = match only.as_str() {
+        "traffic" => Some(system::traffic::Parts::ALL),
+        "throughput" | "floor" => Some(system::traffic::Parts {
+            throughput: only == "throughput",
+            floor: only == "floor",
+            cpu: false,
+        }),
+        _ => None,
+    };
+    if let Some(parts) = traffic_only {
+        system::traffic::run(&vxlan, pass.as_fd(), parts)?;
         return system::write_table();
     }
     // The kfree_skb cost is measured on real drops in namespaces, on a
@@ -258,7 +267,7 @@ fn run() -> anyhow::Result<()> {
     system::snapshot::run(&vxlan)?;
     system::monitor::run()?;
     system::replay::run(&vxlan)?;
-    system::traffic::run(&vxlan, pass.as_fd(), true)?;
+    system::traffic::run(&vxlan, pass.as_fd(), system::traffic::Parts::ALL)?;
     system::write_table()
 }
 
