@@ -264,7 +264,7 @@ fn run() -> anyhow::Result<()> {
         return system::write_table();
     }
     system::verifier::run()?;
-    system::snapshot::run(&vxlan)?;
+    system::snapshot::run_apart()?;
     system::monitor::run()?;
     system::replay::run(&vxlan)?;
     system::traffic::run(&vxlan, pass.as_fd(), system::traffic::Parts::ALL)?;
