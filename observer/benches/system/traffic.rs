@@ -1140,16 +1140,17 @@ fn floor_proof(lab: &Lab, vxlan: &[u8], probes: &Probes, picked: Mode) -> anyhow
         format!("{reached}/{FLOOR_ROUNDS}"),
         "rounds",
     );
-    report(
-        "floor_proof_drops",
-        total_drops(
-            nothing
-                .iter()
-                .chain(m.iter().flatten().map(|r| &r.measured)),
-        ),
-        "frames",
-    );
+    report("floor_proof_drops", bracketed_drops(&nothing, &m), "frames");
     Ok(())
+}
+
+/// [`total_drops`] of the floods [`Floods::bracketed`] returned.
+fn bracketed_drops(nothing: &[Measured], settings: &[Vec<Bracketed>]) -> u64 {
+    total_drops(
+        nothing
+            .iter()
+            .chain(settings.iter().flatten().map(|r| &r.measured)),
+    )
 }
 
 /// Per round, the ratio of `a`'s flood over `b`'s (each over the floods
@@ -1262,15 +1263,7 @@ fn throughput(lab: &Lab, vxlan: &[u8], probes: &Probes, picked: Mode) -> anyhow:
     report("throughput_with_generic", pps(generic), "pps");
     report("throughput_ratio_generic", ratio(generic), "x");
     report("throughput_ratio_xdp_off", ratio(off), "x");
-    report(
-        "throughput_drops",
-        total_drops(
-            nothing
-                .iter()
-                .chain(m.iter().flatten().map(|r| &r.measured)),
-        ),
-        "frames",
-    );
+    report("throughput_drops", bracketed_drops(&nothing, &m), "frames");
     Ok(())
 }
 
