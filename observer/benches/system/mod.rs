@@ -29,6 +29,22 @@ pub fn report(name: &str, value: impl Display, unit: &str) {
     ));
 }
 
+/// Reports, as this process's, the `bench NAME VALUE UNIT` lines that
+/// [`report`] printed in `stdout` of a child bench process; prints its
+/// other lines as they are.
+pub fn report_child_lines(stdout: &str) {
+    for line in stdout.lines() {
+        let row = line.strip_prefix("bench ").and_then(|rest| {
+            let mut words = rest.splitn(3, ' ');
+            Some((words.next()?, words.next()?, words.next()?))
+        });
+        match row {
+            Some((name, value, unit)) => report(name, value, unit),
+            None => println!("{line}"),
+        }
+    }
+}
+
 /// The cargo target directory (`CARGO_TARGET_DIR`, else the workspace's).
 pub fn target_dir() -> PathBuf {
     std::env::var_os("CARGO_TARGET_DIR")

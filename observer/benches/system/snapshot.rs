@@ -22,7 +22,7 @@ use observer::{
     report::textfile::{self, ExportInput, Exporter},
 };
 
-use super::{median, report, rss_kib};
+use super::{median, report, report_child_lines, rss_kib};
 
 /// Offset of the outer IPv4 source in an untagged frame.
 const IPV4_SOURCE: std::ops::Range<usize> = 26..30;
@@ -44,16 +44,7 @@ pub fn run_apart() -> anyhow::Result<()> {
         "the snapshot bench (a child process) failed: {}",
         output.status
     );
-    for line in String::from_utf8_lossy(&output.stdout).lines() {
-        let row = line.strip_prefix("bench ").and_then(|rest| {
-            let mut words = rest.splitn(3, ' ');
-            Some((words.next()?, words.next()?, words.next()?))
-        });
-        match row {
-            Some((name, value, unit)) => report(name, value, unit),
-            None => println!("{line}"),
-        }
-    }
+    report_child_lines(&String::from_utf8_lossy(&output.stdout));
     Ok(())
 }
 

@@ -29,19 +29,6 @@
 //!   at this hook; `throughput_floor_ratio_vs_xdp_pass` is what counting
 //!   adds to the hook, `throughput_ratio_vs_floor` what the observer adds
 //!   to counting;
-//! - `throughput_programs_ratio`: the observer's programs alone, loaded and
-//!   attached by the bench through the observer library (`auto`), with no
-//!   observer process; `throughput_programs_vs_floor` is what they add to
-//!   counting, so that `throughput_ratio_vs_floor` splits into the
-//!   programs' part and the process's;
-//! - `throughput_receive_loaded_once_ratio`: the observer's receive
-//!   program for the picked mode (tc ingress on a veth), loaded once
-//!   through the observer library before the first round and attached
-//!   for each flood, over nothing and over the counting floor
-//!   (`throughput_receive_loaded_once_vs_floor`). Every other observer
-//!   setting is loaded just before its flood; a monitor is loaded once.
-//!   Without `attach`, its interface MTU is not in the map, so the
-//!   over-MTU check (one compare) is skipped;
 //! - `throughput_receive_tracepoint_ratio`: an empty program on the
 //!   net:netif_receive_skb tracepoint, which every received skb passes on
 //!   any device, over nothing: the cost of the one hook outside tc and XDP
@@ -55,7 +42,9 @@
 //!   counting, the observer's receive program loaded once, loaded fresh,
 //!   all its programs, its process), every ratio with a bootstrap 95 %
 //!   interval: whether the target lies above the counting floor, and
-//!   which step costs what.
+//!   which step costs what. The receive program loaded once is attached
+//!   without `attach`, so its interface's MTU is not in the map and the
+//!   over-MTU check (one compare) is skipped.
 //!
 //! - `throughput_aa_ratio`: nothing over nothing, measured as a setting
 //!   like the others: the bench's own resolution, with `throughput_aa_mad`
@@ -1117,19 +1106,33 @@ fn floor_proof(lab: &Lab, vxlan: &[u8], probes: &Probes, picked: Mode) -> anyhow
         unreachable!("six settings")
     };
     let ratios = |rounds: &[Bracketed]| rounds.iter().map(|r| r.ratio).collect::<Vec<_>>();
-    let over = per_round_over;
     report("floor_proof_rounds", FLOOR_ROUNDS, "rounds");
     for (name, values) in [
         ("floor_proof_pass_ratio", ratios(pass)),
         ("floor_proof_floor_ratio", ratios(floor)),
-        ("floor_proof_floor_vs_pass", over(floor, pass)),
+        ("floor_proof_floor_vs_pass", per_round_over(floor, pass)),
         ("floor_proof_loaded_once_ratio", ratios(once)),
-        ("floor_proof_loaded_once_vs_floor", over(once, floor)),
-        ("floor_proof_fresh_vs_loaded_once", over(fresh, once)),
-        ("floor_proof_programs_vs_fresh", over(programs, fresh)),
+        (
+            "floor_proof_loaded_once_vs_floor",
+            per_round_over(once, floor),
+        ),
+        (
+            "floor_proof_fresh_vs_loaded_once",
+            per_round_over(fresh, once),
+        ),
+        (
+            "floor_proof_programs_vs_fresh",
+            per_round_over(programs, fresh),
+        ),
         ("floor_proof_observer_ratio", ratios(observer)),
-        ("floor_proof_observer_vs_programs", over(observer, programs)),
-        ("floor_proof_observer_vs_floor", over(observer, floor)),
+        (
+            "floor_proof_observer_vs_programs",
+            per_round_over(observer, programs),
+        ),
+        (
+            "floor_proof_observer_vs_floor",
+            per_round_over(observer, floor),
+        ),
     ] {
         let (low, high) = median_ci95(&values);
         report(name, format!("{:.3}", median(&mut values.clone())), "x");
@@ -1192,24 +1195,11 @@ fn throughput(lab: &Lab, vxlan: &[u8], probes: &Probes, picked: Mode) -> anyhow:
         Setting::Nothing,
         Setting::Floor(picked),
         Setting::ReceiveTracepoint,
-        Setting::ObserverPrograms,
-        Setting::ReceiveLoadedOnce(picked),
     ];
     let floods = Floods::new(lab, vxlan, probes, THROUGHPUT_FLOOD, Pace::Window(WINDOW));
     let (nothing, m) = floods.bracketed(&settings, ROUNDS)?;
-    let [
-        pass,
-        observer,
-        generic,
-        off,
-        again,
-        floor,
-        tracepoint,
-        programs,
-        loaded_once,
-    ] = &m[..]
-    else {
-        unreachable!("nine settings")
+    let [pass, observer, generic, off, again, floor, tracepoint] = &m[..] else {
+        unreachable!("seven settings")
     };
     let pps =
         |rounds: &[Bracketed]| format!("{:.0}", median_of(rounds, |r| r.measured.flood.pps()));
@@ -1242,18 +1232,6 @@ fn throughput(lab: &Lab, vxlan: &[u8], probes: &Probes, picked: Mode) -> anyhow:
     report(
         "throughput_receive_tracepoint_ratio",
         ratio(tracepoint),
-        "x",
-    );
-    report("throughput_programs_ratio", ratio(programs), "x");
-    report("throughput_programs_vs_floor", over(programs, floor), "x");
-    report(
-        "throughput_receive_loaded_once_ratio",
-        ratio(loaded_once),
-        "x",
-    );
-    report(
-        "throughput_receive_loaded_once_vs_floor",
-        over(loaded_once, floor),
         "x",
     );
     report(
