@@ -5,15 +5,12 @@
 //! plain data in userspace.
 
 use crate::{
-    ClassifierDrop, Proto,
+    ClassifierDrop, Proto, VXLAN_FLAG_I,
     parse::{Classified, CommonVxlan, ETH_HLEN},
 };
 
 /// IPv6's minimum link MTU (RFC 8200).
 const MIN_LINK_MTU: usize = 1280;
-
-/// VXLAN flags bit I: the VNI field is valid (RFC 7348).
-pub(crate) const VXLAN_FLAG_I: u8 = 0x08;
 
 /// The node facts behind the checks.
 pub trait CheckFacts {

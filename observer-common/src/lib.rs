@@ -31,6 +31,11 @@ pub const PORT_MATCH_SOURCE: u8 = 0x80;
 /// Mask extracting the [`Proto`] from a [`UDP_PORT_TAGS_GLOBAL`] value.
 pub const PORT_PROTO_MASK: u8 = 0x7f;
 
+/// VXLAN flags bit I: the VNI field is valid (RFC 7348). Read by the
+/// parser and by the checks, which import the parser: here, so the two
+/// modules do not import each other.
+pub const VXLAN_FLAG_I: u8 = 0x08;
+
 /// Well-known UDP ports, used as defaults by userspace.
 pub mod ports {
     /// IANA VXLAN port (Calico, Cilium option).

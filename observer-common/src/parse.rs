@@ -764,7 +764,7 @@ fn common_vxlan<F: Frame>(f: &F, outer: [u32; 2], direction: Direction) -> Optio
     let vxlan = h.get::<EncapHdr>(COMMON_VXLAN_OFF)?;
     let inner_type = h.get::<u16>(COMMON_INNER_ETH_OFF + 12)?;
     let inner = h.get::<Ipv4Hdr>(COMMON_INNER_ETH_OFF + ETH_HLEN)?;
-    if vxlan.b[0] & crate::checks::VXLAN_FLAG_I == 0
+    if vxlan.b[0] & crate::VXLAN_FLAG_I == 0
         || u16::from_be(inner_type) != ETH_P_IP
         || inner.version_ihl != 0x45
         || inner.proto == IPPROTO_ICMP

@@ -362,7 +362,10 @@ fn kfree_skb_cost() -> anyhow::Result<()> {
 
     system::enter_netns(&a)?;
     let mut observer = Observer::load(&Default::default())?;
-    observer.attach("va", observer::bpf::XdpMode::Auto)?;
+    observer.attach(
+        &observer::bpf::Interface::resolve("va")?,
+        observer::bpf::XdpMode::Auto,
+    )?;
     let (_floor, floor_id, _floor_link) = system::maptypes::attach_kfree_skb_floor()?;
     let floor_info = || -> anyhow::Result<aya::programs::ProgramInfo> {
         aya::programs::loaded_programs()

@@ -2,7 +2,7 @@
 //! with the eBPF nightly, each seeded with `fuzz/seeds/<target>` (the
 //! capture target also with the reference captures) and bounded in memory,
 //! then the differential test of the two replay classifiers
-//! (`tests/differential.rs`) for as long as one target, from a new seed.
+//! (`observer/tests/differential.rs`) for as long as one target, from a new seed.
 //! Never part of `cargo xtask test`, which only builds the targets and runs
 //! the differential test briefly from a fixed seed.
 
@@ -144,7 +144,7 @@ fn run_target(target: &'static str, seconds: u64) -> Result<Outcome> {
     if target == "capture" {
         let pcaps = std::env::var_os("OBSERVER_PCAPS")
             .map(PathBuf::from)
-            .unwrap_or_else(|| root.join("../shared/pcaps"));
+            .unwrap_or_else(|| root.join("observer/tests/pcaps"));
         if pcaps.is_dir() {
             seeds.push(pcaps);
         }
@@ -197,7 +197,7 @@ fn count_files(dir: &Path) -> usize {
     std::fs::read_dir(dir).map_or(0, |entries| entries.flatten().count())
 }
 
-/// Runs `tests/differential.rs` for `args.seconds` from `args.seed` (or
+/// Runs `observer/tests/differential.rs` for `args.seconds` from `args.seed` (or
 /// the clock's nanoseconds). A difference fails with the frame, saved as a
 /// pcap, and the seed.
 fn differential(args: &FuzzArgs) -> Result<()> {

@@ -3,9 +3,9 @@
 //! runs `setup` first, so a fresh machine needs nothing but `cargo xtask test`.
 
 mod fuzz;
+mod hang;
 mod lab;
 mod layers;
-mod registered;
 mod setup;
 mod soak;
 mod util;
@@ -48,8 +48,7 @@ enum Task {
     /// crate included), the deploy/ files (promtool check and test of the
     /// alert rules, the PrometheusRule and the privileged DaemonSet in sync,
     /// kubernetes-validate --strict of the manifests), `cargo fuzz check`
-    /// of every fuzz target (type-checked, not run), that every tests/*.rs has a
-    /// [[test]] entry in observer/Cargo.toml (and every entry a file), that
+    /// of every fuzz target (type-checked, not run), that
     /// observer/src imports only downwards and without cycles (`layers`), and
     /// `cargo test --workspace`, then `vm-test --kernel 5.10,6.1,6.12` (the kernel
     /// suite in VMs; the host's run is part of `cargo test`). The
@@ -62,11 +61,11 @@ enum Task {
         #[arg(long)]
         fail_fast: bool,
         /// Run only these steps (comma-separated names as the summary
-        /// prints them, e.g. `--only fmt,registered`); setup always runs.
+        /// prints them, e.g. `--only fmt,layers`); setup always runs.
         #[arg(long, value_delimiter = ',')]
         only: Vec<String>,
     },
-    /// The kernel suite (tests/kernels.rs) on Debian's own kernels, 5.10
+    /// The kernel suite (observer/tests/kernels.rs) on Debian's own kernels, 5.10
     /// (bullseye), 6.1 (bookworm) and 6.12 (trixie), each booted in a qemu
     /// VM (TCG, 2 vCPUs, 2 GiB) by virtme-ng with this machine's root
     /// filesystem shared read-only, and on the host; then a matrix of every
@@ -172,7 +171,7 @@ fn test(fail_fast: bool, only: &[String]) -> Result<()> {
         Err(_) => println!("xtask: CI is not set (tests needing root skip without it)"),
     }
     type Step = (&'static str, fn() -> Result<()>);
-    let steps: [Step; 12] = [
+    let steps: [Step; 11] = [
         ("setup", setup::setup),
         ("fmt", || {
             util::run(util::cargo().args(["fmt", "--all", "--", "--check"]))
@@ -207,9 +206,6 @@ fn test(fail_fast: bool, only: &[String]) -> Result<()> {
             util::run(deploy_command("python3").arg("deploy/tests/check_deploy.py"))
         }),
         ("manifests", validate_manifests),
-        // Every tests/*.rs has a [[test]] entry in observer/Cargo.toml (an
-        // unregistered file would silently never run), and every entry a file.
-        ("registered", registered::check),
         // observer/src imports only downwards, without cycles (ARCHITECTURE.md).
         ("layers", layers::check),
         ("test", || {

@@ -1,7 +1,7 @@
 //! `cargo xtask setup`: installs what building and testing the observer
 //! need, and checks the toolchains agree. Idempotent, and fast when nothing
 //! is missing: every item is checked first and installed only if absent.
-//! See ../shared/TOOLCHAIN.md for why these versions.
+//! docs/development.md says why these versions.
 
 use std::{
     fs,

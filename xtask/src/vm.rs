@@ -1,5 +1,5 @@
 //! `cargo xtask vm-test [--kernel 5.10|6.1|6.12|host|all]`: the kernel
-//! suite (tests/kernels.rs, the `kernels` test binary) on Debian's own
+//! suite (observer/tests/kernels.rs, the `kernels` test binary) on Debian's own
 //! kernels, each booted in a qemu VM (TCG: no KVM here) by virtme-ng with
 //! this machine's root filesystem shared read-only, and on the host itself;
 //! then the matrix of what every check measured on every kernel.
@@ -43,6 +43,7 @@ use anyhow::{Context, Result, bail};
 use serde_json::Value;
 
 use crate::{
+    hang::{self, Console, Progress},
     setup,
     util::{self, secs, workspace_root},
 };
@@ -176,6 +177,9 @@ const SUITE_LOG: &str = "suite.log";
 const CONSOLE_LOG: &str = "console.log";
 const BOOTED: &str = "booted";
 const STATUS: &str = "status";
+/// The names of the tests as they start, one a line (the suite's
+/// `have_root` writes them to `$OBSERVER_KERNEL_STARTED`).
+const STARTED: &str = "started";
 const GUEST_SCRIPT: &str = "run.sh";
 
 /// How often the wait for a VM looks at its results directory.
@@ -741,7 +745,7 @@ fn build_suite() -> Result<PathBuf> {
     if !out.status.success() {
         bail!(
             "`{line}` failed ({}): the kernel suite does not build (see the errors above; \
-             if someone is editing tests/ or observer/, retry in a minute)",
+             if someone is editing observer/, retry in a minute)",
             out.status
         );
     }
@@ -755,7 +759,7 @@ fn build_suite() -> Result<PathBuf> {
         })
         .and_then(|msg| msg["executable"].as_str().map(PathBuf::from))
         .with_context(|| {
-            format!("`{line}` reported no test executable named `kernels` (is `[[test]] name = \"kernels\"` still in observer/Cargo.toml?)")
+            format!("`{line}` reported no test executable named `kernels` (is observer/tests/kernels.rs still there?)")
         })
 }
 
@@ -779,13 +783,14 @@ fn guest_script(suite: &Path, dir: &Path) -> String {
          export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n\
          export HOME=/root CI=true RUST_BACKTRACE=1\n\
          export OBSERVER_KERNEL_SUITE_VM=1 OBSERVER_TEST_TIME_SCALE={TIME_SCALE}\n\
-         export OBSERVER_KERNEL_RESULTS={results}\n\
+         export OBSERVER_KERNEL_RESULTS={results} OBSERVER_KERNEL_STARTED={started}\n\
          uname -r > {booted}\n\
          cd {root} || exit 1\n\
          {suite} --test-threads=2 > {log} 2>&1\n\
          echo $? > {status}.partial\n\
          mv {status}.partial {status}\n",
         results = file(RESULTS_FILE),
+        started = file(STARTED),
         booted = file(BOOTED),
         root = q(&workspace_root()),
         suite = q(suite),
@@ -895,6 +900,13 @@ fn watch(group: &mut Group, dir: &Path, label: &str, timeout: Duration, vm: bool
     let start = Instant::now();
     let mut watch = Watch::default();
     let mut progress = PROGRESS_EVERY;
+    let mut console = Console::new(dir.join(CONSOLE_LOG));
+    let mut suite_progress = Progress::new(
+        [RESULTS_FILE, SUITE_LOG, STARTED]
+            .iter()
+            .map(|name| dir.join(name))
+            .collect(),
+    );
     loop {
         if INTERRUPTED.load(Ordering::SeqCst) {
             println!("vm-test {label}: interrupted; stopping it");
@@ -919,6 +931,41 @@ fn watch(group: &mut Group, dir: &Path, label: &str, timeout: Duration, vm: bool
             println!("vm-test {label}: the VM did not power off after the suite; killing it");
             group.stop();
             break;
+        }
+        if vm && watch.finished.is_none() {
+            console.poll();
+            let running = || hang::running_tests(&dir.join(STARTED), &dir.join(SUITE_LOG));
+            let hung = if let Some(lines) = console.hang() {
+                Some(format!(
+                    "the guest hung (its console, from the first sign):\n    {}",
+                    lines.join("\n    ")
+                ))
+            } else if watch.booted.is_some() && suite_progress.silent_for() >= hang::SILENCE_LIMIT {
+                Some(format!(
+                    "no test finished and no check was recorded for {}",
+                    secs(hang::SILENCE_LIMIT)
+                ))
+            } else {
+                None
+            };
+            if let Some(hung) = hung {
+                let running = running();
+                watch.problem = Some(format!(
+                    "{hung}\n  tests running then: {}; killed after {}",
+                    if running.is_empty() {
+                        "none recorded".to_string()
+                    } else {
+                        running.join(", ")
+                    },
+                    secs(elapsed)
+                ));
+                println!(
+                    "vm-test {label}: {}",
+                    watch.problem.as_deref().unwrap_or_default()
+                );
+                group.stop();
+                break;
+            }
         }
         if elapsed >= timeout {
             watch.problem = Some(format!(
@@ -1239,7 +1286,7 @@ impl<'a> Matrix<'a> {
         let rows = self.rows();
         let mut out = String::from(
             "# Kernel matrix\n\nWritten by `cargo xtask vm-test`: the kernel suite \
-             (tests/kernels.rs) on Debian's kernels in qemu VMs and on the host.\n\n",
+             (observer/tests/kernels.rs) on Debian's kernels in qemu VMs and on the host.\n\n",
         );
         for (i, row) in rows.iter().enumerate() {
             out.push_str(&format!("| {} |\n", row.join(" | ")));

@@ -524,7 +524,10 @@ impl Lab {
             ),
             Setting::ObserverPrograms => Armed::Programs(Box::new(self.in_r(|| {
                 let mut observer = observer::bpf::Observer::load(&Default::default())?;
-                observer.attach("vr", observer::bpf::XdpMode::Auto)?;
+                observer.attach(
+                    &observer::bpf::Interface::resolve("vr")?,
+                    observer::bpf::XdpMode::Auto,
+                )?;
                 Ok(observer)
             })?)),
             Setting::Observer(mode) => Armed::Observer(Attached::start(self, mode)?),

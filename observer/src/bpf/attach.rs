@@ -82,15 +82,19 @@ impl Observer {
     }
 
     /// Attaches the ingress (XDP or tc) and egress (tc) programs to `iface`.
-    pub fn attach(&mut self, iface: &str, mode: XdpMode) -> Result<&Attachment> {
-        let (attachment, links) = self.attach_links(iface, mode)?;
+    pub fn attach(&mut self, iface: &Interface, mode: XdpMode) -> Result<&Attachment> {
+        let (attachment, links) = self.attach_links(&iface.name, iface.ifindex, mode)?;
         self.attachments.push(attachment);
         self.links.push(links);
         Ok(self.attachments.last().expect("just pushed"))
     }
 
-    fn attach_links(&mut self, iface: &str, mode: XdpMode) -> Result<(Attachment, Links)> {
-        let ifindex = ifindex(iface)?;
+    fn attach_links(
+        &mut self,
+        iface: &str,
+        ifindex: u32,
+        mode: XdpMode,
+    ) -> Result<(Attachment, Links)> {
         let (rx, xdp_fallback_reason, rx_link) = self.attach_rx(iface, ifindex, mode)?;
         let (tx, tx_link) = self.attach_tc(iface, TcAttachType::Egress, Hook::TcEgress)?;
         self.watch(iface, ifindex)?;
@@ -135,7 +139,7 @@ impl Observer {
                 Some(index) => {
                     self.detach_links(i);
                     let mode = self.links[i].mode;
-                    match self.attach_links(&name, mode) {
+                    match self.attach_links(&name, index, mode) {
                         Ok((attachment, links)) => {
                             self.unwatch(old);
                             self.attachments[i] = attachment;
@@ -345,8 +349,26 @@ impl Observer {
     }
 }
 
+/// An interface to attach to: its name, and its index in the current
+/// network namespace when it was looked up (once, before loading).
+#[derive(Clone, Debug)]
+pub struct Interface {
+    pub name: String,
+    pub ifindex: u32,
+}
+
+impl Interface {
+    /// `name` and its index now; fails, naming the fix, if there is none.
+    pub fn resolve(name: &str) -> Result<Interface> {
+        Ok(Interface {
+            name: name.to_string(),
+            ifindex: ifindex(name)?,
+        })
+    }
+}
+
 /// Interface index of `iface` in the current network namespace.
-pub fn ifindex(iface: &str) -> Result<u32> {
+fn ifindex(iface: &str) -> Result<u32> {
     let name =
         CString::new(iface).map_err(|_| anyhow!("interface name {iface:?} contains a NUL byte"))?;
     // SAFETY: valid NUL-terminated string.

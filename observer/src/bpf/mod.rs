@@ -24,7 +24,7 @@ pub mod testrun;
 pub mod verifier_stats;
 
 pub use crate::model::hooks::{AttachedWith, Attachment};
-pub use attach::ifindex;
+pub use attach::Interface;
 pub use load::{TC_BGP_PROGRAM, TC_CHECKS_PROGRAM};
 
 use crate::{

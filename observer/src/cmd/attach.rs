@@ -302,14 +302,17 @@ impl<'a> Monitor<'a> {
         preflight::check_privileges()?;
         preflight::check_btf(std::path::Path::new(preflight::KERNEL_BTF))?;
         let mut seen = std::collections::HashSet::new();
+        let mut interfaces = Vec::with_capacity(settings.interfaces.len());
         for iface in &settings.interfaces {
             if !seen.insert(iface) {
                 bail!("interface {iface} is given twice");
             }
-            bpf::ifindex(iface).with_context(|| match &args.netns {
-                Some(ns) => format!("in network namespace {ns}"),
-                None => "in the current network namespace".to_string(),
-            })?;
+            interfaces.push(
+                bpf::Interface::resolve(iface).with_context(|| match &args.netns {
+                    Some(ns) => format!("in network namespace {ns}"),
+                    None => "in the current network namespace".to_string(),
+                })?,
+            );
         }
 
         let mut observer = Observer::load(&LoadConfig {
@@ -334,7 +337,7 @@ impl<'a> Monitor<'a> {
                 hangup: signal(SignalKind::hangup()).context("installing the SIGHUP handler")?,
             }
         };
-        for iface in &settings.interfaces {
+        for iface in &interfaces {
             observer.attach(iface, settings.xdp_mode)?;
             let program_ids = observer.program_ids()?;
             let attachment = observer.attachments().last().expect("attached just now");

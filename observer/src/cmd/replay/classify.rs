@@ -1,4 +1,4 @@
-//! The replay engines' contract ([`Engine`]: frames in, per-capture rows
+//! The replay engines' contract ([`Classifier`]: frames in, per-capture rows
 //! out) and what both engines share: the per-frame outcome, the
 //! per-capture counts and rows, and how runts and rates are counted.
 
@@ -20,9 +20,9 @@ pub struct FrameOutcome {
     /// Counted as sent (its outer source is `--local`).
     pub tx: bool,
     /// Longer than a test run takes: classified on its first bytes; its
-    /// row still gets every captured byte (see `engine`'s module docs).
+    /// row still gets every captured byte (see `kernel`'s module docs).
     pub cut: bool,
-    /// The kernel refused to test-run it (see `engine::Replayer`): counted
+    /// The kernel refused to test-run it (see `kernel::KernelClassifier`): counted
     /// as the parser counts every such frame.
     pub refused: bool,
 }
@@ -74,7 +74,7 @@ pub struct FileRows {
 }
 
 /// Classifies frames and keeps per-capture rows.
-pub trait Engine: AllowSetSink {
+pub trait Classifier: AllowSetSink {
     /// `native` or `bpf_test_run`, for the replay lines.
     fn name(&self) -> &'static str;
 

@@ -6,7 +6,7 @@
 //!   and checks, compiled natively (the default: no privileges, no system
 //!   call per frame);
 //! - `classify` says what an engine does (frames in, per-capture rows out);
-//! - `engine` runs the frames through the loaded programs
+//! - `kernel` runs the frames through the loaded programs
 //!   (BPF_PROG_TEST_RUN) for `--kernel`, making per-capture rows from the
 //!   maps;
 //! - this module checks the files and privileges, mirrors the allow-sets,
@@ -14,7 +14,7 @@
 
 pub mod capture;
 pub mod classify;
-pub mod engine;
+pub mod kernel;
 pub mod native;
 
 use std::{
@@ -44,9 +44,9 @@ use crate::{
 };
 
 use capture::Frames;
-use classify::{Engine, FileCounts};
-use engine::Replayer;
-use native::NativeEngine;
+use classify::{Classifier, FileCounts};
+use kernel::KernelClassifier;
+use native::NativeClassifier;
 
 /// Exit status when a capture is damaged; the counts read before the
 /// damage are printed.
@@ -85,19 +85,19 @@ fn replay(args: &ReplayArgs) -> Result<u8> {
         open(path)?;
     }
     let ports = args.ports.resolve(Default::default());
-    let mut engine: Box<dyn Engine> = if args.kernel {
+    let mut engine: Box<dyn Classifier> = if args.kernel {
         preflight::check_privileges().context(
             "replay --kernel loads the eBPF programs and runs every frame through them with BPF_PROG_TEST_RUN (without --kernel the same parser runs in this process, unprivileged)",
         )?;
         let observer = Observer::load(&LoadConfig {
-            max_flows: engine::REPLAY_MAX_FLOWS,
+            max_flows: kernel::REPLAY_MAX_FLOWS,
             ports: ports.clone(),
             // Replay runs received frames through XDP, never tc ingress.
             defer_tc_ingress: true,
         })?;
-        Box::new(Replayer::new(observer, args.local.clone())?)
+        Box::new(KernelClassifier::new(observer, args.local.clone())?)
     } else {
-        Box::new(NativeEngine::new(&ports, args.local.clone())?)
+        Box::new(NativeClassifier::new(&ports, args.local.clone())?)
     };
     // ipset and nft cannot list sets without CAP_NET_ADMIN: an unprivileged
     // replay says so once and counts with --allow-cidr only, instead of
@@ -177,7 +177,7 @@ fn replay(args: &ReplayArgs) -> Result<u8> {
 
 /// Replays one capture as number `index`.
 fn replay_file(
-    engine: &mut dyn Engine,
+    engine: &mut dyn Classifier,
     path: &Path,
     index: u32,
 ) -> Result<(Replayed, classify::FileRows)> {

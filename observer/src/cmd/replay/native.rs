@@ -9,7 +9,7 @@
 //! What a test run gives the programs is mirrored too: no interface MTU
 //! and no local VNIs (they belong to the node that captured), and the
 //! allow-sets replay reads (`--allow-cidr`, `--allow-set` and this node's
-//! Calico sets). `tests/differential.rs` runs random and mutated frames
+//! Calico sets). `observer/tests/differential.rs` runs random and mutated frames
 //! through both and fails on any difference.
 
 use std::{collections::HashMap, net::IpAddr};
@@ -26,7 +26,7 @@ use crate::{
     cmd::checks::AllowSetSink,
     cmd::replay::{
         capture::Frame,
-        classify::{self, CaptureRows, Engine, FileRows, FrameOutcome, Runts},
+        classify::{self, CaptureRows, Classifier, FileRows, FrameOutcome, Runts},
     },
     model::{
         facts::{AllowLookup, AllowSets, SetKind},
@@ -62,7 +62,7 @@ impl CheckFacts for ReplayFacts {
 }
 
 /// Replays frames with the native classifier.
-pub struct NativeEngine {
+pub struct NativeClassifier {
     ports: PortArray,
     facts: ReplayFacts,
     local: Vec<IpAddr>,
@@ -76,11 +76,11 @@ pub struct NativeEngine {
     no_kernel_reasons: KernelReasons,
 }
 
-impl NativeEngine {
+impl NativeClassifier {
     /// A classifier with the UDP ports of `ports`; frames whose outer
     /// source is in `local` count as sent.
-    pub fn new(ports: &PortConfig, local: Vec<IpAddr>) -> Result<NativeEngine> {
-        Ok(NativeEngine {
+    pub fn new(ports: &PortConfig, local: Vec<IpAddr>) -> Result<NativeClassifier> {
+        Ok(NativeClassifier {
             ports: PortArray::new(ports).map_err(|e| anyhow!(e))?,
             facts: ReplayFacts::default(),
             local,
@@ -106,7 +106,7 @@ fn flag(
     counts.bytes += bytes;
 }
 
-impl AllowSetSink for NativeEngine {
+impl AllowSetSink for NativeClassifier {
     fn apply_allow_sets(&mut self, snapshot: &AllowSets) -> Result<()> {
         self.facts = ReplayFacts {
             vxlan: snapshot.vxlan.lookup(),
@@ -116,7 +116,7 @@ impl AllowSetSink for NativeEngine {
     }
 }
 
-impl Engine for NativeEngine {
+impl Classifier for NativeClassifier {
     fn name(&self) -> &'static str {
         "native"
     }

@@ -32,7 +32,7 @@ use crate::{
     cmd::checks::AllowSetSink,
     cmd::replay::capture::Frame,
     cmd::replay::classify::{
-        CaptureRows, Engine, FileRows, FrameOutcome, Readings, Runts, sent_by, unclassified_id,
+        CaptureRows, Classifier, FileRows, FrameOutcome, Readings, Runts, sent_by, unclassified_id,
     },
     model::facts::AllowSets,
     model::rows::{self, DropId, FlowId, KernelReasons, KernelStats},
@@ -63,7 +63,7 @@ pub const MAX_TC_FRAME: usize = 4096 - 64 - 2 - 320;
 /// peer), so a refused frame is counted in that row, and one runt does not
 /// end the replay; the differential test checks the row against the
 /// native parser.
-pub struct Replayer {
+pub struct KernelClassifier {
     observer: Observer,
     local: Vec<IpAddr>,
     rows: CaptureRows,
@@ -71,14 +71,14 @@ pub struct Replayer {
     flow_entries: u64,
 }
 
-impl Replayer {
+impl KernelClassifier {
     /// Feeds `observer`; frames whose outer source is in `local` count as
     /// sent. Pins the calling thread to its CPU (see
     /// `testrun::pin_to_this_cpu`): the replay's inner samples are then the
     /// latest frame's, as the native engine's.
-    pub fn new(observer: Observer, local: Vec<IpAddr>) -> Result<Replayer> {
+    pub fn new(observer: Observer, local: Vec<IpAddr>) -> Result<KernelClassifier> {
         testrun::pin_to_this_cpu().context("pinning the replay to one CPU")?;
-        Ok(Replayer {
+        Ok(KernelClassifier {
             observer,
             local,
             rows: CaptureRows::default(),
@@ -112,13 +112,13 @@ impl Replayer {
     }
 }
 
-impl AllowSetSink for Replayer {
+impl AllowSetSink for KernelClassifier {
     fn apply_allow_sets(&mut self, snapshot: &AllowSets) -> Result<()> {
         self.observer.apply_allow_sets(snapshot)
     }
 }
 
-impl Engine for Replayer {
+impl Classifier for KernelClassifier {
     fn name(&self) -> &'static str {
         "bpf_test_run"
     }

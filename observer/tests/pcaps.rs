@@ -16,7 +16,7 @@ use std::{collections::BTreeMap, fs, net::IpAddr, path::Path};
 use observer::{
     bpf::testrun,
     bpf::{Hook, LoadConfig, Observer},
-    cmd::replay::{capture, engine::MAX_XDP_FRAME},
+    cmd::replay::{capture, kernel::MAX_XDP_FRAME},
     model::rows::{FlowCounters, FlowId},
 };
 use observer_common::{Proto, Unclassified};
@@ -100,9 +100,7 @@ fn captures_match_tcpdump() {
     if !support::have_root("captures_match_tcpdump") {
         return;
     }
-    let Some(captures) = support::reference_captures("captures_match_tcpdump") else {
-        return;
-    };
+    let captures = support::reference_captures();
     let dir = support::pcaps_dir();
 
     let obs = Observer::load(&LoadConfig::default()).expect("loading the eBPF programs");

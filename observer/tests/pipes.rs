@@ -293,9 +293,7 @@ fn replay_with_stdout_closed_exits_0() {
     if !support::have_root("replay_with_stdout_closed_exits_0") {
         return;
     }
-    let Some(captures) = support::reference_captures("replay_with_stdout_closed_exits_0") else {
-        return;
-    };
+    let captures = support::reference_captures();
     let ns = Netns::new("pph");
     run_closing(replay(&ns, &captures), Stream::Stdout, When::AtOnce, drop)
         .assert_quiet("replay, stdout closed");
@@ -306,9 +304,7 @@ fn replay_with_stderr_closed_exits_0() {
     if !support::have_root("replay_with_stderr_closed_exits_0") {
         return;
     }
-    let Some(captures) = support::reference_captures("replay_with_stderr_closed_exits_0") else {
-        return;
-    };
+    let captures = support::reference_captures();
     let ns = Netns::new("ppi");
     let closed = run_closing(replay(&ns, &captures), Stream::Stderr, When::AtOnce, drop);
     closed.assert_quiet("replay, stderr closed");
@@ -324,9 +320,7 @@ fn replay_into_head_exits_0() {
     if !support::have_root("replay_into_head_exits_0") {
         return;
     }
-    let Some(captures) = support::reference_captures("replay_into_head_exits_0") else {
-        return;
-    };
+    let captures = support::reference_captures();
     let ns = Netns::new("ppj");
     let mut args = vec!["netns", "exec", ns.name(), ObserverProcess::binary()];
     args.extend(["replay", "--output", "json"]);

@@ -227,27 +227,23 @@ impl ObserverProcess {
         args: &[&str],
         env: &[(&str, &str)],
     ) -> ObserverProcess {
-        Self::spawn_as(&[], netns, args, env)
+        Self::spawn_as(&[Self::binary()], netns, args, env)
     }
 
-    /// [`ObserverProcess::spawn_with_env`] through `wrapper`, a command
-    /// that ends by executing the observer in its own process (e.g.
-    /// `setpriv --reuid=nobody ... --`), so that the process id and the
-    /// signals are the observer's.
+    /// [`ObserverProcess::spawn_with_env`] run by `launch`: the binary
+    /// itself, or a wrapper that ends by executing the binary it names last
+    /// in its own process (e.g. `setpriv --reuid=nobody ... --
+    /// /tmp/.../observer`, a [`super::unprivileged::BinaryCopy`]), so that
+    /// the process id and the signals are the observer's.
     pub fn spawn_as(
-        wrapper: &[&str],
+        launch: &[&str],
         netns: Option<&str>,
         args: &[&str],
         env: &[(&str, &str)],
     ) -> ObserverProcess {
-        let mut command = match wrapper.split_first() {
-            Some((program, wrapper_args)) => {
-                let mut command = Command::new(program);
-                command.args(wrapper_args).arg(Self::binary());
-                command
-            }
-            None => Command::new(Self::binary()),
-        };
+        let (program, launch_args) = launch.split_first().expect("a program to run");
+        let mut command = Command::new(program);
+        command.args(launch_args);
         command.envs(env.iter().copied());
         command.args(["attach", "--output", "json"]);
         // Short intervals keep the tests quick, unless the test sets its own.
@@ -287,20 +283,20 @@ impl ObserverProcess {
     /// Spawns the observer on `ifaces` (plus extra `args`) and waits until
     /// it is ready (see [`ObserverProcess::wait_ready`]).
     pub fn start(netns: Option<&str>, ifaces: &[&str], args: &[&str]) -> ObserverProcess {
-        Self::start_as(&[], netns, ifaces, args)
+        Self::start_as(&[Self::binary()], netns, ifaces, args)
     }
 
-    /// [`ObserverProcess::start`] through `wrapper` (see
+    /// [`ObserverProcess::start`] run by `launch` (see
     /// [`ObserverProcess::spawn_as`]).
     pub fn start_as(
-        wrapper: &[&str],
+        launch: &[&str],
         netns: Option<&str>,
         ifaces: &[&str],
         args: &[&str],
     ) -> ObserverProcess {
         let mut all: Vec<&str> = args.to_vec();
         all.extend_from_slice(ifaces);
-        let process = Self::spawn_as(wrapper, netns, &all, &[]);
+        let process = Self::spawn_as(launch, netns, &all, &[]);
         process.wait_ready(ifaces.len());
         process
     }

@@ -55,23 +55,29 @@ fn vxlan_ping_matches_tcpdump(
     setup: fn(&Pair) -> Vxlan,
     observer_args: &[&str],
 ) -> Value {
-    vxlan_ping_matches_tcpdump_as(tag, setup, observer_args, &[], |_| {})
+    vxlan_ping_matches_tcpdump_as(
+        tag,
+        setup,
+        observer_args,
+        &[ObserverProcess::binary()],
+        |_| {},
+    )
 }
 
-/// [`vxlan_ping_matches_tcpdump`] with the observer started through
-/// `wrapper` (see [`ObserverProcess::spawn_as`]); `after_pings` sees the
+/// [`vxlan_ping_matches_tcpdump`] with the observer started by `launch`
+/// (see [`ObserverProcess::spawn_as`]); `after_pings` sees the
 /// running observer once the pings are through.
 fn vxlan_ping_matches_tcpdump_as(
     tag: &str,
     setup: fn(&Pair) -> Vxlan,
     observer_args: &[&str],
-    wrapper: &[&str],
+    launch: &[&str],
     after_pings: impl FnOnce(&ObserverProcess),
 ) -> Value {
     let pair = Pair::new(tag);
     let vxlan = setup(&pair);
     let tcpdump = Tcpdump::start(&pair.a, "va", &format!("udp port {}", vxlan.port));
-    let observer = ObserverProcess::start_as(wrapper, Some(pair.a.name()), &["va"], observer_args);
+    let observer = ObserverProcess::start_as(launch, Some(pair.a.name()), &["va"], observer_args);
     let attach = observer.attach_lines().remove(0);
 
     assert_eq!(
@@ -194,7 +200,8 @@ fn nobody_with_the_start_capabilities_counts_exactly_then_keeps_two() {
         format!("--ambient-caps={start}"),
         format!("--bounding-set={start}"),
     );
-    let wrapper = [
+    let binary = support::unprivileged::BinaryCopy::observer();
+    let launch = [
         "setpriv",
         "--reuid=nobody",
         "--regid=nogroup",
@@ -203,10 +210,11 @@ fn nobody_with_the_start_capabilities_counts_exactly_then_keeps_two() {
         &amb,
         &bnd,
         "--",
+        binary.as_str(),
     ];
     let mut privileges = BTreeMap::new();
     let mut allow_set = Value::Null;
-    vxlan_ping_matches_tcpdump_as("pn", calico_vxlan_nft_allowed, &[], &wrapper, |observer| {
+    vxlan_ping_matches_tcpdump_as("pn", calico_vxlan_nft_allowed, &[], &launch, |observer| {
         privileges = privileges_of(observer.pid());
         allow_set = support::calico::allow_set(&observer.lines(), "vxlan")
             .cloned()

@@ -65,9 +65,14 @@ fn replay(ns: &Netns, args: &[&str]) -> ObserverRun {
 
 /// Runs `observer replay --output json ARGS...` as an argument of `cmd`
 /// (a namespace, another user).
-fn replay_with(mut cmd: Command, args: &[&str]) -> ObserverRun {
+fn replay_with(cmd: Command, args: &[&str]) -> ObserverRun {
+    replay_binary_with(cmd, env!("CARGO_BIN_EXE_observer"), args)
+}
+
+/// [`replay_with`] of the observer binary at `binary`.
+fn replay_binary_with(mut cmd: Command, binary: &str, args: &[&str]) -> ObserverRun {
     let output = cmd
-        .arg(env!("CARGO_BIN_EXE_observer"))
+        .arg(binary)
         .args(["replay", "--output", "json"])
         .args(args)
         .env("OBSERVER_LOG", "error")
@@ -181,11 +186,7 @@ fn reference_captures_replay_as_tcpdump_decodes_them() {
     if !support::have_root("reference_captures_replay_as_tcpdump_decodes_them") {
         return;
     }
-    let Some(captures) =
-        support::reference_captures("reference_captures_replay_as_tcpdump_decodes_them")
-    else {
-        return;
-    };
+    let captures = support::reference_captures();
     let dir = support::pcaps_dir();
     let ns = Netns::new("rpr");
     let paths: Vec<&str> = captures.iter().map(|p| p.to_str().unwrap()).collect();
@@ -917,6 +918,50 @@ fn damaged_and_foreign_files_name_the_file_frame_and_exit_status() {
 // ---------------------------------------------------------------------------
 // Without privileges.
 
+/// A checkout in a folder only root may enter (mode 0700, like root's home
+/// or a `mktemp -d` folder): nobody cannot even start the binary there,
+/// and the copy that every unprivileged test runs
+/// (`support::unprivileged::BinaryCopy`) starts, and is removed after.
+#[test]
+fn unprivileged_tests_run_a_copy_nobody_can_reach() {
+    use std::os::unix::{fs::PermissionsExt, process::CommandExt};
+    use support::unprivileged::{BinaryCopy, NOBODY};
+    if !support::have_root("unprivileged_tests_run_a_copy_nobody_can_reach") {
+        return;
+    }
+    let private = tempfile::Builder::new()
+        .prefix("observer-private-")
+        .tempdir()
+        .unwrap();
+    fs::set_permissions(private.path(), fs::Permissions::from_mode(0o700)).unwrap();
+    let inside = private.path().join("observer");
+    fs::copy(env!("CARGO_BIN_EXE_observer"), &inside).unwrap();
+    fs::set_permissions(&inside, fs::Permissions::from_mode(0o755)).unwrap();
+    let as_nobody = |binary: &std::path::Path| {
+        Command::new(binary)
+            .arg("--version")
+            .uid(NOBODY)
+            .gid(NOBODY)
+            .output()
+    };
+    let refused = as_nobody(&inside).expect_err("nobody ran a binary in a mode-0700 folder");
+    assert_eq!(
+        refused.kind(),
+        std::io::ErrorKind::PermissionDenied,
+        "{refused}"
+    );
+    let copy = BinaryCopy::of(&inside);
+    let ran = as_nobody(copy.path()).expect("running the copy as nobody");
+    assert!(ran.status.success(), "{ran:?}");
+    assert!(
+        String::from_utf8_lossy(&ran.stdout).starts_with("observer "),
+        "{ran:?}"
+    );
+    let dir = copy.dir().to_owned();
+    drop(copy);
+    assert!(!dir.exists(), "the copy's directory is removed");
+}
+
 /// The native engine needs no privileges: as user nobody, a replay counts
 /// every frame, says once that this node's allow-sets were not read, and
 /// applies --allow-cidr; --allow-set (which needs ipset and nft) and
@@ -933,10 +978,11 @@ fn replay_without_privileges_counts_with_the_native_engine() {
     fs::write(&path, &bytes).unwrap();
     fs::set_permissions(&path, fs::Permissions::from_mode(0o644)).unwrap();
     let file = files.0[0].to_str().unwrap();
+    let binary = support::unprivileged::BinaryCopy::observer();
     let as_nobody = |args: &[&str]| {
         let mut setpriv = Command::new("setpriv");
         setpriv.args(["--reuid=65534", "--regid=65534", "--clear-groups"]);
-        replay_with(setpriv, args)
+        replay_binary_with(setpriv, binary.as_str(), args)
     };
     let run = as_nobody(&["--allow-cidr", "198.18.0.0/24", file]);
     assert!(run.status.success(), "{}: {}", run.status, run.stderr);

@@ -18,9 +18,9 @@ use observer::{
     cmd::checks::AllowSetSink,
     cmd::replay::{
         capture::{self, Frame},
-        classify::{Engine, Runts},
-        engine::{self, Replayer},
-        native::NativeEngine,
+        classify::{Classifier, Runts},
+        kernel::{self, KernelClassifier},
+        native::NativeClassifier,
     },
     model::facts::{AllowSets, Family, SetSource},
     model::ports::{PortArray, PortConfig},
@@ -318,11 +318,8 @@ fn mutate(rng: &mut Rng, mut frame: Vec<u8>) -> Vec<u8> {
 /// Frames of the reference captures, as seeds for mutation.
 fn reference_frames() -> Vec<Vec<u8>> {
     let mut seeds = Vec::new();
-    let Ok(dir) = std::fs::read_dir(super::pcaps_dir()) else {
-        return seeds;
-    };
-    for entry in dir.flatten() {
-        let Ok(file) = std::fs::File::open(entry.path()) else {
+    for path in super::reference_captures() {
+        let Ok(file) = std::fs::File::open(&path) else {
             continue;
         };
         let Ok(frames) = capture::frames(file) else {
@@ -363,7 +360,7 @@ fn frame(number: u64, data: Vec<u8>) -> Frame {
 /// Both engines' rows of one batch, as comparable text keyed by row.
 type Rows = BTreeMap<String, String>;
 
-fn run_batch(engine: &mut dyn Engine, frames: &[Frame], index: u32) -> Rows {
+fn run_batch(engine: &mut dyn Classifier, frames: &[Frame], index: u32) -> Rows {
     let mut runts = Runts::default();
     for f in frames {
         // As `observer replay` does: runts are counted, not run.
@@ -639,13 +636,14 @@ pub fn fuzz(seed: u64, budget: Budget) -> Result<Agreement, String> {
         IpAddr::V6(LOCAL6.parse::<Ipv6Addr>().unwrap()),
     ];
     let observer = Observer::load(&LoadConfig {
-        max_flows: engine::REPLAY_MAX_FLOWS,
+        max_flows: kernel::REPLAY_MAX_FLOWS,
         ports: ports.clone(),
         defer_tc_ingress: true,
     })
     .map_err(|e| format!("loading the programs: {e:#}"))?;
-    let mut kernel = Replayer::new(observer, local.clone()).map_err(|e| format!("{e:#}"))?;
-    let mut native = NativeEngine::new(&ports, local).map_err(|e| format!("{e:#}"))?;
+    let mut kernel =
+        KernelClassifier::new(observer, local.clone()).map_err(|e| format!("{e:#}"))?;
+    let mut native = NativeClassifier::new(&ports, local).map_err(|e| format!("{e:#}"))?;
 
     let table = PortArray::new(&ports)?;
     let seeds = reference_frames();

@@ -12,6 +12,31 @@ use serde_json::json;
 pub const IN_VM: &str = "OBSERVER_KERNEL_SUITE_VM";
 /// File the results go to.
 pub const RESULTS: &str = "OBSERVER_KERNEL_RESULTS";
+/// File the names of the tests go to as they start.
+pub const STARTED: &str = "OBSERVER_KERNEL_STARTED";
+
+/// Appends `test` to the file named by `$OBSERVER_KERNEL_STARTED` (when
+/// there is one), so that `cargo xtask vm-test` can name the tests that
+/// were running when a guest hung.
+pub fn started(test: &str) {
+    if let Ok(path) = std::env::var(STARTED) {
+        append_line(&path, test);
+    }
+}
+
+/// Appends `line` to the file at `path`, in one locked write (tests run
+/// in parallel).
+fn append_line(path: &str, line: &str) {
+    static WRITER: Mutex<()> = Mutex::new(());
+    let _guard = WRITER.lock().unwrap_or_else(|e| e.into_inner());
+    let mut file = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .unwrap_or_else(|e| panic!("opening {path}: {e}"));
+    file.write_all(format!("{line}\n").as_bytes())
+        .unwrap_or_else(|e| panic!("writing {path}: {e}"));
+}
 
 /// True inside a VM of `cargo xtask vm-test`.
 pub fn in_vm() -> bool {
@@ -50,16 +75,7 @@ pub fn record(check: Check<'_>) {
         "pass": check.pass,
         "detail": check.detail,
     });
-    // Tests run in parallel: one locked write of the whole line each.
-    static WRITER: Mutex<()> = Mutex::new(());
-    let _guard = WRITER.lock().unwrap_or_else(|e| e.into_inner());
-    let mut file = OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&path)
-        .unwrap_or_else(|e| panic!("opening {path}: {e}"));
-    file.write_all(format!("{line}\n").as_bytes())
-        .unwrap_or_else(|e| panic!("writing {path}: {e}"));
+    append_line(&path, &line.to_string());
 }
 
 /// The checks of one test: each is recorded as it is made, and

@@ -464,6 +464,7 @@ fn check_without_privileges_cannot_run() {
     if !have_root("check_without_privileges_cannot_run") {
         return;
     }
+    let binary = support::unprivileged::BinaryCopy::observer();
     let output = std::process::Command::new("setpriv")
         .args([
             "--reuid=65534",
@@ -471,7 +472,7 @@ fn check_without_privileges_cannot_run() {
             "--clear-groups",
             "--inh-caps=-all",
         ])
-        .arg(ObserverProcess::binary())
+        .arg(binary.path())
         .args(["check", "--output", "json"])
         .output()
         .expect("running observer check as nobody");

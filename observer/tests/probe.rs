@@ -571,10 +571,11 @@ fn probe_without_cap_net_raw_says_what_it_needs() {
     }
     // As nobody (no capabilities), a named peer over IPIP: the run gets
     // as far as opening its sockets.
-    let output = Command::new(env!("CARGO_BIN_EXE_observer"))
+    let binary = support::unprivileged::BinaryCopy::observer();
+    let output = Command::new(binary.path())
         .args(["probe", "192.0.2.1", "--encap", "ipip", "--output", "json"])
-        .uid(65534)
-        .gid(65534)
+        .uid(support::unprivileged::NOBODY)
+        .gid(support::unprivileged::NOBODY)
         .output()
         .expect("running observer probe as nobody");
     let stderr = String::from_utf8_lossy(&output.stderr);
