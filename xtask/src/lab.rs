@@ -1,5 +1,5 @@
 //! `cargo xtask lab`: builds the release observer, then becomes `observer
-//! lab` (the incident rebuilt in network namespaces, see the README), with
+//! lab` (the incident rebuilt in network namespaces, see docs/lab.md), with
 //! the options given after `lab` passed through.
 
 use std::{os::unix::process::CommandExt, process::Command};

@@ -112,6 +112,10 @@ enum Task {
     /// fuzz/artifacts/NAME; a classifier difference fails with its frame
     /// saved as a pcap.
     Fuzz(fuzz::FuzzArgs),
+    /// Regenerate docs/reference.md (every command's --help) and the man
+    /// page docs/observer.1 from the clap definition; `test` fails when they
+    /// differ from it.
+    Docs,
     /// Check observer/src's layering (what `cargo xtask test` checks in its
     /// `layers` step): model imports no other layer, report and node only
     /// model, bpf model and node, cli all but cmd; no two modules import
@@ -155,6 +159,17 @@ fn run(task: Task) -> Result<()> {
             setup::setup()?;
             fuzz::fuzz(&args)
         }
+        Task::Docs => util::run(
+            util::cargo()
+                .args([
+                    "test",
+                    "-p",
+                    "observer",
+                    "--lib",
+                    "cli::tests::generated_docs_match_the_help",
+                ])
+                .env("OBSERVER_WRITE_DOCS", "1"),
+        ),
         Task::Layers => layers::check(),
     }
 }

@@ -209,6 +209,29 @@ pub struct Plan {
     pub fallbacks: Vec<Fallback>,
 }
 
+/// Whether a BPF_PROG_TEST_RUN of an XDP program rewrites the kernel's
+/// XDP dispatcher on the kernel `release` (`uname -r`).
+///
+/// Before 5.16 every XDP test run adds its program to the dispatcher and
+/// removes it again: two rewrites of the dispatcher's image per run
+/// (upstream de21d8bf7772 stopped it for a single repeat). Before 6.2
+/// (4121d4481b72; in 6.1.103, never backported to 5.10 or 5.15) a rewrite
+/// does not wait for CPUs still running the old image, so a stream of test
+/// runs while XDP programs handle traffic on other CPUs can rewrite the
+/// code under them: 5.10 in qemu locked up in `bpf_dispatcher_xdp_func`
+/// under `bpf_prog_test_run_xdp` while a ping ran through an attached XDP
+/// program. No BTF type or symbol tells whether the fix is there, so the
+/// release decides; an unreadable one counts as affected.
+pub fn xdp_test_run_rewrites_dispatcher(release: &str) -> bool {
+    let mut numbers = release
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|n| n.parse::<u32>().ok());
+    match (numbers.next().flatten(), numbers.next().flatten()) {
+        (Some(major), Some(minor)) => (major, minor) < (5, 16),
+        _ => true,
+    }
+}
+
 /// `uname -r`, or `unknown`.
 pub fn kernel_release() -> String {
     // SAFETY: uname fills the zeroed struct; release is NUL-terminated.
@@ -225,6 +248,22 @@ pub fn kernel_release() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn xdp_test_runs_rewrite_the_dispatcher_before_5_16() {
+        for affected in [
+            "5.10.0-32-amd64",
+            "5.15.0-100-generic",
+            "4.19.0",
+            "unknown",
+            "",
+        ] {
+            assert!(xdp_test_run_rewrites_dispatcher(affected), "{affected}");
+        }
+        for fixed in ["5.16.0", "6.1.0-50-amd64", "6.12.117+deb13-amd64", "6.18.0"] {
+            assert!(!xdp_test_run_rewrites_dispatcher(fixed), "{fixed}");
+        }
+    }
 
     fn features(xdp_frags: bool, tcx: Option<bool>, drop_reasons: Option<bool>) -> Features {
         Features {

@@ -324,7 +324,7 @@ pub struct AttachArgs {
     /// TOML settings file (keys as the long options, with underscores:
     /// interfaces, interval, textfile_dir, max_peers, allow_sets, ...).
     /// Options given on the command line win over the file. SIGHUP
-    /// re-reads it; see the README for what a reload can change.
+    /// re-reads it; docs/commands.md says what a reload can change.
     #[arg(long, value_name = "FILE")]
     pub config: Option<std::path::PathBuf>,
 
@@ -541,6 +541,100 @@ mod tests {
         Cli::command().debug_assert();
     }
 
+    /// Width the generated docs wrap `--help` at.
+    const DOCS_WIDTH: usize = 100;
+
+    /// docs/reference.md: `observer --help` and every command's `--help`,
+    /// as clap renders them, so no option table in the docs can drift
+    /// from the flags.
+    fn reference_markdown() -> String {
+        let mut cli = Cli::command().term_width(DOCS_WIDTH);
+        cli.build();
+        let mut text = String::from(
+            "# Command reference\n\n\
+             Generated from the observer's `--help` by `cargo xtask docs`; \
+             `cargo xtask test` fails\nwhen it differs. The man pages are in \
+             [man/](man/) (`man ./docs/man/observer-attach.1`).\n\n",
+        );
+        let mut section = |title: &str, cmd: &mut clap::Command| {
+            let help = cmd.render_long_help().to_string();
+            let help: Vec<&str> = help.lines().map(str::trim_end).collect();
+            text.push_str(&format!(
+                "## {title}\n\n```text\n{}\n```\n\n",
+                help.join("\n")
+            ));
+        };
+        section("observer", &mut cli.clone());
+        for sub in cli.get_subcommands_mut() {
+            let title = format!("observer {}", sub.get_name());
+            section(&title, sub);
+        }
+        format!("{}\n", text.trim_end())
+    }
+
+    /// docs/man/: a man page per command (`observer.1`,
+    /// `observer-attach.1`, ...), rendered by clap_mangen.
+    fn man_pages() -> Vec<(String, Vec<u8>)> {
+        let dir = tempfile::tempdir().expect("a directory for the man pages");
+        clap_mangen::generate_to(Cli::command(), dir.path()).expect("rendering the man pages");
+        let mut pages: Vec<(String, Vec<u8>)> = std::fs::read_dir(dir.path())
+            .expect("listing the man pages")
+            .map(|entry| {
+                let path = entry.expect("a man page").path();
+                let name = path.file_name().unwrap().to_string_lossy();
+                (format!("man/{name}"), std::fs::read(&path).unwrap())
+            })
+            .collect();
+        pages.sort();
+        pages
+    }
+
+    /// The generated docs match the flags (`cargo xtask docs`, which sets
+    /// OBSERVER_WRITE_DOCS=1, rewrites them).
+    #[test]
+    fn generated_docs_match_the_help() {
+        let docs = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs");
+        let mut generated = man_pages();
+        generated.push((
+            "reference.md".to_string(),
+            reference_markdown().into_bytes(),
+        ));
+        let write = std::env::var("OBSERVER_WRITE_DOCS").is_ok_and(|v| v == "1");
+        if write {
+            let _ = std::fs::remove_dir_all(docs.join("man"));
+            std::fs::create_dir_all(docs.join("man")).expect("creating docs/man");
+        }
+        let pages: std::collections::BTreeSet<String> = std::fs::read_dir(docs.join("man"))
+            .map(|dir| {
+                dir.flatten()
+                    .map(|e| format!("man/{}", e.file_name().to_string_lossy()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let expected: std::collections::BTreeSet<String> = generated
+            .iter()
+            .filter(|(n, _)| n.starts_with("man/"))
+            .map(|(n, _)| n.clone())
+            .collect();
+        assert!(
+            write || pages == expected,
+            "docs/man holds {pages:?}, the commands make {expected:?}: run `cargo xtask docs`"
+        );
+        for (name, generated) in generated {
+            let path = docs.join(name);
+            if write {
+                std::fs::write(&path, &generated).expect("writing the generated docs");
+                continue;
+            }
+            let current = std::fs::read(&path).unwrap_or_default();
+            assert!(
+                current == generated,
+                "{} differs from the observer's --help: run `cargo xtask docs`",
+                path.display()
+            );
+        }
+    }
+
     #[test]
     fn durations() {
         assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
@@ -631,7 +725,7 @@ mod tests {
 /// what each does is in `cmd::lab::scenarios`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Scenario {
-    /// INCIDENT.md: the router drops UDP/4789 from the GPU node and
+    /// docs/incidents.md: the router drops UDP/4789 from the GPU node and
     /// source-NATs VXLAN toward it to 10.10.10.244, which Calico drops; IPIP
     /// passes with the real node addresses.
     Incident,

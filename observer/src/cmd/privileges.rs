@@ -1,7 +1,7 @@
 //! Least privilege once attached. Loading and attaching take CAP_BPF,
 //! CAP_PERFMON and CAP_NET_ADMIN (CAP_SYS_ADMIN too for `--netns`, and
 //! root holds every capability); what a run does afterwards needs far less
-//! (the README's "Privileges and requirements" says which and why).
+//! (docs/privileges.md says which and why).
 //! [`drop_to_steady_state`] keeps only that, for this process and for the
 //! node tools it runs, and sets `no_new_privs`, so that nothing it executes
 //! gains more (no setuid program, no file capabilities).
@@ -103,8 +103,8 @@ impl SteadyState {
 ///
 /// Fails, naming the step, when the kernel refuses a step (a seccomp
 /// profile or security module that forbids capset or prctl) or when other
-/// threads already run. The failure is fatal to the run: the README and
-/// the DaemonSet promise these sets while the observer reads text others
+/// threads already run. The failure is fatal to the run: docs/privileges.md
+/// and the DaemonSet promise these sets while the observer reads text others
 /// control, and a refused drop at start is seen at once, before counting.
 pub fn drop_to_steady_state(needs: Needs) -> Result<()> {
     let threads = std::fs::read_dir("/proc/self/task")

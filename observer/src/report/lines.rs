@@ -1,5 +1,5 @@
 //! The JSON lines for programs: one object per row or event, every kind
-//! a variant of [`Line`] (its `type` tag), which is the schema the README
+//! a variant of [`Line`] (its `type` tag), which is the schema docs/json.md
 //! documents; and the per-interval snapshot both renderers read.
 
 use std::{
@@ -573,7 +573,7 @@ pub struct SummaryLine<'a> {
     pub conclusion: &'a str,
 }
 
-/// Every JSON line the observer prints: the schema (README "Output"). Each
+/// Every JSON line the observer prints: the schema (docs/json.md). Each
 /// variant's `type` is its name in snake case; `lab` lines and `observer
 /// check`'s single object are outside it.
 #[derive(Serialize)]

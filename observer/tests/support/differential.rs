@@ -638,7 +638,7 @@ pub fn fuzz(seed: u64, budget: Budget) -> Result<Agreement, String> {
     let observer = Observer::load(&LoadConfig {
         max_flows: kernel::REPLAY_MAX_FLOWS,
         ports: ports.clone(),
-        defer_tc_ingress: true,
+        defer_tc_ingress: kernel::receive_hook() == observer::bpf::Hook::Xdp,
     })
     .map_err(|e| format!("loading the programs: {e:#}"))?;
     let mut kernel =

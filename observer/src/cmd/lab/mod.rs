@@ -1,4 +1,4 @@
-//! `observer lab`: the incident of INCIDENT.md rebuilt in network
+//! `observer lab`: the incident of docs/incidents.md rebuilt in network
 //! namespaces (a GPU node behind a router, two control-plane nodes, Calico's
 //! devices, routes and rules), with pod-to-pod pings over VXLAN and IPIP,
 //! this same binary observing every node, and a lab diagnosis composed from

@@ -62,7 +62,7 @@ pub struct RulePair {
     pub drop: &'static str,
 }
 
-/// Calico's VXLAN and IPIP rule pairs, as INCIDENT.md quotes them.
+/// Calico's VXLAN and IPIP rule pairs, as docs/incidents.md quotes them.
 pub const RULES: [RulePair; 2] = [
     RulePair {
         proto: "vxlan",

@@ -26,7 +26,7 @@ use anyhow::{Context, Result};
 use observer_common::{Direction, Unclassified, parse::ETH_HLEN};
 
 use crate::{
-    bpf::features::XdpProgram,
+    bpf::features::{self, XdpProgram},
     bpf::testrun,
     bpf::{Hook, Observer},
     cmd::checks::AllowSetSink,
@@ -65,6 +65,8 @@ pub const MAX_TC_FRAME: usize = 4096 - 64 - 2 - 320;
 /// native parser.
 pub struct KernelClassifier {
     observer: Observer,
+    /// The program received frames run through ([`receive_hook`]).
+    rx: Hook,
     local: Vec<IpAddr>,
     rows: CaptureRows,
     unfolded: usize,
@@ -78,8 +80,20 @@ impl KernelClassifier {
     /// latest frame's, as the native engine's.
     pub fn new(observer: Observer, local: Vec<IpAddr>) -> Result<KernelClassifier> {
         testrun::pin_to_this_cpu().context("pinning the replay to one CPU")?;
+        let rx = receive_hook();
+        if rx == Hook::TcIngress {
+            tracing::warn!(
+                release = %features::kernel_release(),
+                "received frames run through {} instead of {}: on kernels before 5.16 every \
+                 XDP test run rewrites the kernel's XDP dispatcher, which before 6.2 can \
+                 corrupt it under XDP traffic on other CPUs",
+                observer.program_name(Hook::TcIngress),
+                observer.program_name(Hook::Xdp)
+            );
+        }
         Ok(KernelClassifier {
             observer,
+            rx,
             local,
             rows: CaptureRows::default(),
             unfolded: 0,
@@ -112,6 +126,18 @@ impl KernelClassifier {
     }
 }
 
+/// The program received frames run through: the XDP program `attach`
+/// uses, or tc ingress (the same parser and checks in an skb test run,
+/// which never touches the XDP dispatcher) on kernels where XDP test runs
+/// rewrite it ([`features::xdp_test_run_rewrites_dispatcher`]).
+pub fn receive_hook() -> Hook {
+    if features::xdp_test_run_rewrites_dispatcher(&features::kernel_release()) {
+        Hook::TcIngress
+    } else {
+        Hook::Xdp
+    }
+}
+
 impl AllowSetSink for KernelClassifier {
     fn apply_allow_sets(&mut self, snapshot: &AllowSets) -> Result<()> {
         self.observer.apply_allow_sets(snapshot)
@@ -127,6 +153,8 @@ impl Classifier for KernelClassifier {
         let tx = sent_by(&frame.data, &self.local);
         let (hook, max) = if tx {
             (Hook::TcEgress, MAX_TC_FRAME)
+        } else if self.rx == Hook::TcIngress {
+            (Hook::TcIngress, MAX_TC_FRAME)
         } else if self.observer.plan().xdp == XdpProgram::MultiBuffer {
             (Hook::Xdp, MAX_XDP_FRAME)
         } else {
@@ -137,7 +165,7 @@ impl Classifier for KernelClassifier {
         let cut = data.len() < frame.data.len();
         let before = if cut { Some(self.readings()?) } else { None };
         let ran = testrun::run(self.observer.program_fd(hook)?, data, None, 1);
-        if hook == Hook::TcEgress
+        if hook != Hook::Xdp
             && shorter_than_its_ip_header(data)
             && ran
                 .as_ref()

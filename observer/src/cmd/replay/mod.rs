@@ -29,7 +29,7 @@ use anyhow::{Context, Result, anyhow, bail};
 use observer_common::parse::ETH_HLEN;
 
 use crate::{
-    bpf::{LoadConfig, Observer},
+    bpf::{Hook, LoadConfig, Observer},
     cli::ReplayArgs,
     cmd::{checks::NodeChecks, pipe},
     model::rows::DropId,
@@ -92,8 +92,9 @@ fn replay(args: &ReplayArgs) -> Result<u8> {
         let observer = Observer::load(&LoadConfig {
             max_flows: kernel::REPLAY_MAX_FLOWS,
             ports: ports.clone(),
-            // Replay runs received frames through XDP, never tc ingress.
-            defer_tc_ingress: true,
+            // Received frames run through XDP, tc ingress only where XDP
+            // test runs rewrite the dispatcher.
+            defer_tc_ingress: kernel::receive_hook() == Hook::Xdp,
         })?;
         Box::new(KernelClassifier::new(observer, args.local.clone())?)
     } else {
