@@ -6,11 +6,9 @@
 
 use libfuzzer_sys::fuzz_target;
 
-// The module itself, not the observer crate: the crate's build script
-// builds eBPF programs, which a sanitizer build cannot.
-#[path = "../../observer/src/cmd/replay/capture.rs"]
-#[allow(dead_code)]
-mod capture;
+// From the pure core crate, which has no build script (the observer
+// crate's builds eBPF programs).
+use observer_core::capture;
 
 fuzz_target!(|data: &[u8]| {
     let Ok(frames) = capture::frames(data) else {

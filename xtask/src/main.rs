@@ -116,7 +116,7 @@ enum Task {
     /// page docs/observer.1 from the clap definition; `test` fails when they
     /// differ from it.
     Docs,
-    /// Check observer/src's layering (what `cargo xtask test` checks in its
+    /// Check observer-core/src's and observer/src's layering (what `cargo xtask test` checks in its
     /// `layers` step): model imports no other layer, report and node only
     /// model, bpf model and node, cli all but cmd; no two modules import
     /// each other, directly or through others. Lists every violation.

@@ -7,9 +7,10 @@ use std::{collections::HashMap, hash::Hash, net::IpAddr};
 use anyhow::Result;
 use observer_common::{Direction, Proto, Unclassified};
 
+use observer_core::capture::{self, Frame};
+
 use crate::{
     cmd::checks::AllowSetSink,
-    cmd::replay::capture::{self, Frame},
     model::aggregate::{Aggregator, DropAggregator},
     model::rows::{DropCounters, DropId, FlowCounters, FlowId, KernelReasons, KernelStats, Row},
 };

@@ -25,12 +25,13 @@ use std::net::IpAddr;
 use anyhow::{Context, Result};
 use observer_common::{Direction, Unclassified, parse::ETH_HLEN};
 
+use observer_core::capture::Frame;
+
 use crate::{
     bpf::features::{self, XdpProgram},
     bpf::testrun,
     bpf::{Hook, Observer},
     cmd::checks::AllowSetSink,
-    cmd::replay::capture::Frame,
     cmd::replay::classify::{
         CaptureRows, Classifier, FileRows, FrameOutcome, Readings, Runts, sent_by, unclassified_id,
     },

@@ -12,7 +12,7 @@
 //! - this module checks the files and privileges, mirrors the allow-sets,
 //!   prints, and chooses the exit status ([`EXIT_DAMAGED`], [`EXIT_USAGE`]).
 
-pub mod capture;
+pub use observer_core::capture;
 pub mod classify;
 pub mod kernel;
 pub mod native;

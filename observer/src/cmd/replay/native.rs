@@ -22,12 +22,11 @@ use observer_common::{
     parse::{self, Classified, SliceFrame},
 };
 
+use observer_core::capture::Frame;
+
 use crate::{
     cmd::checks::AllowSetSink,
-    cmd::replay::{
-        capture::Frame,
-        classify::{self, CaptureRows, Classifier, FileRows, FrameOutcome, Runts},
-    },
+    cmd::replay::classify::{self, CaptureRows, Classifier, FileRows, FrameOutcome, Runts},
     model::{
         facts::{AllowLookup, AllowSets, SetKind},
         ports::{PortArray, PortConfig},

@@ -111,7 +111,7 @@ pub enum BirdReading {
 pub const UNKNOWN: &str = "Unknown";
 
 /// BGP sessions for unit tests.
-#[cfg(test)]
+#[cfg(any(test, feature = "testing"))]
 pub mod testing {
     use super::BgpSession;
 

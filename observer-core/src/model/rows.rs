@@ -375,7 +375,7 @@ pub fn direction_name(direction: Direction) -> &'static str {
 /// Row builders for unit tests, one set for every module: defaults
 /// (interface 2, rx, VXLAN, VNI 4096, 100 bytes a packet, moved this
 /// interval) that a test overrides with struct update syntax.
-#[cfg(test)]
+#[cfg(any(test, feature = "testing"))]
 pub mod testing {
     use observer_common::{Direction, Proto, Unclassified};
 

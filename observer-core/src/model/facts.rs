@@ -283,7 +283,7 @@ impl AllowSets {
         }
     }
 
-    pub(crate) fn get_mut(&mut self, kind: SetKind) -> &mut AllowSet {
+    pub fn get_mut(&mut self, kind: SetKind) -> &mut AllowSet {
         match kind {
             SetKind::Vxlan => &mut self.vxlan,
             SetKind::Ipip => &mut self.ipip,

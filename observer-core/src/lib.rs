@@ -1,0 +1,16 @@
+//! The observer's pure core: what the commands compute and print, apart
+//! from the kernel. No eBPF object, no build script, no sockets: the fuzz
+//! targets, the tests and the benches use it without building the
+//! programs, and Cargo keeps `bpf`, `node` and `cmd` (in the `observer`
+//! crate) out of it.
+//!
+//! - `model`: pure logic on plain data: rows, aggregation, anomalies,
+//!   verdicts, the data-plane view, probes' plans (no I/O);
+//! - `report`: JSON lines, the table, the textfile (imports `model` only;
+//!   `cargo xtask layers` checks it);
+//! - `capture`: pcap and pcapng files read into frames for `observer
+//!   replay`.
+
+pub mod capture;
+pub mod model;
+pub mod report;
