@@ -25,7 +25,9 @@
 pub mod bpf;
 pub mod cli;
 pub mod cmd;
+pub mod monitor;
 pub mod node;
+pub mod process;
 
 // The pure layers are the `observer-core` crate, re-exported so that every
 // layer of this crate names them as before.

@@ -5,13 +5,14 @@ use std::process::ExitCode;
 use clap::Parser;
 use observer::{
     cli::{Cli, Command},
-    cmd::{self, pipe},
+    cmd,
+    process::{heap, pipe},
 };
 
 fn main() -> ExitCode {
-    cmd::heap::return_large_frees();
+    heap::return_large_frees();
     tracing_subscriber::fmt()
-        // A closed stderr drops the log instead of panicking (see cmd::pipe).
+        // A closed stderr drops the log instead of panicking (see process::pipe).
         .with_writer(pipe::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_env_filter(
@@ -58,7 +59,7 @@ fn found(healthy: bool) -> ExitCode {
 
 /// The exit status of a command: its own when it ran, 0 when the reader of
 /// stdout or stderr went away (`| head`: the command stopped quietly, see
-/// `cmd::pipe`), else `failed`, after printing the error.
+/// `process::pipe`), else `failed`, after printing the error.
 fn exit(result: anyhow::Result<ExitCode>, failed: ExitCode) -> ExitCode {
     match result {
         Ok(status) => status,

@@ -5,7 +5,9 @@
 //! Layers are the top folders of each crate's src: in observer-core,
 //! `model` (pure) imports no other layer, `report` only `model`, `capture`
 //! nothing; in observer, `node` only `model`; `bpf` `model` and `node`;
-//! `cli` everything but `cmd`; `cmd` everything. `main.rs` is the binary
+//! `cli` everything but `cmd`; `process` `model` and `node`; `monitor`
+//! everything but `cmd`; `cmd` everything, but no command another
+//! (`cmd::diagnose` may not import `cmd::attach`). `main.rs` is the binary
 //! and may use anything. That observer-core imports nothing of observer's
 //! layers, Cargo enforces: it is a crate below them.
 //!
@@ -24,14 +26,24 @@ use anyhow::{Context, Result, bail};
 use crate::util::workspace_root;
 
 /// Which layers each layer may import.
-const ALLOWED: [(&str, &[&str]); 7] = [
+const ALLOWED: [(&str, &[&str]); 9] = [
     ("capture", &[]),
     ("model", &[]),
     ("report", &["model"]),
     ("node", &["model"]),
     ("bpf", &["model", "node"]),
     ("cli", &["model", "report", "bpf", "node"]),
-    ("cmd", &["model", "report", "bpf", "node", "cli"]),
+    ("process", &["model", "node"]),
+    (
+        "monitor",
+        &["model", "report", "bpf", "node", "cli", "process"],
+    ),
+    (
+        "cmd",
+        &[
+            "model", "report", "bpf", "node", "cli", "process", "monitor",
+        ],
+    ),
 ];
 
 /// The crates' source folders the check reads.
@@ -471,6 +483,14 @@ fn layer(module: &str) -> &str {
     module.split("::").next().unwrap_or("")
 }
 
+/// The command a module belongs to (`cmd::replay::kernel` -> `replay`).
+fn command(module: &str) -> Option<&str> {
+    let mut parts = module.split("::");
+    (parts.next() == Some("cmd"))
+        .then(|| parts.next())
+        .flatten()
+}
+
 fn layer_violations(edges: &BTreeMap<String, BTreeSet<String>>) -> Vec<String> {
     let allowed: BTreeMap<&str, &[&str]> = ALLOWED.into_iter().collect();
     let mut problems = Vec::new();
@@ -488,6 +508,13 @@ fn layer_violations(edges: &BTreeMap<String, BTreeSet<String>>) -> Vec<String> {
         };
         for to in targets {
             let to_layer = layer(to);
+            if let (Some(a), Some(b)) = (command(from), command(to))
+                && a != b
+            {
+                problems.push(format!(
+                    "{from} imports {to}: no command imports another (shared work goes in monitor)"
+                ));
+            }
             if to_layer != from_layer && !to.is_empty() && !may.contains(&to_layer) {
                 problems.push(format!(
                     "{from} imports {to}: layer {from_layer} may import only {}",
@@ -625,6 +652,25 @@ mod tests {
         assert_eq!(
             problems,
             ["model imports report: layer model may import only itself"]
+        );
+    }
+
+    #[test]
+    fn no_command_imports_another() {
+        let m = modules(&[
+            ("cmd", "pub mod attach; pub mod diagnose;"),
+            ("cmd::attach", "use crate::monitor::Monitor;"),
+            ("cmd::diagnose", "use crate::cmd::attach::run;"),
+            ("cmd::replay", "use crate::cmd::replay::kernel::X;"),
+            ("cmd::replay::kernel", ""),
+            ("monitor", ""),
+        ]);
+        assert_eq!(
+            layer_violations(&edges(&m)),
+            [
+                "cmd::diagnose imports cmd::attach: no command imports another \
+                 (shared work goes in monitor)"
+            ]
         );
     }
 

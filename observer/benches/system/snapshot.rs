@@ -5,7 +5,7 @@
 //! the textfile (`Exporter`, `textfile::encode`), with 1,000, 10,000 and
 //! 100,000 peers put there by XDP test runs of frames from distinct
 //! sources. Also the RSS afterwards of a process that ran only this part
-//! ([`run_apart`]), with the observer's heap policy (`cmd::heap`).
+//! ([`run_apart`]), with the observer's heap policy (`process::heap`).
 
 use std::{
     collections::HashMap,
@@ -51,7 +51,7 @@ pub fn run_apart() -> anyhow::Result<()> {
 /// Runs the snapshot benches on copies of `vxlan` (an untagged IPv4 frame).
 pub fn run(vxlan: &[u8]) -> anyhow::Result<()> {
     // As the observer's own main does.
-    observer::cmd::heap::return_large_frees();
+    observer::process::heap::return_large_frees();
     for peers in [1_000u32, 10_000, 100_000] {
         // Twice the peers: the per-CPU LRU must evict nothing.
         let observer = Observer::load(&LoadConfig {

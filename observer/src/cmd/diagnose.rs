@@ -15,7 +15,6 @@ use observer_common::Proto;
 
 use crate::{
     cli::{AttachArgs, DiagnoseArgs},
-    cmd::attach::{Monitor, Options},
     model::anomalies::{self, Anomaly, Event, FindingRecord, Kind, Known},
     model::crosscheck::NetfilterCheck,
     model::dataplane::DeclaredTunnel,
@@ -24,6 +23,7 @@ use crate::{
     model::rows::DropRow,
     model::rows::Row,
     model::verdicts::{self, PairVerdict},
+    monitor::{Monitor, Options},
     node::dataplane,
     node::netns,
     report::{

@@ -1,15 +1,10 @@
-//! The commands: each drives `bpf`, `node`, `model` and `report` for one
-//! job.
+//! The commands, one a module, each thin: parse its settings, call the
+//! engine (`monitor`) or the layers below, hand the result to `report`.
+//! No command imports another.
 
 pub mod attach;
-pub mod bgp;
 pub mod check;
-pub mod checks;
 pub mod diagnose;
-pub mod heap;
 pub mod lab;
-pub mod pipe;
-pub mod privileges;
 pub mod probe;
-pub mod probing;
 pub mod replay;

@@ -15,7 +15,6 @@ use std::{
 use super::frames::*;
 use observer::{
     bpf::{LoadConfig, Observer},
-    cmd::checks::AllowSetSink,
     cmd::replay::{
         capture::{self, Frame},
         classify::{Classifier, Runts},
@@ -24,6 +23,7 @@ use observer::{
     },
     model::facts::{AllowSets, Family, SetSource},
     model::ports::{PortArray, PortConfig},
+    monitor::refresher::AllowSetSink,
 };
 use observer_common::{
     Direction, FlowKey, checks, family,

@@ -14,7 +14,8 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
-use super::{super::pipe, shell::run_tool, tunnel::Tunnel};
+use super::{shell::run_tool, tunnel::Tunnel};
+use crate::process::pipe;
 
 /// Prefix of every namespace the lab creates: `obslab-<pid>-<role>`.
 pub const PREFIX: &str = "obslab-";

@@ -7,7 +7,7 @@
 //! A write to stdout that fails (a closed pipe: `observer lab | head`) is
 //! the lab's error, "writing output": it ends the lab, whose guard removes
 //! everything, and `main` maps a broken pipe to exit status 0 (see
-//! `cmd::pipe`). Notes on stderr never fail ([`pipe::eprintln`]).
+//! `process::pipe`). Notes on stderr never fail ([`pipe::eprintln`]).
 
 use std::{
     fmt,
@@ -19,8 +19,9 @@ use anyhow::{Context, Result};
 use serde::Serialize;
 use serde_json::{Value, json};
 
+use crate::process::pipe;
+
 use super::{
-    super::pipe,
     report::{self, Fact},
     scenarios::Scenario,
     topology::NODES,

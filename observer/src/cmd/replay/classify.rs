@@ -10,9 +10,9 @@ use observer_common::{Direction, Proto, Unclassified};
 use observer_core::capture::{self, Frame};
 
 use crate::{
-    cmd::checks::AllowSetSink,
     model::aggregate::{Aggregator, DropAggregator},
     model::rows::{DropCounters, DropId, FlowCounters, FlowId, KernelReasons, KernelStats, Row},
+    monitor::refresher::AllowSetSink,
 };
 
 /// What happened to one frame.

@@ -31,12 +31,12 @@ use crate::{
     bpf::features::{self, XdpProgram},
     bpf::testrun,
     bpf::{Hook, Observer},
-    cmd::checks::AllowSetSink,
     cmd::replay::classify::{
         CaptureRows, Classifier, FileRows, FrameOutcome, Readings, Runts, sent_by, unclassified_id,
     },
     model::facts::AllowSets,
     model::rows::{self, DropId, FlowId, KernelReasons, KernelStats},
+    monitor::refresher::AllowSetSink,
 };
 
 /// Frames between two reads of the maps: far fewer than the flow map

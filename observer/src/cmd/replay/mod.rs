@@ -31,11 +31,12 @@ use observer_common::parse::ETH_HLEN;
 use crate::{
     bpf::{Hook, LoadConfig, Observer},
     cli::ReplayArgs,
-    cmd::{checks::NodeChecks, pipe},
     model::rows::DropId,
     model::rows::Row,
+    monitor::refresher,
     node::allowsets::AllowSetConfig,
     node::preflight,
+    process::pipe,
     report::{
         self, Format, Line,
         lines::{self, ReplayLine, Snapshot},
@@ -116,10 +117,9 @@ fn replay(args: &ReplayArgs) -> Result<u8> {
         cidrs: args.allow_cidrs.clone(),
         skip_node_sets,
     };
-    let mut checks = NodeChecks::new(allow, Duration::MAX);
     // No local VNIs are written: the capture's belong to the node that
     // captured, not to this one's vxlan devices, so vni_unknown is off.
-    let reports = checks.refresh(engine.as_mut())?;
+    let (allow_sets, reports) = refresher::read_allow_sets_once(&allow, engine.as_mut())?;
     let format = Format::or_default(args.output);
 
     let mut replayed = Vec::new();
@@ -133,7 +133,7 @@ fn replay(args: &ReplayArgs) -> Result<u8> {
         replayed.push(one);
     }
 
-    let drops = checks.drop_rows(engine.kernel_reasons(), drop_rows);
+    let drops = refresher::drop_rows(engine.kernel_reasons(), drop_rows, Some(&allow_sets));
     let ifaces: HashMap<u32, String> = replayed
         .iter()
         .enumerate()
@@ -164,7 +164,7 @@ fn replay(args: &ReplayArgs) -> Result<u8> {
         // BGP at the wire is counted per interface, not per capture.
         bgp_wire: &[],
     };
-    // A closed stdout ends here (see `cmd::pipe`).
+    // A closed stdout ends here (see `process::pipe`).
     print(format, &reports, engine.name(), &replayed, &snapshot).context("writing output")?;
     let mut code = 0;
     for r in &replayed {

@@ -25,13 +25,13 @@ use observer_common::{
 use observer_core::capture::Frame;
 
 use crate::{
-    cmd::checks::AllowSetSink,
     cmd::replay::classify::{self, CaptureRows, Classifier, FileRows, FrameOutcome, Runts},
     model::{
         facts::{AllowLookup, AllowSets, SetKind},
         ports::{PortArray, PortConfig},
         rows::{self, DropCounters, DropId, FlowCounters, FlowId, KernelReasons, KernelStats},
     },
+    monitor::refresher::AllowSetSink,
 };
 
 /// The checks' node facts for a replay: the allow-sets only.

@@ -17,8 +17,8 @@ use std::{
 use anyhow::{Context, Result};
 
 use crate::{
-    cmd::probe::{Settings, probe_once},
     model::{dataplane::DeclaredTunnel, probe::Run},
+    monitor::probe::{Settings, probe_once},
     node,
 };
 

@@ -1,4 +1,5 @@
-//! The node-side facts behind the drop checks, refreshed while attached:
+//! The node-facts refresher: the facts behind the drop checks, refreshed
+//! while attached:
 //! allow-sets (mirrored into the programs) and the netfilter rule counters
 //! the observer's own counts are compared with. (Local VNIs come with the
 //! data-plane view, which `attach` already follows.)
@@ -44,7 +45,7 @@ impl AllowSetSink for Observer {
 }
 
 /// Refresh state of the node-side checks.
-pub struct NodeChecks {
+pub struct FactsRefresher {
     config: AllowSetConfig,
     refresh: Duration,
     last_refresh: Option<Instant>,
@@ -133,10 +134,10 @@ impl ToolReader {
     }
 }
 
-impl NodeChecks {
+impl FactsRefresher {
     /// Checks with the allow-sets of `config`, re-read every `refresh`.
-    pub fn new(config: AllowSetConfig, refresh: Duration) -> NodeChecks {
-        NodeChecks {
+    pub fn new(config: AllowSetConfig, refresh: Duration) -> FactsRefresher {
+        FactsRefresher {
             config,
             refresh,
             last_refresh: None,
@@ -252,35 +253,7 @@ impl NodeChecks {
         for problem in &snapshot.problems {
             self.warn_once(problem.clone());
         }
-        let mut reports = Vec::new();
-        for kind in SetKind::ALL {
-            let changed = self
-                .allow
-                .as_ref()
-                .is_none_or(|old| old.get(kind) != snapshot.get(kind));
-            if !changed {
-                continue;
-            }
-            let set = snapshot.get(kind);
-            let looked_for = allowsets::looked_for(&self.config, kind);
-            // When the node's sets were not read, the problem says so.
-            if !set.active() && self.config.skip_node_sets.is_none() {
-                tracing::warn!(
-                    proto = kind.name(),
-                    looked_for = %looked_for.join(", "),
-                    "no allow-set found (looked in ipset and nftables); {} sources are not checked",
-                    kind.name()
-                );
-            }
-            reports.push(AllowSetLine {
-                proto: kind.name(),
-                active: set.active(),
-                sources: set.sources.iter().map(ToString::to_string).collect(),
-                prefixes: set.prefixes.len(),
-                looked_for,
-                problems: snapshot.problems.clone(),
-            });
-        }
+        let reports = changed_lines(self.allow.as_ref(), &self.config, &snapshot);
         if !reports.is_empty() {
             observer.apply_allow_sets(&snapshot)?;
         }
@@ -302,39 +275,13 @@ impl NodeChecks {
 
     /// Names of the sets guarding `proto`, for messages.
     pub fn allow_set_names(&self, proto: Proto) -> String {
-        // Only VXLAN and IPIP rows are calico_allow_set drops.
-        let kind = SetKind::guarding(proto).unwrap_or(SetKind::Vxlan);
-        let names: Vec<&str> = self
-            .allow
-            .as_ref()
-            .map(|s| s.get(kind).set_names())
-            .unwrap_or_default();
-        if names.is_empty() {
-            "the allow-set".to_string()
-        } else {
-            names.join(", ")
-        }
+        allow_set_names(self.allow.as_ref(), proto)
     }
 
     /// Drop rows with their reason named (the kernel's names for kernel
     /// reasons) and the sentence to act on.
     pub fn drop_rows(&self, kernel: &KernelReasons, rows: Vec<Row<DropId>>) -> Vec<DropRow> {
-        rows.into_iter()
-            .map(|row| {
-                let reason = row.id.reason_name(kernel);
-                let message = rows::message(
-                    &row.id,
-                    row.packets,
-                    &reason,
-                    &self.allow_set_names(row.id.proto),
-                );
-                DropRow {
-                    row,
-                    reason,
-                    message,
-                }
-            })
-            .collect()
+        drop_rows(kernel, rows, self.allow.as_ref())
     }
 
     /// Calico's drop-rule counters since attach beside the observer's
@@ -379,4 +326,99 @@ impl NodeChecks {
         }
         self.rule_tally.update(&readings, drops)
     }
+}
+
+/// Reads the allow-sets of `config` once, waiting for the node's tools,
+/// mirrors them into `sink`, and returns them with a line per kind: what
+/// `observer replay` needs, without a refresher or its thread.
+pub fn read_allow_sets_once<S: AllowSetSink + ?Sized>(
+    config: &AllowSetConfig,
+    sink: &mut S,
+) -> Result<(AllowSets, Vec<AllowSetLine>)> {
+    let snapshot = allowsets::read(config);
+    let mut warned: Vec<&String> = Vec::new();
+    for problem in &snapshot.problems {
+        if !warned.contains(&problem) {
+            tracing::warn!("{problem}");
+            warned.push(problem);
+        }
+    }
+    let reports = changed_lines(None, config, &snapshot);
+    if !reports.is_empty() {
+        sink.apply_allow_sets(&snapshot)?;
+    }
+    Ok((snapshot, reports))
+}
+
+/// A line per kind of allow-set that `snapshot` changes from `previous`
+/// (every kind when there is none).
+fn changed_lines(
+    previous: Option<&AllowSets>,
+    config: &AllowSetConfig,
+    snapshot: &AllowSets,
+) -> Vec<AllowSetLine> {
+    let mut reports = Vec::new();
+    for kind in SetKind::ALL {
+        let changed = previous.is_none_or(|old| old.get(kind) != snapshot.get(kind));
+        if !changed {
+            continue;
+        }
+        let set = snapshot.get(kind);
+        let looked_for = allowsets::looked_for(config, kind);
+        // When the node's sets were not read, the problem says so.
+        if !set.active() && config.skip_node_sets.is_none() {
+            tracing::warn!(
+                proto = kind.name(),
+                looked_for = %looked_for.join(", "),
+                "no allow-set found (looked in ipset and nftables); {} sources are not checked",
+                kind.name()
+            );
+        }
+        reports.push(AllowSetLine {
+            proto: kind.name(),
+            active: set.active(),
+            sources: set.sources.iter().map(ToString::to_string).collect(),
+            prefixes: set.prefixes.len(),
+            looked_for,
+            problems: snapshot.problems.clone(),
+        });
+    }
+    reports
+}
+
+/// Names of the sets of `allow` guarding `proto`, for messages.
+fn allow_set_names(allow: Option<&AllowSets>, proto: Proto) -> String {
+    // Only VXLAN and IPIP rows are calico_allow_set drops.
+    let kind = SetKind::guarding(proto).unwrap_or(SetKind::Vxlan);
+    let names: Vec<&str> = allow.map(|s| s.get(kind).set_names()).unwrap_or_default();
+    if names.is_empty() {
+        "the allow-set".to_string()
+    } else {
+        names.join(", ")
+    }
+}
+
+/// Drop rows with their reason named (the kernel's names for kernel
+/// reasons) and the sentence to act on, naming the sets of `allow`.
+pub fn drop_rows(
+    kernel: &KernelReasons,
+    rows: Vec<Row<DropId>>,
+    allow: Option<&AllowSets>,
+) -> Vec<DropRow> {
+    rows.into_iter()
+        .map(|row| {
+            let reason = row.id.reason_name(kernel);
+            let message = rows::message(
+                &row.id,
+                row.packets,
+                &reason,
+                &allow_set_names(allow, row.id.proto),
+            );
+            DropRow {
+                row,
+                reason,
+                message,
+            }
+        })
+        .collect()
 }
