@@ -25,6 +25,7 @@
 pub mod bpf;
 pub mod cli;
 pub mod cmd;
+pub mod lab;
 pub mod monitor;
 pub mod node;
 pub mod process;

@@ -27,10 +27,8 @@ use std::{
     net::Ipv4Addr,
 };
 
-use observer_testkit::{
-    bird::{Bird, MeshNode},
-    netns::{Netns, VethEnd, temp_path, veth_pair},
-};
+use observer::lab::bird::{Bird, MeshNode};
+use observer_testkit::netns::{Netns, VethEnd, temp_path, veth_pair};
 use serde_json::Value;
 use support::{
     bgp_wire,
@@ -142,8 +140,8 @@ fn bird_sessions_are_followed_and_a_lost_peer_is_bgp_down() {
         rejects: Vec::new(),
         tunnel: None,
     };
-    let bird_a = Bird::start(&a, &node_a).expect("starting BIRD in a");
-    let bird_b = Bird::start(&b, &node_b).expect("starting BIRD in b");
+    let bird_a = Bird::start_in(a.name(), &node_a).expect("starting BIRD in a");
+    let bird_b = Bird::start_in(b.name(), &node_b).expect("starting BIRD in b");
     let protocol = MeshNode::protocol_name(B);
     let absent = temp_path("nobird", "ctl");
     let socket = bird_a.socket().display().to_string();
@@ -434,8 +432,8 @@ fn bgp_messages_at_the_wire_match_tcpdump_and_a_lost_session_is_bgp_down() {
     // No BIRD socket: the session is judged from the wire alone.
     let observer = ObserverProcess::start(Some(a.name()), &["va"], &[]);
     let tcpdump = Tcpdump::start(&a, "va", "tcp port 179");
-    let bird_a = Bird::start(&a, &node(A, A_BLOCK, B)).expect("starting BIRD in a");
-    let bird_b = Bird::start(&b, &node(B, B_BLOCK, A)).expect("starting BIRD in b");
+    let bird_a = Bird::start_in(a.name(), &node(A, A_BLOCK, B)).expect("starting BIRD in a");
+    let bird_b = Bird::start_in(b.name(), &node(B, B_BLOCK, A)).expect("starting BIRD in b");
     let wire =
         |lines: &[Value], direction: &str| bgp_wire::last_line(lines, "va", direction, B.into());
     // Up: OPENs both ways, then KEEPALIVEs (every 2 s).

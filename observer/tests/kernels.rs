@@ -744,7 +744,7 @@ fn batch_lookups_read_what_the_walk_reads() {
     let rows = |how| -> BTreeMap<_, (u64, u64)> {
         observer
             .read_flows_with(how)
-            .unwrap_or_else(|e| panic!("{how:?}: {e:#}"))
+            .unwrap_or_else(|e| panic!("{how:?}: {:#}", anyhow::Error::from(e)))
             .into_iter()
             .map(|(id, c)| (id, (c.packets, c.bytes)))
             .collect()

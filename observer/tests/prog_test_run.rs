@@ -95,7 +95,7 @@ impl Harness {
     fn counts(&self, how: MapRead) -> BTreeMap<FlowId, (u64, u64)> {
         self.obs
             .read_flows_with(how)
-            .unwrap_or_else(|e| panic!("{how:?}: {e:#}"))
+            .unwrap_or_else(|e| panic!("{how:?}: {:#}", anyhow::Error::from(e)))
             .into_iter()
             .map(|(id, c)| (id, (c.packets, c.bytes)))
             .collect()

@@ -6,7 +6,8 @@
 //! `model` (pure) imports no other layer, `report` only `model`, `capture`
 //! nothing; in observer, `node` only `model`; `bpf` `model` and `node`;
 //! `cli` everything but `cmd`; `process` `model` and `node`; `monitor`
-//! everything but `cmd`; `cmd` everything, but no command another
+//! everything but `cmd`; `lab` only `cli`, `node` and `process` (it runs
+//! the observer as a user would); `cmd` everything, but no command another
 //! (`cmd::diagnose` may not import `cmd::attach`). `main.rs` is the binary
 //! and may use anything. That observer-core imports nothing of observer's
 //! layers, Cargo enforces: it is a crate below them.
@@ -26,7 +27,7 @@ use anyhow::{Context, Result, bail};
 use crate::util::workspace_root;
 
 /// Which layers each layer may import.
-const ALLOWED: [(&str, &[&str]); 9] = [
+const ALLOWED: [(&str, &[&str]); 10] = [
     ("capture", &[]),
     ("model", &[]),
     ("report", &["model"]),
@@ -38,10 +39,13 @@ const ALLOWED: [(&str, &[&str]); 9] = [
         "monitor",
         &["model", "report", "bpf", "node", "cli", "process"],
     ),
+    // The lab drives the observer as a user would: this binary, read
+    // through its JSON; nothing of the engine or the kernel side.
+    ("lab", &["cli", "node", "process"]),
     (
         "cmd",
         &[
-            "model", "report", "bpf", "node", "cli", "process", "monitor",
+            "model", "report", "bpf", "node", "cli", "process", "monitor", "lab",
         ],
     ),
 ];

@@ -513,7 +513,8 @@ impl Lab {
             Setting::Floor(mode) => self.attach_probe(probes.floor, mode)?,
             Setting::ReceiveLoadedOnce(mode) => self.attach_probe(probes.receive_once, mode)?,
             Setting::ReceiveLoadedFresh(mode) => {
-                let loaded = self.in_r(|| observer::bpf::Observer::load(&Default::default()))?;
+                let loaded =
+                    self.in_r(|| Ok(observer::bpf::Observer::load(&Default::default())?))?;
                 let program = Probe::of(loaded.program_fd(receive_hook(mode))?)?;
                 let link = self.attach_xdp(program.fd, mode)?;
                 Armed::ProbeLoaded(link, program.id, Box::new(loaded))

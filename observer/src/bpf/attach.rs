@@ -6,16 +6,70 @@ use std::ffi::CString;
 
 use crate::node::localnet;
 
-use anyhow::{Context, Result, anyhow, bail};
 use aya::programs::{
-    BtfTracePoint, LinkOrder, SchedClassifier, TcAttachType, Xdp, XdpMode as AyaXdpMode,
+    BtfTracePoint, LinkOrder, ProgramError, SchedClassifier, TcAttachType, Xdp,
+    XdpMode as AyaXdpMode,
     tc::{self, NlOptions, SchedClassifierLinkId, TcAttachOptions, TcError},
 };
 
 use super::{
     AttachedWith, Attachment, DropHook, Hook, InterfaceEvent, Links, Observer, RxLink, XdpMode,
-    load::{load_tc_ingress, release_loader_memory},
+    error_chain,
+    load::{LoadError, load_tc_ingress, release_loader_memory},
+    maps::MapsError,
 };
+
+/// Why attaching to an interface failed.
+#[derive(Debug, thiserror::Error)]
+pub enum AttachError {
+    /// No interface of that name in the current network namespace.
+    #[error(
+        "interface {iface} not found (list interfaces with `ip link`; use --netns NAME for one inside a network namespace)"
+    )]
+    InterfaceNotFound { iface: String },
+    /// The name cannot be an interface's.
+    #[error("interface name {iface:?} contains a NUL byte")]
+    InvalidName { iface: String },
+    /// XDP refused in every mode tried (`--xdp-mode native` or `generic`);
+    /// `reason`: the last mode's refusal.
+    #[error(
+        "cannot attach XDP to {iface}: {reason}. The driver may lack this XDP mode, or another XDP program owns the interface; try --xdp-mode auto or --xdp-mode off"
+    )]
+    XdpRefused { iface: String, reason: String },
+    /// tc: no tcx link (`tcx`: why), and no clsact qdisc could be added
+    /// for a filter (`error`).
+    #[error(
+        "cannot attach tc {direction:?} to {iface}: tcx failed ({tcx}) and adding a clsact qdisc failed ({error})"
+    )]
+    ClsactQdisc {
+        iface: String,
+        direction: TcAttachType,
+        tcx: String,
+        error: String,
+    },
+    /// tc: neither a tcx link (`tcx`: why) nor a clsact filter (`error`).
+    #[error(
+        "cannot attach tc {direction:?} to {iface}: tcx failed ({tcx}), clsact failed ({error})"
+    )]
+    TcRefused {
+        iface: String,
+        direction: TcAttachType,
+        tcx: String,
+        error: String,
+    },
+    /// The kfree_skb program is not attached (its counters were asked for).
+    #[error("the kfree_skb program is not attached")]
+    DropHookNotAttached,
+    /// The program to attach did not load, or is not in the object.
+    #[error(transparent)]
+    Load(#[from] LoadError),
+    /// Registering the interface in the programs' maps failed.
+    #[error(transparent)]
+    Maps(#[from] MapsError),
+    /// aya refused (a program of the wrong type, its info).
+    #[error(transparent)]
+    Program(#[from] ProgramError),
+}
 
 impl Observer {
     /// How kernel drops are counted.
@@ -25,14 +79,14 @@ impl Observer {
 
     /// Kernel info (run time and count when BPF stats are on) of the
     /// attached kfree_skb program.
-    pub fn drop_hook_info(&self) -> Result<aya::programs::ProgramInfo> {
+    pub fn drop_hook_info(&self) -> Result<aya::programs::ProgramInfo, AttachError> {
         let DropHook::Attached(name) = self.drop_hook else {
-            bail!("the kfree_skb program is not attached");
+            return Err(AttachError::DropHookNotAttached);
         };
         let program = self
             .ebpf
             .program(name)
-            .with_context(|| format!("{name} missing"))?;
+            .ok_or_else(|| LoadError::Missing(format!("{name} missing")))?;
         Ok(program.info()?)
     }
 
@@ -54,7 +108,7 @@ impl Observer {
             let program: &mut BtfTracePoint = self
                 .ebpf
                 .program_mut(name)
-                .with_context(|| format!("{name} missing"))?
+                .ok_or_else(|| LoadError::Missing(format!("{name} missing")))?
                 .try_into()?;
             program.attach()?;
             Ok(())
@@ -62,7 +116,7 @@ impl Observer {
         self.drop_hook = match attached {
             Ok(()) => DropHook::Attached(name),
             Err(e) => {
-                let why = format!("skb:kfree_skb ({name}): {e:#}");
+                let why = format!("skb:kfree_skb ({name}): {}", error_chain(&e));
                 tracing::warn!(%why, "kernel drops will not be counted");
                 DropHook::Unavailable(why)
             }
@@ -82,7 +136,7 @@ impl Observer {
     }
 
     /// Attaches the ingress (XDP or tc) and egress (tc) programs to `iface`.
-    pub fn attach(&mut self, iface: &Interface, mode: XdpMode) -> Result<&Attachment> {
+    pub fn attach(&mut self, iface: &Interface, mode: XdpMode) -> Result<&Attachment, AttachError> {
         let (attachment, links) = self.attach_links(&iface.name, iface.ifindex, mode)?;
         self.attachments.push(attachment);
         self.links.push(links);
@@ -94,7 +148,7 @@ impl Observer {
         iface: &str,
         ifindex: u32,
         mode: XdpMode,
-    ) -> Result<(Attachment, Links)> {
+    ) -> Result<(Attachment, Links), AttachError> {
         let (rx, xdp_fallback_reason, rx_link) = self.attach_rx(iface, ifindex, mode)?;
         let (tx, tx_link) = self.attach_tc(iface, TcAttachType::Egress, Hook::TcEgress)?;
         self.watch(iface, ifindex)?;
@@ -153,7 +207,7 @@ impl Observer {
                             self.links[i].present = false;
                             events.push(InterfaceEvent::Failed {
                                 iface: name,
-                                error: format!("{e:#}"),
+                                error: error_chain(&e),
                             });
                         }
                     }
@@ -196,7 +250,7 @@ impl Observer {
         iface: &str,
         ifindex: u32,
         mode: XdpMode,
-    ) -> Result<(AttachedWith, Option<String>, RxLink)> {
+    ) -> Result<(AttachedWith, Option<String>, RxLink), AttachError> {
         if mode == XdpMode::Auto
             && let Some(why) = self.tc_is_cheaper(iface)
         {
@@ -204,7 +258,7 @@ impl Observer {
                 Ok((rx, id)) => return Ok((rx, Some(why), RxLink::Tc(id))),
                 Err(e) => tracing::warn!(
                     iface,
-                    error = %format!("{e:#}"),
+                    error = %error_chain(&e),
                     "tc ingress attach failed; trying XDP"
                 ),
             }
@@ -240,10 +294,10 @@ impl Observer {
                 let (rx, id) = self.attach_tc(iface, TcAttachType::Ingress, Hook::TcIngress)?;
                 Ok((rx, Some(reason), RxLink::Tc(id)))
             }
-            (_, reason) => bail!(
-                "cannot attach XDP to {iface}: {}. The driver may lack this XDP mode, or another XDP program owns the interface; try --xdp-mode auto or --xdp-mode off",
-                reason.unwrap_or_default()
-            ),
+            (_, reason) => Err(AttachError::XdpRefused {
+                iface: iface.to_string(),
+                reason: reason.unwrap_or_default(),
+            }),
         }
     }
 
@@ -267,7 +321,7 @@ impl Observer {
     }
 
     /// Loads tc ingress now if it was deferred.
-    fn ensure_tc_ingress(&mut self) -> Result<()> {
+    fn ensure_tc_ingress(&mut self) -> Result<(), LoadError> {
         if self.tc_ingress_loaded {
             return Ok(());
         }
@@ -280,9 +334,8 @@ impl Observer {
                 Ok(())
             }
             Err(e) => {
-                let text = format!("{e:#}");
-                self.load_failures.push((Hook::TcIngress, text.clone()));
-                bail!("{text}")
+                self.load_failures.push((Hook::TcIngress, error_chain(&e)));
+                Err(e)
             }
         }
     }
@@ -292,7 +345,7 @@ impl Observer {
         iface: &str,
         attach_type: TcAttachType,
         hook: Hook,
-    ) -> Result<(AttachedWith, SchedClassifierLinkId)> {
+    ) -> Result<(AttachedWith, SchedClassifierLinkId), AttachError> {
         if hook == Hook::TcIngress {
             self.ensure_tc_ingress()?;
         }
@@ -315,18 +368,26 @@ impl Observer {
             Ok(()) => {}
             // Another tool (or an earlier run) added it: filters share it.
             Err(TcError::NetlinkError(e)) if e.raw_os_error() == Some(libc::EEXIST) => {}
-            Err(e) => bail!(
-                "cannot attach tc {attach_type:?} to {iface}: tcx failed ({tcx_error}) and adding a clsact qdisc failed ({})",
-                error_chain(&e)
-            ),
+            Err(e) => {
+                return Err(AttachError::ClsactQdisc {
+                    iface: iface.to_string(),
+                    direction: attach_type,
+                    tcx: tcx_error,
+                    error: error_chain(&e),
+                });
+            }
         }
         let id = classifier
-            .attach_with_options(iface, attach_type, TcAttachOptions::Netlink(NlOptions::default()))
-            .map_err(|e| {
-                anyhow!(
-                    "cannot attach tc {attach_type:?} to {iface}: tcx failed ({tcx_error}), clsact failed ({})",
-                    error_chain(&e)
-                )
+            .attach_with_options(
+                iface,
+                attach_type,
+                TcAttachOptions::Netlink(NlOptions::default()),
+            )
+            .map_err(|e| AttachError::TcRefused {
+                iface: iface.to_string(),
+                direction: attach_type,
+                tcx: tcx_error.clone(),
+                error: error_chain(&e),
             })?;
         if !tcx_known_absent {
             tracing::warn!(
@@ -338,14 +399,17 @@ impl Observer {
         Ok((AttachedWith::Clsact, id))
     }
 
-    fn program(&mut self, hook: Hook) -> Result<&mut aya::programs::Program> {
+    fn program(&mut self, hook: Hook) -> Result<&mut aya::programs::Program, LoadError> {
         let name = self.program_name(hook);
         if let Some(why) = self.load_failure(hook) {
-            bail!("{name} is not loaded: {why}");
+            return Err(LoadError::NotLoaded {
+                program: name,
+                why: Some(why.to_string()),
+            });
         }
         self.ebpf
             .program_mut(name)
-            .with_context(|| format!("program {name} missing"))
+            .ok_or_else(|| LoadError::Missing(format!("program {name} missing")))
     }
 }
 
@@ -359,7 +423,7 @@ pub struct Interface {
 
 impl Interface {
     /// `name` and its index now; fails, naming the fix, if there is none.
-    pub fn resolve(name: &str) -> Result<Interface> {
+    pub fn resolve(name: &str) -> Result<Interface, AttachError> {
         Ok(Interface {
             name: name.to_string(),
             ifindex: ifindex(name)?,
@@ -368,26 +432,35 @@ impl Interface {
 }
 
 /// Interface index of `iface` in the current network namespace.
-fn ifindex(iface: &str) -> Result<u32> {
-    let name =
-        CString::new(iface).map_err(|_| anyhow!("interface name {iface:?} contains a NUL byte"))?;
+fn ifindex(iface: &str) -> Result<u32, AttachError> {
+    let name = CString::new(iface).map_err(|_| AttachError::InvalidName {
+        iface: iface.to_string(),
+    })?;
     // SAFETY: valid NUL-terminated string.
     let index = unsafe { libc::if_nametoindex(name.as_ptr()) };
     if index == 0 {
-        bail!(
-            "interface {iface} not found (list interfaces with `ip link`; use --netns NAME for one inside a network namespace)"
-        );
+        return Err(AttachError::InterfaceNotFound {
+            iface: iface.to_string(),
+        });
     }
     Ok(index)
 }
 
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unknown_interface_names_the_fix() {
+        let e = Interface::resolve("nosuch0").unwrap_err();
+        assert!(matches!(e, AttachError::InterfaceNotFound { .. }));
+        assert_eq!(
+            format!("{:#}", anyhow::Error::from(e)),
+            "interface nosuch0 not found (list interfaces with `ip link`; use --netns NAME for one inside a network namespace)"
+        );
+        assert!(matches!(
+            Interface::resolve("a\0b"),
+            Err(AttachError::InvalidName { .. })
+        ));
     }
-    text
 }

@@ -3,15 +3,15 @@
 //! person can act on.
 
 use std::{
-    fmt, io,
+    io,
     os::fd::{AsFd, BorrowedFd},
     path::Path,
 };
 
-use anyhow::{Context, Result, anyhow, bail};
 use aya::{
-    Ebpf, EbpfLoader,
-    maps::{MapData, ProgramArray},
+    BtfError, Ebpf, EbpfError, EbpfLoader,
+    maps::{MapData, MapError, ProgramArray},
+    pin::PinError,
     programs::{BtfTracePoint, ProgramError},
 };
 use observer_common::{
@@ -21,28 +21,241 @@ use observer_common::{
 use super::{
     DropHook, EBPF_OBJECT, Hook, LoadConfig, Observer,
     btf::KernelBtf,
+    error_chain,
     features::{Features, Plan},
+    maps::MapsError,
 };
 use crate::{
     model::{ports::PortArray, rows::KernelReasons},
     node::preflight,
 };
 
+/// Why the programs, or one of them, did not load. `{:#}` of the `anyhow`
+/// error made of it prints the causes after the message.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// The UDP port assignment makes no port table.
+    #[error("{0}")]
+    Ports(String),
+    /// `--max-flows 0`.
+    #[error("--max-flows must be at least 1")]
+    NoFlows,
+    /// The kernel refused for lack of privileges: nothing else will load
+    /// either. `program`: the program whose load failed before it reached
+    /// the verifier, named in front of the message.
+    #[error(
+        "{}permission denied loading eBPF programs: run as root, or grant CAP_BPF, CAP_NET_ADMIN and CAP_PERFMON (CAP_SYS_ADMIN on kernels before 5.8; this is {release})",
+        loading(*.program)
+    )]
+    PermissionDenied {
+        release: String,
+        program: Option<&'static str>,
+        #[source]
+        source: Box<AyaError>,
+    },
+    /// The object (its maps, BTF, relocations) did not load; or, with
+    /// `program`, that program failed before it reached the verifier.
+    #[error("{}loading the eBPF object on kernel {release}", loading(*.program))]
+    Object {
+        release: String,
+        program: Option<&'static str>,
+        #[source]
+        source: Box<AyaError>,
+    },
+    /// The verifier rejected `program`: on a supported kernel, an observer
+    /// bug. `log` is the verifier's log (also logged at debug level, never
+    /// printed in the message); `processed`, the instructions it got through.
+    #[error(
+        "the verifier of kernel {release} rejected {program}{} ({error}). \
+         This kernel is supported (5.10+ with BTF), so this is an observer bug: \
+         please report it with the output of `OBSERVER_LOG=debug observer check`",
+        after(*.processed)
+    )]
+    Verifier {
+        program: &'static str,
+        release: String,
+        processed: Option<u32>,
+        error: io::Error,
+        log: String,
+    },
+    /// `program` is too large for this kernel's verifier (E2BIG).
+    #[error(
+        "kernel {release} refused {program} as too large for its verifier ({error}); \
+         the observer supports 5.10 and newer"
+    )]
+    TooLarge {
+        program: &'static str,
+        release: String,
+        error: io::Error,
+        log: String,
+    },
+    /// The kernel refused `program` before verifying it: it lacks a
+    /// feature the program needs (a helper, a program or map type, BTF).
+    #[error(
+        "kernel {release} refused to load {program} before verifying it ({error}): \
+         it lacks a feature the program needs. The observer needs Linux 5.10 or newer \
+         with BTF; OBSERVER_LOG=debug shows the kernel's log"
+    )]
+    MissingFeature {
+        program: &'static str,
+        release: String,
+        error: io::Error,
+        log: String,
+    },
+    /// The kernel has no BTF: the kfree_skb program cannot load.
+    #[error("this kernel has no BTF: kernel drops cannot be counted")]
+    NoBtf,
+    /// The kernel's BTF could not be read.
+    #[error("reading kernel BTF")]
+    KernelBtf(#[source] BtfError),
+    /// No program counts one of the directions (tc egress, or both XDP and
+    /// tc ingress, did not load): why each program failed, by hook.
+    #[error(
+        "{}. The observer needs Linux 5.10 or newer with BTF (CONFIG_DEBUG_INFO_BTF=y); \
+         `observer check` shows what this kernel supports",
+        reasons(.failures)
+    )]
+    CannotCount { failures: Vec<(Hook, String)> },
+    /// A program or map is not in the object (an observer bug: build.rs
+    /// builds the object from the same workspace); the text names it.
+    #[error("{0}")]
+    Missing(String),
+    /// `program` did not load (`why`), or is not loaded yet.
+    #[error("{program} is not loaded{}", because(.why))]
+    NotLoaded {
+        program: &'static str,
+        why: Option<String>,
+    },
+    /// Writing the tail-called `program` into its program array failed.
+    #[error("writing {program} into {map}")]
+    MapWrite {
+        program: &'static str,
+        map: &'static str,
+        #[source]
+        source: MapError,
+    },
+    /// Starting the node facts generation (a map write) failed.
+    #[error("starting the node facts generation")]
+    FactsGeneration(#[source] MapsError),
+    /// Another map failure (sizing the BGP map, a program array of the
+    /// wrong type).
+    #[error(transparent)]
+    Maps(#[from] MapsError),
+    /// aya refused a program operation (wrong type, its fd, its info).
+    #[error(transparent)]
+    Program(#[from] ProgramError),
+}
+
+/// What aya returned when the kernel refused: loading the object, or a
+/// program.
+#[derive(Debug, thiserror::Error)]
+pub enum AyaError {
+    #[error(transparent)]
+    Object(#[from] EbpfError),
+    #[error(transparent)]
+    Program(#[from] ProgramError),
+}
+
+impl AyaError {
+    /// The errno of the system call the kernel refused, where aya keeps one.
+    fn errno(&self) -> Option<i32> {
+        match self {
+            AyaError::Object(e) => object_io_error(e),
+            AyaError::Program(e) => program_io_error(e),
+        }
+        .and_then(io::Error::raw_os_error)
+    }
+}
+
+/// The system call's error inside an object load error.
+fn object_io_error(e: &EbpfError) -> Option<&io::Error> {
+    match e {
+        EbpfError::FileError { error, .. } => Some(error),
+        EbpfError::BtfError(e) => btf_io_error(e),
+        EbpfError::MapError(e) => map_io_error(e),
+        EbpfError::ProgramError(e) => program_io_error(e),
+        _ => None,
+    }
+}
+
+/// The system call's error inside a program error.
+fn program_io_error(e: &ProgramError) -> Option<&io::Error> {
+    match e {
+        ProgramError::LoadError { io_error, .. } => Some(io_error),
+        ProgramError::SyscallError(e) => Some(&e.io_error),
+        ProgramError::IOError(e) => Some(e),
+        ProgramError::MapError(e) => map_io_error(e),
+        ProgramError::Btf(e) => btf_io_error(e),
+        _ => None,
+    }
+}
+
+/// The system call's error inside a map error.
+fn map_io_error(e: &MapError) -> Option<&io::Error> {
+    match e {
+        MapError::CreateError { io_error, .. } => Some(io_error),
+        MapError::IoError(e) => Some(e),
+        MapError::SyscallError(e) => Some(&e.io_error),
+        MapError::PinError {
+            error: PinError::SyscallError(e),
+            ..
+        } => Some(&e.io_error),
+        _ => None,
+    }
+}
+
+/// The system call's error inside a BTF error.
+fn btf_io_error(e: &BtfError) -> Option<&io::Error> {
+    match e {
+        BtfError::LoadError { io_error, .. } => Some(io_error),
+        BtfError::FileError { error, .. } => Some(error),
+        _ => None,
+    }
+}
+
+/// "loading NAME: ", in front of a refusal of that program outside the
+/// verifier.
+fn loading(program: Option<&str>) -> String {
+    program
+        .map(|name| format!("loading {name}: "))
+        .unwrap_or_default()
+}
+
+/// " after N instructions", when the verifier's log says how many.
+fn after(processed: Option<u32>) -> String {
+    processed
+        .map(|n| format!(" after {n} instructions"))
+        .unwrap_or_default()
+}
+
+/// ": WHY", when there is a why.
+fn because(why: &Option<String>) -> String {
+    why.as_ref()
+        .map(|why| format!(": {why}"))
+        .unwrap_or_default()
+}
+
+/// The failures' texts, joined.
+fn reasons(failures: &[(Hook, String)]) -> String {
+    let reasons: Vec<&str> = failures.iter().map(|(_, why)| why.as_str()).collect();
+    reasons.join("; ")
+}
+
 impl Observer {
     /// Probes the kernel, then loads and verifies the programs variants it
     /// supports, with the port table written in. Fails when the programs cannot
     /// count in either direction: tc egress, and XDP or tc ingress.
-    pub fn load(config: &LoadConfig) -> Result<Observer> {
+    pub fn load(config: &LoadConfig) -> Result<Observer, LoadError> {
         let observer = Observer::load_programs(config);
         release_loader_memory();
         observer
     }
 
     /// [`Observer::load`] without returning the loader's memory.
-    fn load_programs(config: &LoadConfig) -> Result<Observer> {
-        let ports = PortArray::new(&config.ports).map_err(|e| anyhow!(e))?;
+    fn load_programs(config: &LoadConfig) -> Result<Observer, LoadError> {
+        let ports = PortArray::new(&config.ports).map_err(LoadError::Ports)?;
         if config.max_flows == 0 {
-            bail!("--max-flows must be at least 1");
+            return Err(LoadError::NoFlows);
         }
         // The kernel's BTF, parsed once: features, sk_buff offsets and
         // drop reason names all come from it.
@@ -71,16 +284,16 @@ impl Observer {
             .override_global(SKB_LAYOUT_GLOBAL, &layout, true)
             .override_global(UDP_PORT_TAGS_GLOBAL, &ports.tags()[..], true)
             .load(EBPF_OBJECT)
-            .map_err(|e| explain_load_error(anyhow::Error::new(e), &features.release))?;
+            .map_err(|e| explain_load_error(e.into(), &features.release, None))?;
         let mut load_failures = Vec::new();
         for hook in [Hook::Xdp, Hook::TcEgress] {
             let name = program_name(&plan, hook);
             let loaded = load_program(&mut ebpf, name, &features.release);
             note_failure(&mut load_failures, hook, name, loaded)?;
         }
-        let bgp_unavailable = |hook: &str, e: &anyhow::Error| {
+        let bgp_unavailable = |hook: &str, e: &LoadError| {
             tracing::warn!(
-                error = %format!("{e:#}"),
+                error = %error_chain(e),
                 "BGP at the wire unavailable on {hook} (TCP/179 is not counted there)"
             )
         };
@@ -112,12 +325,9 @@ impl Observer {
         }
         let failed = |hook: Hook| load_failures.iter().any(|(h, _)| *h == hook);
         if failed(Hook::TcEgress) || (failed(Hook::Xdp) && failed(Hook::TcIngress)) {
-            let reasons: Vec<String> = load_failures.iter().map(|(_, why)| why.clone()).collect();
-            bail!(
-                "{}. The observer needs Linux 5.10 or newer with BTF (CONFIG_DEBUG_INFO_BTF=y); \
-                 `observer check` shows what this kernel supports",
-                reasons.join("; ")
-            );
+            return Err(LoadError::CannotCount {
+                failures: load_failures,
+            });
         }
         let mut observer = Observer {
             ebpf,
@@ -138,8 +348,7 @@ impl Observer {
             drop_hook: DropHook::Pending,
             slot_reads: Default::default(),
         };
-        super::maps::next_facts_generation(&mut observer)
-            .context("starting the node facts generation")?;
+        super::maps::next_facts_generation(&mut observer).map_err(LoadError::FactsGeneration)?;
         Ok(observer)
     }
 
@@ -172,20 +381,16 @@ impl Observer {
 
     /// Loads (verifies) the kfree_skb program variant of the plan, once,
     /// without attaching it; returns its kernel info.
-    pub fn load_drop_program(&mut self) -> Result<aya::programs::ProgramInfo> {
-        let name = self
-            .plan
-            .drops
-            .program_name()
-            .context("this kernel has no BTF: kernel drops cannot be counted")?;
+    pub fn load_drop_program(&mut self) -> Result<aya::programs::ProgramInfo, LoadError> {
+        let name = self.plan.drops.program_name().ok_or(LoadError::NoBtf)?;
         let release = self.features.release.clone();
         let program: &mut BtfTracePoint = self
             .ebpf
             .program_mut(name)
-            .with_context(|| format!("{name} missing"))?
+            .ok_or_else(|| LoadError::Missing(format!("{name} missing")))?
             .try_into()?;
         if program.fd().is_err() {
-            let btf = aya::Btf::from_sys_fs().context("reading kernel BTF")?;
+            let btf = aya::Btf::from_sys_fs().map_err(LoadError::KernelBtf)?;
             let loaded = program.load("kfree_skb", &btf);
             drop(btf);
             release_loader_memory();
@@ -195,59 +400,69 @@ impl Observer {
     }
 
     /// The loaded program of `hook`.
-    fn loaded_program(&self, hook: Hook) -> Result<&aya::programs::Program> {
+    fn loaded_program(&self, hook: Hook) -> Result<&aya::programs::Program, LoadError> {
         let name = self.program_name(hook);
         if let Some(why) = self.load_failure(hook) {
-            bail!("{name} is not loaded: {why}");
+            return Err(LoadError::NotLoaded {
+                program: name,
+                why: Some(why.to_string()),
+            });
         }
         self.ebpf
             .program(name)
-            .with_context(|| format!("program {name} missing"))
+            .ok_or_else(|| LoadError::Missing(format!("program {name} missing")))
     }
 
     /// File descriptor of a loaded program (for BPF_PROG_TEST_RUN).
-    pub fn program_fd(&self, hook: Hook) -> Result<BorrowedFd<'_>> {
+    pub fn program_fd(&self, hook: Hook) -> Result<BorrowedFd<'_>, LoadError> {
         Ok(self.loaded_program(hook)?.fd()?.as_fd())
     }
 
     /// Kernel info of the loaded program of `hook` (id, verified
     /// instruction count, run time when BPF stats are on).
-    pub fn program_info(&self, hook: Hook) -> Result<aya::programs::ProgramInfo> {
+    pub fn program_info(&self, hook: Hook) -> Result<aya::programs::ProgramInfo, LoadError> {
         Ok(self.loaded_program(hook)?.info()?)
     }
 
     /// Kernel info of tc ingress's checks program (tail-called; never
     /// attached).
-    pub fn tc_checks_info(&self) -> Result<aya::programs::ProgramInfo> {
+    pub fn tc_checks_info(&self) -> Result<aya::programs::ProgramInfo, LoadError> {
         self.tail_program_info(TC_CHECKS_PROGRAM, self.tc_checks.is_some())
     }
 
     /// Kernel info of the tc hooks' BGP program (tail-called; never
     /// attached).
-    pub fn tc_bgp_info(&self) -> Result<aya::programs::ProgramInfo> {
+    pub fn tc_bgp_info(&self) -> Result<aya::programs::ProgramInfo, LoadError> {
         self.tail_program_info(TC_BGP_PROGRAM, self.tc_bgp.is_some())
     }
 
     /// Kernel info of XDP's BGP program (tail-called; never attached).
-    pub fn xdp_bgp_info(&self) -> Result<aya::programs::ProgramInfo> {
+    pub fn xdp_bgp_info(&self) -> Result<aya::programs::ProgramInfo, LoadError> {
         self.tail_program_info(self.plan.xdp.bgp_program_name(), self.xdp_bgp.is_some())
     }
 
-    fn tail_program_info(&self, name: &str, loaded: bool) -> Result<aya::programs::ProgramInfo> {
+    fn tail_program_info(
+        &self,
+        name: &'static str,
+        loaded: bool,
+    ) -> Result<aya::programs::ProgramInfo, LoadError> {
         if !loaded {
-            bail!("{name} is not loaded");
+            return Err(LoadError::NotLoaded {
+                program: name,
+                why: None,
+            });
         }
         let program = self
             .ebpf
             .program(name)
-            .with_context(|| format!("{name} missing"))?;
+            .ok_or_else(|| LoadError::Missing(format!("{name} missing")))?;
         Ok(program.info()?)
     }
 
     /// Kernel program ids of the packet programs, in the order xdp, tc
     /// ingress, tc egress; `None` for one not loaded (tc ingress until an
     /// interface needs it).
-    pub fn program_ids(&self) -> Result<Vec<Option<u32>>> {
+    pub fn program_ids(&self) -> Result<Vec<Option<u32>>, LoadError> {
         Hook::ALL
             .iter()
             .map(|hook| {
@@ -281,10 +496,10 @@ fn program_name(plan: &Plan, hook: Hook) -> &'static str {
 }
 
 /// Loads (verifies) the XDP or tc program `name`.
-fn load_program(ebpf: &mut Ebpf, name: &'static str, release: &str) -> Result<()> {
+fn load_program(ebpf: &mut Ebpf, name: &'static str, release: &str) -> Result<(), LoadError> {
     let program = ebpf
         .program_mut(name)
-        .with_context(|| format!("program {name} missing from the object"))?;
+        .ok_or_else(|| LoadError::Missing(format!("program {name} missing from the object")))?;
     let loaded = match program {
         aya::programs::Program::Xdp(p) => p.load(),
         aya::programs::Program::SchedClassifier(p) => p.load(),
@@ -299,22 +514,23 @@ fn note_failure(
     failures: &mut Vec<(Hook, String)>,
     hook: Hook,
     name: &str,
-    loaded: Result<()>,
-) -> Result<()> {
-    if let Err(e) = loaded {
-        // anyhow finds a context by its type.
-        if e.downcast_ref::<PermissionDenied>().is_some() {
-            return Err(e);
+    loaded: Result<(), LoadError>,
+) -> Result<(), LoadError> {
+    match loaded {
+        Ok(()) => Ok(()),
+        Err(e @ LoadError::PermissionDenied { .. }) => Err(e),
+        Err(e) => {
+            let why = error_chain(&e);
+            tracing::warn!(program = name, error = %why, "program not loaded");
+            failures.push((hook, why));
+            Ok(())
         }
-        tracing::warn!(program = name, error = %format!("{e:#}"), "program not loaded");
-        failures.push((hook, format!("{e:#}")));
     }
-    Ok(())
 }
 
 /// Entries of the BGP map: its keys plus the free entries the kernel's
 /// common LRU may hold on each CPU (see `observer_common::BGP_MAP`).
-fn bgp_map_entries() -> Result<u32> {
+fn bgp_map_entries() -> Result<u32, MapsError> {
     let cpus = super::maps::possible_cpus()?;
     Ok(observer_common::BGP_MAX_KEYS + observer_common::LRU_LOCAL_FREE * cpus as u32)
 }
@@ -337,12 +553,12 @@ pub(super) fn release_loader_memory() {
 pub(super) fn load_tc_ingress(
     ebpf: &mut Ebpf,
     release: &str,
-) -> Result<Option<ProgramArray<MapData>>> {
+) -> Result<Option<ProgramArray<MapData>>, LoadError> {
     load_program(ebpf, program_name_tc_ingress(), release)?;
     Ok(load_tc_checks(ebpf, release)
         .inspect_err(|e| {
             tracing::warn!(
-                error = %format!("{e:#}"),
+                error = %error_chain(e),
                 "tc ingress drop checks (classifier reasons, path_mtu) unavailable"
             )
         })
@@ -355,7 +571,7 @@ const fn program_name_tc_ingress() -> &'static str {
 }
 
 /// Loads tc ingress's checks program into the CHECKS program array.
-fn load_tc_checks(ebpf: &mut Ebpf, release: &str) -> Result<ProgramArray<MapData>> {
+fn load_tc_checks(ebpf: &mut Ebpf, release: &str) -> Result<ProgramArray<MapData>, LoadError> {
     load_tail_program(
         ebpf,
         TC_CHECKS_PROGRAM,
@@ -371,91 +587,91 @@ fn load_tc_checks(ebpf: &mut Ebpf, release: &str) -> Result<ProgramArray<MapData
 fn load_tail_program(
     ebpf: &mut Ebpf,
     name: &'static str,
-    map: &str,
+    map: &'static str,
     release: &str,
-) -> Result<ProgramArray<MapData>> {
+) -> Result<ProgramArray<MapData>, LoadError> {
     load_program(ebpf, name, release)?;
     let mut array: ProgramArray<MapData> = ProgramArray::try_from(
         ebpf.take_map(map)
-            .with_context(|| format!("{map} map missing"))?,
-    )?;
+            .ok_or_else(|| LoadError::Missing(format!("{map} map missing")))?,
+    )
+    .map_err(MapsError::Map)?;
     let program = ebpf
         .program(name)
-        .with_context(|| format!("{name} missing"))?;
+        .ok_or_else(|| LoadError::Missing(format!("{name} missing")))?;
     array
         .set(0, program.fd()?, 0)
-        .with_context(|| format!("writing {name} into {map}"))?;
+        .map_err(|source| LoadError::MapWrite {
+            program: name,
+            map,
+            source,
+        })?;
     Ok(array)
 }
 
 /// Turns a program load error into one a person can act on: the program,
 /// the kernel, what went wrong. The verifier's log goes to the debug log
 /// (OBSERVER_LOG=debug), never into the message.
-fn explain_program_error(e: ProgramError, name: &str, release: &str) -> anyhow::Error {
-    let ProgramError::LoadError {
-        io_error,
-        verifier_log,
-    } = &e
-    else {
-        return explain_load_error(anyhow::Error::new(e), release)
-            .context(format!("loading {name}"));
+fn explain_program_error(e: ProgramError, name: &'static str, release: &str) -> LoadError {
+    if let ProgramError::LoadError { verifier_log, .. } = &e {
+        tracing::debug!(
+            program = name,
+            kernel = release,
+            "verifier log:\n{verifier_log}"
+        );
+    }
+    let (error, log) = match e {
+        ProgramError::LoadError {
+            io_error,
+            verifier_log,
+        } if io_error.raw_os_error() != Some(libc::EPERM) => (io_error, verifier_log.to_string()),
+        ProgramError::LoadError { .. } => return explain_load_error(e.into(), release, None),
+        _ => return explain_load_error(e.into(), release, Some(name)),
     };
-    let log = verifier_log.to_string();
-    tracing::debug!(program = name, kernel = release, "verifier log:\n{log}");
-    let errno = io_error.raw_os_error().unwrap_or(0);
-    if errno == libc::EPERM {
-        return explain_load_error(anyhow::Error::new(e), release);
-    }
-    let processed =
-        crate::bpf::verifier_stats::processed(&log).map(|n| format!(" after {n} instructions"));
-    match (errno, processed) {
-        (libc::EACCES, processed) | (libc::EINVAL, processed @ Some(_)) => anyhow!(
-            "the verifier of kernel {release} rejected {name}{} ({io_error}). \
-             This kernel is supported (5.10+ with BTF), so this is an observer bug: \
-             please report it with the output of `OBSERVER_LOG=debug observer check`",
-            processed.unwrap_or_default()
-        ),
-        (libc::E2BIG, _) => anyhow!(
-            "kernel {release} refused {name} as too large for its verifier ({io_error}); \
-             the observer supports 5.10 and newer"
-        ),
-        _ => anyhow!(
-            "kernel {release} refused to load {name} before verifying it ({io_error}): \
-             it lacks a feature the program needs. The observer needs Linux 5.10 or newer \
-             with BTF; OBSERVER_LOG=debug shows the kernel's log"
-        ),
-    }
-}
-
-/// Turns permission errors into the capabilities to grant.
-fn explain_load_error(e: anyhow::Error, release: &str) -> anyhow::Error {
-    let permission = e.chain().any(|cause| {
-        cause
-            .downcast_ref::<io::Error>()
-            .is_some_and(|io| io.raw_os_error() == Some(libc::EPERM))
-    });
-    if permission {
-        return e.context(PermissionDenied(release.to_string()));
-    }
-    e.context(format!("loading the eBPF object on kernel {release}"))
-}
-
-/// The kernel refused to load programs for lack of privileges (kernel
-/// release inside): nothing else will load either.
-#[derive(Debug)]
-struct PermissionDenied(String);
-
-impl fmt::Display for PermissionDenied {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "permission denied loading eBPF programs: run as root, or grant CAP_BPF, CAP_NET_ADMIN and CAP_PERFMON (CAP_SYS_ADMIN on kernels before 5.8; this is {})",
-            self.0
-        )
+    let (program, release) = (name, release.to_string());
+    match (
+        error.raw_os_error().unwrap_or(0),
+        super::verifier_stats::processed(&log),
+    ) {
+        (libc::EACCES, processed) | (libc::EINVAL, processed @ Some(_)) => LoadError::Verifier {
+            program,
+            release,
+            processed,
+            error,
+            log,
+        },
+        (libc::E2BIG, _) => LoadError::TooLarge {
+            program,
+            release,
+            error,
+            log,
+        },
+        _ => LoadError::MissingFeature {
+            program,
+            release,
+            error,
+            log,
+        },
     }
 }
 
-impl std::error::Error for PermissionDenied {}
+/// Turns permission errors into the capabilities to grant; `program`: the
+/// program whose load failed before the verifier, if it was one.
+fn explain_load_error(e: AyaError, release: &str, program: Option<&'static str>) -> LoadError {
+    let release = release.to_string();
+    if e.errno() == Some(libc::EPERM) {
+        return LoadError::PermissionDenied {
+            release,
+            program,
+            source: Box::new(e),
+        };
+    }
+    LoadError::Object {
+        release,
+        program,
+        source: Box::new(e),
+    }
+}
 
 #[cfg(test)]
 mod tests {
@@ -464,7 +680,13 @@ mod tests {
     #[test]
     fn a_refused_program_is_noted_and_a_permission_error_ends_the_load() {
         let mut failures = Vec::new();
-        let refused = anyhow!("the verifier of kernel 5.10 rejected observer_tc_in");
+        let refused = LoadError::Verifier {
+            program: "observer_tc_in",
+            release: "5.10.0-32-amd64".to_string(),
+            processed: Some(12),
+            error: io::Error::from_raw_os_error(libc::EACCES),
+            log: "processed 12 insns".to_string(),
+        };
         note_failure(
             &mut failures,
             Hook::TcIngress,
@@ -473,19 +695,128 @@ mod tests {
         )
         .unwrap();
         assert_eq!(failures.len(), 1);
-        assert!(failures[0].1.contains("rejected observer_tc_in"));
+        assert!(
+            failures[0]
+                .1
+                .starts_with("the verifier of kernel 5.10.0-32-amd64 rejected observer_tc_in after 12 instructions (Permission denied"),
+            "{}",
+            failures[0].1
+        );
 
+        // Map creation refused: aya's error holds the errno two levels down.
         let eperm = explain_load_error(
-            anyhow::Error::new(io::Error::from_raw_os_error(libc::EPERM)),
+            EbpfError::MapError(MapError::CreateError {
+                name: "FLOWS".to_string(),
+                io_error: io::Error::from_raw_os_error(libc::EPERM),
+            })
+            .into(),
             "5.10.0-32-amd64",
+            None,
         );
         let ended = note_failure(&mut failures, Hook::Xdp, "observer_xdp", Err(eperm)).unwrap_err();
         assert_eq!(failures.len(), 1, "not noted: the whole load fails");
-        let text = format!("{ended:#}");
+        let text = format!("{:#}", anyhow::Error::from(ended));
         assert!(
             text.starts_with("permission denied loading eBPF programs")
-                && text.contains("this is 5.10.0-32-amd64"),
+                && text.contains("this is 5.10.0-32-amd64")
+                && text.ends_with(
+                    "failed to create map `FLOWS`: Operation not permitted (os error 1)"
+                ),
             "{text}"
         );
+    }
+
+    #[test]
+    fn a_program_refused_outside_the_verifier_names_it_in_front() {
+        let e = explain_program_error(ProgramError::UnexpectedProgramType, "observer_xdp", "6.1.0");
+        assert!(matches!(e, LoadError::Object { .. }));
+        assert_eq!(
+            format!("{:#}", anyhow::Error::from(e)),
+            "loading observer_xdp: loading the eBPF object on kernel 6.1.0: unexpected program type"
+        );
+    }
+
+    /// The texts are the ones the `anyhow` messages printed before the
+    /// errors were typed (tests and scripts compare them).
+    #[test]
+    fn messages_read_as_before() {
+        let release = "6.1.0".to_string();
+        let eacces = || io::Error::from_raw_os_error(libc::EACCES);
+        let cases = [
+            (
+                LoadError::Verifier {
+                    program: "observer_xdp",
+                    release: release.clone(),
+                    processed: None,
+                    error: eacces(),
+                    log: String::new(),
+                },
+                format!(
+                    "the verifier of kernel 6.1.0 rejected observer_xdp ({}). \
+                     This kernel is supported (5.10+ with BTF), so this is an observer bug: \
+                     please report it with the output of `OBSERVER_LOG=debug observer check`",
+                    eacces()
+                ),
+            ),
+            (
+                LoadError::TooLarge {
+                    program: "observer_xdp",
+                    release: release.clone(),
+                    error: eacces(),
+                    log: String::new(),
+                },
+                format!(
+                    "kernel 6.1.0 refused observer_xdp as too large for its verifier ({}); \
+                     the observer supports 5.10 and newer",
+                    eacces()
+                ),
+            ),
+            (
+                LoadError::MissingFeature {
+                    program: "observer_xdp",
+                    release: release.clone(),
+                    error: eacces(),
+                    log: String::new(),
+                },
+                format!(
+                    "kernel 6.1.0 refused to load observer_xdp before verifying it ({}): \
+                     it lacks a feature the program needs. The observer needs Linux 5.10 or newer \
+                     with BTF; OBSERVER_LOG=debug shows the kernel's log",
+                    eacces()
+                ),
+            ),
+            (
+                LoadError::CannotCount {
+                    failures: vec![
+                        (Hook::Xdp, "a".to_string()),
+                        (Hook::TcIngress, "b".to_string()),
+                    ],
+                },
+                "a; b. The observer needs Linux 5.10 or newer with BTF (CONFIG_DEBUG_INFO_BTF=y); \
+                 `observer check` shows what this kernel supports"
+                    .to_string(),
+            ),
+            (
+                LoadError::NotLoaded {
+                    program: "observer_tc_in",
+                    why: Some("not loaded yet: no interface needed it".to_string()),
+                },
+                "observer_tc_in is not loaded: not loaded yet: no interface needed it".to_string(),
+            ),
+            (
+                LoadError::NotLoaded {
+                    program: "observer_tc_chk",
+                    why: None,
+                },
+                "observer_tc_chk is not loaded".to_string(),
+            ),
+            (
+                LoadError::FactsGeneration(MapsError::Poisoned),
+                "starting the node facts generation: the slot reads' lock was poisoned".to_string(),
+            ),
+        ];
+        for (error, text) in cases {
+            assert_eq!(format!("{:#}", anyhow::Error::from(error)), text);
+        }
     }
 }

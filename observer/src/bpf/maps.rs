@@ -6,10 +6,10 @@
 use std::{
     collections::{BTreeSet, HashSet},
     hash::Hash,
+    io,
     net::IpAddr,
 };
 
-use anyhow::{Context, Result, anyhow};
 use aya::{
     Pod,
     maps::{
@@ -38,14 +38,77 @@ use crate::{
     node::localnet,
 };
 
+/// Why reading or writing a map failed.
+#[derive(Debug, thiserror::Error)]
+pub enum MapsError {
+    /// A map is not in the object (an observer bug: build.rs builds the
+    /// object from the same workspace); the text names it.
+    #[error("{0}")]
+    Missing(String),
+    /// aya refused the map (type, key or value size), or a system call on
+    /// it failed.
+    #[error(transparent)]
+    Map(#[from] MapError),
+    /// Walking a map failed.
+    #[error("reading the {map} map")]
+    Read {
+        map: &'static str,
+        #[source]
+        source: MapError,
+    },
+    /// Reading one index of an array failed.
+    #[error("reading index {index} of the {map} map")]
+    ReadIndex {
+        map: &'static str,
+        index: u32,
+        #[source]
+        source: MapError,
+    },
+    /// A batch lookup failed.
+    #[error("batch lookup of the {map} map")]
+    Batch {
+        map: &'static str,
+        #[source]
+        source: io::Error,
+    },
+    /// Adding an allow-set prefix failed (the trie may be full).
+    #[error("adding a prefix to {map} (more than it holds?)")]
+    AddPrefix {
+        map: &'static str,
+        #[source]
+        source: MapError,
+    },
+    /// Adding a local VNI failed (the map may be full).
+    #[error("adding a VNI to LOCAL_VNIS (more local vxlan devices than it holds?)")]
+    AddVni(#[source] MapError),
+    /// The number of possible CPUs (one value per CPU in per-CPU maps)
+    /// could not be read.
+    #[error("reading {path}: {error}")]
+    PossibleCpus {
+        path: &'static str,
+        error: io::Error,
+    },
+    /// A reader panicked holding the lock of the slot reads.
+    #[error("the slot reads' lock was poisoned")]
+    Poisoned,
+    /// The current network namespace could not be read (watching an
+    /// interface).
+    #[error(transparent)]
+    Netns(anyhow::Error),
+}
+
+fn missing(text: impl Into<String>) -> MapsError {
+    MapsError::Missing(text.into())
+}
+
 impl Observer {
     /// Tells the programs the MTU of interface `ifindex`: received tunnel
     /// packets above it count as `over_mtu`.
-    pub fn set_mtu(&mut self, ifindex: u32, mtu: u32) -> Result<()> {
+    pub fn set_mtu(&mut self, ifindex: u32, mtu: u32) -> Result<(), MapsError> {
         let mut mtus: BpfHashMap<_, u32, u32> = BpfHashMap::try_from(
             self.ebpf
                 .map_mut(IFACE_MTU_MAP)
-                .context("IFACE_MTU map missing")?,
+                .ok_or_else(|| missing("IFACE_MTU map missing"))?,
         )?;
         if mtus.get(&ifindex, 0).ok() == Some(mtu) {
             return Ok(());
@@ -56,12 +119,12 @@ impl Observer {
 
     /// Registers `ifindex` of the current namespace for the kernel drop
     /// filter and the MTU check.
-    pub(super) fn watch(&mut self, iface: &str, ifindex: u32) -> Result<()> {
-        let netns = localnet::netns_inode()?;
+    pub(super) fn watch(&mut self, iface: &str, ifindex: u32) -> Result<(), MapsError> {
+        let netns = localnet::netns_inode().map_err(MapsError::Netns)?;
         let mut watched: BpfHashMap<_, WatchedIface, u8> = BpfHashMap::try_from(
             self.ebpf
                 .map_mut(WATCHED_MAP)
-                .context("WATCHED map missing")?,
+                .ok_or_else(|| missing("WATCHED map missing"))?,
         )?;
         watched.insert(WatchedIface { netns, ifindex }, 1, 0)?;
         self.sync_watched_bits(ifindex)?;
@@ -97,9 +160,12 @@ impl Observer {
     /// Rewrites the word of the kfree_skb prefilter bitmap that holds
     /// `ifindex`'s bit from the watched set (other interfaces may share the
     /// word or the bit).
-    fn sync_watched_bits(&mut self, ifindex: u32) -> Result<()> {
-        let watched: BpfHashMap<_, WatchedIface, u8> =
-            BpfHashMap::try_from(self.ebpf.map(WATCHED_MAP).context("WATCHED map missing")?)?;
+    fn sync_watched_bits(&mut self, ifindex: u32) -> Result<(), MapsError> {
+        let watched: BpfHashMap<_, WatchedIface, u8> = BpfHashMap::try_from(
+            self.ebpf
+                .map(WATCHED_MAP)
+                .ok_or_else(|| missing("WATCHED map missing"))?,
+        )?;
         let word = watched_bit(ifindex) / 64;
         let value = watched
             .keys()
@@ -110,7 +176,7 @@ impl Observer {
         let mut bits: Array<&mut MapData, [u64; WATCHED_BITS_WORDS]> = Array::try_from(
             self.ebpf
                 .map_mut(WATCHED_BITS_SECTION)
-                .context("the watched-interface bitmap is missing")?,
+                .ok_or_else(|| missing("the watched-interface bitmap is missing"))?,
         )?;
         let mut words = bits.get(&0, 0)?;
         words[word as usize] = value;
@@ -118,22 +184,24 @@ impl Observer {
         Ok(())
     }
 
-    fn flow_map(&self) -> Result<PerCpuHashMap<&MapData, FlowKey, FlowValue>> {
+    fn flow_map(&self) -> Result<PerCpuHashMap<&MapData, FlowKey, FlowValue>, MapsError> {
         Ok(PerCpuHashMap::try_from(
-            self.ebpf.map(FLOWS_MAP).context("FLOWS map missing")?,
+            self.ebpf
+                .map(FLOWS_MAP)
+                .ok_or_else(|| missing("FLOWS map missing"))?,
         )?)
     }
 
     /// Reads every row of the flow counters, summed over CPUs: the keys of
     /// the flow cache and of the LRU map, each once; by batch lookups where
     /// the kernel has them for the map, else walking it.
-    pub fn read_flows(&self) -> Result<Vec<(FlowId, FlowCounters)>> {
+    pub fn read_flows(&self) -> Result<Vec<(FlowId, FlowCounters)>, MapsError> {
         self.read_flows_with(MapRead::Batch)
     }
 
     /// [`Observer::read_flows`] by one way of reading maps: tests compare
     /// the two.
-    pub fn read_flows_with(&self, how: MapRead) -> Result<Vec<(FlowId, FlowCounters)>> {
+    pub fn read_flows_with(&self, how: MapRead) -> Result<Vec<(FlowId, FlowCounters)>, MapsError> {
         let mut rows = Vec::new();
         self.for_each_flow(how, |id, counters| rows.push((id, *counters)))?;
         Ok(rows)
@@ -147,7 +215,7 @@ impl Observer {
         &self,
         how: MapRead,
         mut row: impl FnMut(FlowId, &FlowCounters),
-    ) -> Result<u64> {
+    ) -> Result<u64, MapsError> {
         let mut merge = CacheMerge(self.read_flow_cache(how)?);
         let mut map_entries = 0;
         let mut emit = |key: &FlowKey, counters: &FlowCounters| {
@@ -170,7 +238,7 @@ impl Observer {
     /// over CPUs: those held in the per-CPU flow cache, and plain traffic
     /// in the per-CPU plain counters. By batch (`how`), only the slots in
     /// use are read while no new one was put to use (`slots`).
-    fn read_flow_cache(&self, how: MapRead) -> Result<FastMap<FlowKey, FlowCounters>> {
+    fn read_flow_cache(&self, how: MapRead) -> Result<FastMap<FlowKey, FlowCounters>, MapsError> {
         let mut keys: FastMap<FlowKey, FlowCounters> = FastMap::default();
         let mut add = |key: FlowKey, packets: u64, bytes: u64, inner| {
             let counters = keys.entry(key).or_default();
@@ -179,14 +247,11 @@ impl Observer {
             counters.inner = counters.inner.or(inner);
             counters.cached = (counters.packets, counters.bytes);
         };
-        let mut trackers = self
-            .slot_reads
-            .lock()
-            .map_err(|_| anyhow!("the slot reads' lock was poisoned"))?;
+        let mut trackers = self.slot_reads.lock().map_err(|_| MapsError::Poisoned)?;
         let cache = self
             .ebpf
             .map(FLOW_CACHE_MAP)
-            .context("FLOW_CACHE map missing")?;
+            .ok_or_else(|| missing("FLOW_CACHE map missing"))?;
         for_each_slot_in_use(
             &PerCpuArray::try_from(cache)?,
             (FLOW_CACHE_MAP, FLOW_CACHE_SLOTS),
@@ -200,7 +265,10 @@ impl Observer {
                 }
             },
         )?;
-        let plain = self.ebpf.map(PLAIN_MAP).context("PLAIN map missing")?;
+        let plain = self
+            .ebpf
+            .map(PLAIN_MAP)
+            .ok_or_else(|| missing("PLAIN map missing"))?;
         for_each_slot_in_use(
             &PerCpuArray::try_from(plain)?,
             (PLAIN_MAP, PLAIN_SLOTS),
@@ -219,16 +287,22 @@ impl Observer {
     }
 
     /// This counter of the programs, summed over CPUs.
-    fn stat(&self, stat: Stat) -> Result<u64> {
-        let stats: PerCpuArray<&MapData, u64> =
-            PerCpuArray::try_from(self.ebpf.map(STATS_MAP).context("STATS map missing")?)?;
+    fn stat(&self, stat: Stat) -> Result<u64, MapsError> {
+        let stats: PerCpuArray<&MapData, u64> = PerCpuArray::try_from(
+            self.ebpf
+                .map(STATS_MAP)
+                .ok_or_else(|| missing("STATS map missing"))?,
+        )?;
         Ok(stats.get(&(stat as u32), 0)?.iter().sum())
     }
 
     /// Reads every row of the drop map, summed over CPUs.
-    pub fn read_drops(&self) -> Result<Vec<(DropId, DropCounters)>> {
-        let map: PerCpuHashMap<&MapData, DropKey, DropValue> =
-            PerCpuHashMap::try_from(self.ebpf.map(DROPS_MAP).context("DROPS map missing")?)?;
+    pub fn read_drops(&self) -> Result<Vec<(DropId, DropCounters)>, MapsError> {
+        let map: PerCpuHashMap<&MapData, DropKey, DropValue> = PerCpuHashMap::try_from(
+            self.ebpf
+                .map(DROPS_MAP)
+                .ok_or_else(|| missing("DROPS map missing"))?,
+        )?;
         let decode = |key: &DropKey, values: &[DropValue]| {
             let mut total = DropCounters::default();
             for value in values.iter() {
@@ -242,13 +316,19 @@ impl Observer {
 
     /// Reads every key of the BGP map (TCP/179 per interface, direction
     /// and peer).
-    pub fn read_bgp_wire(&self) -> Result<Vec<(WireId, WireCounters)>> {
-        let map: BpfHashMap<&MapData, BgpKey, BgpCounters> =
-            BpfHashMap::try_from(self.ebpf.map(BGP_MAP).context("BGP map missing")?)?;
+    pub fn read_bgp_wire(&self) -> Result<Vec<(WireId, WireCounters)>, MapsError> {
+        let map: BpfHashMap<&MapData, BgpKey, BgpCounters> = BpfHashMap::try_from(
+            self.ebpf
+                .map(BGP_MAP)
+                .ok_or_else(|| missing("BGP map missing"))?,
+        )?;
         let rows = dedup_listing(map.iter(), |key, counters| {
             (WireId::from_key(key), WireCounters::from_value(counters))
         })
-        .with_context(|| format!("reading the {BGP_MAP} map"))?;
+        .map_err(|source| MapsError::Read {
+            map: BGP_MAP,
+            source,
+        })?;
         Ok(rows
             .into_iter()
             .filter_map(|(id, counters)| Some((id?, counters)))
@@ -257,7 +337,7 @@ impl Observer {
 
     /// Reads the kernel self counters (walks the flow map to count its
     /// entries; a caller that just read the rows uses [`Observer::stats_for`]).
-    pub fn read_stats(&self) -> Result<KernelStats> {
+    pub fn read_stats(&self) -> Result<KernelStats, MapsError> {
         let flow_entries = self.flow_map()?.keys().filter(|k| k.is_ok()).count() as u64;
         self.stats_for(flow_entries)
     }
@@ -266,7 +346,7 @@ impl Observer {
     /// (what [`Observer::for_each_flow`] returns, or `rows::map_entries`
     /// of a [`Observer::read_flows`] just made), so the map is walked once
     /// per interval, not twice.
-    pub fn stats_for(&self, flow_entries: u64) -> Result<KernelStats> {
+    pub fn stats_for(&self, flow_entries: u64) -> Result<KernelStats, MapsError> {
         let read = |stat: Stat| self.stat(stat);
         let flow_inserts = read(Stat::FlowInserts)?;
         Ok(KernelStats {
@@ -327,24 +407,26 @@ pub enum MapRead {
 /// `entry`, with its per-CPU values.
 fn for_each_percpu_array<V: Pod>(
     map: &PerCpuArray<&MapData, V>,
-    name: &str,
+    name: &'static str,
     entries: u32,
     how: MapRead,
     mut entry: impl FnMut(u32, &[V]),
-) -> Result<()> {
+) -> Result<(), MapsError> {
     let batched = match how {
         // Per-CPU arrays have no batch lookup before 5.13.
         MapRead::Batch => batch::lookup_all_percpu(map.map(), possible_cpus()?, |index, values| {
             entry(*index, values)
         })
-        .with_context(|| format!("batch lookup of the {name} map"))?,
+        .map_err(|source| MapsError::Batch { map: name, source })?,
         MapRead::Walk => false,
     };
     if !batched {
         for index in 0..entries {
-            let values = map
-                .get(&index, 0)
-                .with_context(|| format!("reading index {index} of the {name} map"))?;
+            let values = map.get(&index, 0).map_err(|source| MapsError::ReadIndex {
+                map: name,
+                index,
+                source,
+            })?;
             entry(index, &values);
         }
     }
@@ -358,17 +440,19 @@ fn for_each_percpu_array<V: Pod>(
 /// see `slots`). `in_use` tells a slot in use by its values.
 fn for_each_slot_in_use<V: Pod>(
     map: &PerCpuArray<&MapData, V>,
-    (name, entries): (&str, u32),
+    (name, entries): (&'static str, u32),
     how: MapRead,
     (first_uses, tracker): (u64, &mut SlotReads),
     in_use: impl Fn(&[V]) -> bool,
     mut entry: impl FnMut(u32, &[V]),
-) -> Result<()> {
+) -> Result<(), MapsError> {
     if let (MapRead::Batch, SlotPlan::Only(slots)) = (how, tracker.plan(first_uses)) {
         for index in slots {
-            let values = map
-                .get(&index, 0)
-                .with_context(|| format!("reading index {index} of the {name} map"))?;
+            let values = map.get(&index, 0).map_err(|source| MapsError::ReadIndex {
+                map: name,
+                index,
+                source,
+            })?;
             entry(index, &values);
         }
         return Ok(());
@@ -388,10 +472,10 @@ fn for_each_slot_in_use<V: Pod>(
 /// per-CPU values.
 fn read_percpu_hash<K, V, Id, C>(
     map: &PerCpuHashMap<&MapData, K, V>,
-    name: &str,
+    name: &'static str,
     how: MapRead,
     decode: impl Fn(&K, &[V]) -> (Id, C),
-) -> Result<Vec<(Id, C)>>
+) -> Result<Vec<(Id, C)>, MapsError>
 where
     K: Pod + Eq + Hash,
     V: Pod,
@@ -404,10 +488,10 @@ where
 /// Hands each key of `map` once to `entry`, with its per-CPU values.
 fn for_each_percpu_hash<K, V>(
     map: &PerCpuHashMap<&MapData, K, V>,
-    name: &str,
+    name: &'static str,
     how: MapRead,
     mut entry: impl FnMut(&K, &[V]),
-) -> Result<()>
+) -> Result<(), MapsError>
 where
     K: Pod + Eq + Hash,
     V: Pod,
@@ -416,12 +500,12 @@ where
         // A batch lookup passes each bucket once, under its lock: no key
         // comes twice, unlike in a walk that the LRU restarts.
         MapRead::Batch => batch::lookup_all_percpu(map.map(), possible_cpus()?, &mut entry)
-            .with_context(|| format!("batch lookup of the {name} map"))?,
+            .map_err(|source| MapsError::Batch { map: name, source })?,
         MapRead::Walk => false,
     };
     if !batched {
         let listed = dedup_listing(map.iter(), |key, values| (*key, values.to_vec()))
-            .with_context(|| format!("reading the {name} map"))?;
+            .map_err(|source| MapsError::Read { map: name, source })?;
         for (key, values) in &listed {
             entry(key, values);
         }
@@ -430,8 +514,8 @@ where
 }
 
 /// The number of possible CPUs: per-CPU values come one per possible CPU.
-pub(super) fn possible_cpus() -> Result<usize> {
-    aya::util::nr_cpus().map_err(|(path, e)| anyhow::anyhow!("reading {path}: {e}"))
+pub(super) fn possible_cpus() -> Result<usize, MapsError> {
+    aya::util::nr_cpus().map_err(|(path, error)| MapsError::PossibleCpus { path, error })
 }
 
 /// The rows of a map listing, each key once.
@@ -484,18 +568,18 @@ fn words(addr: IpAddr) -> [u32; 4] {
 }
 
 /// The programs' `CONFIG` words.
-fn config_words(observer: &Observer) -> Result<ConfigWords> {
+fn config_words(observer: &Observer) -> Result<ConfigWords, MapsError> {
     let config: Array<&MapData, ConfigWords> = Array::try_from(
         observer
             .ebpf
             .map(CONFIG_SECTION)
-            .context("the programs' CONFIG words are missing")?,
+            .ok_or_else(|| missing("the programs' CONFIG words are missing"))?,
     )?;
     Ok(config.get(&0, 0)?)
 }
 
 /// Sets a CONFIG word; returns whether its value changed.
-fn set_config(observer: &mut Observer, index: u32, value: u32) -> Result<bool> {
+fn set_config(observer: &mut Observer, index: u32, value: u32) -> Result<bool, MapsError> {
     let mut words = config_words(observer)?;
     if words[index as usize] == value {
         return Ok(false);
@@ -505,7 +589,7 @@ fn set_config(observer: &mut Observer, index: u32, value: u32) -> Result<bool> {
         observer
             .ebpf
             .map_mut(CONFIG_SECTION)
-            .context("the programs' CONFIG words are missing")?,
+            .ok_or_else(|| missing("the programs' CONFIG words are missing"))?,
     )?;
     // The whole value is rewritten; the programs read one aligned word at
     // a time, so a reader sees each word old or new, never torn.
@@ -513,7 +597,7 @@ fn set_config(observer: &mut Observer, index: u32, value: u32) -> Result<bool> {
     Ok(true)
 }
 
-fn set_switch(observer: &mut Observer, index: u32, on: bool) -> Result<bool> {
+fn set_switch(observer: &mut Observer, index: u32, on: bool) -> Result<bool, MapsError> {
     set_config(observer, index, u32::from(on))
 }
 
@@ -522,7 +606,7 @@ fn set_switch(observer: &mut Observer, index: u32, on: bool) -> Result<bool> {
 /// them again from the maps. Called after the maps changed. At load it
 /// starts the first generation (0, "none decided", becomes 1), under
 /// which the programs cache facts at all.
-pub(super) fn next_facts_generation(observer: &mut Observer) -> Result<()> {
+pub(super) fn next_facts_generation(observer: &mut Observer) -> Result<(), MapsError> {
     let current = config_words(observer)?[config::FACTS_GENERATION as usize];
     // Never 0 (which means "none decided"), and within the bits the
     // programs store it in.
@@ -536,14 +620,14 @@ pub(super) fn next_facts_generation(observer: &mut Observer) -> Result<()> {
 /// returns whether anything changed.
 fn sync_trie<K: aya::Pod + Ord>(
     observer: &mut Observer,
-    map: &str,
+    map: &'static str,
     prefixes: impl Iterator<Item = (u32, K)>,
-) -> Result<bool> {
+) -> Result<bool, MapsError> {
     let mut trie: LpmTrie<&mut MapData, K, u8> = LpmTrie::try_from(
         observer
             .ebpf
             .map_mut(map)
-            .with_context(|| format!("{map} missing"))?,
+            .ok_or_else(|| missing(format!("{map} missing")))?,
     )?;
     let wanted: BTreeSet<(u32, K)> = prefixes.collect();
     let present: BTreeSet<(u32, K)> = trie
@@ -553,7 +637,7 @@ fn sync_trie<K: aya::Pod + Ord>(
         .collect();
     for (len, data) in wanted.difference(&present) {
         trie.insert(&Key::new(*len, *data), 1, 0)
-            .with_context(|| format!("adding a prefix to {map} (more than it holds?)"))?;
+            .map_err(|source| MapsError::AddPrefix { map, source })?;
     }
     for (len, data) in present.difference(&wanted) {
         trie.remove(&Key::new(*len, *data))?;
@@ -563,19 +647,19 @@ fn sync_trie<K: aya::Pod + Ord>(
 
 impl Observer {
     /// Writes the allow-sets of `snapshot` into the tries and switches.
-    pub fn apply_allow_sets(&mut self, snapshot: &AllowSets) -> Result<()> {
+    pub fn apply_allow_sets(&mut self, snapshot: &AllowSets) -> Result<(), MapsError> {
         apply_allow_sets(self, snapshot)
     }
 
     /// Writes the VNIs of the local vxlan devices (see [`apply_local_vnis`]).
-    pub fn apply_local_vnis(&mut self, vnis: &[u32]) -> Result<()> {
+    pub fn apply_local_vnis(&mut self, vnis: &[u32]) -> Result<(), MapsError> {
         apply_local_vnis(self, vnis)
     }
 }
 
 /// Writes the allow-sets of `snapshot` into the tries and switches, and
 /// voids the cached verdicts when anything changed.
-fn apply_allow_sets(observer: &mut Observer, snapshot: &AllowSets) -> Result<()> {
+fn apply_allow_sets(observer: &mut Observer, snapshot: &AllowSets) -> Result<(), MapsError> {
     let mut changed = false;
     for kind in SetKind::ALL {
         let set = snapshot.get(kind);
@@ -622,18 +706,17 @@ fn apply_allow_sets(observer: &mut Observer, snapshot: &AllowSets) -> Result<()>
 
 /// Writes the local VNIs; the VNI check is on only when there is at least
 /// one local vxlan device (otherwise every VXLAN packet would be flagged).
-fn apply_local_vnis(observer: &mut Observer, vnis: &[u32]) -> Result<()> {
+fn apply_local_vnis(observer: &mut Observer, vnis: &[u32]) -> Result<(), MapsError> {
     let mut map: BpfHashMap<&mut MapData, u32, u8> = BpfHashMap::try_from(
         observer
             .ebpf
             .map_mut(LOCAL_VNIS_MAP)
-            .context("LOCAL_VNIS map missing")?,
+            .ok_or_else(|| missing("LOCAL_VNIS map missing"))?,
     )?;
     let present: Vec<u32> = map.keys().filter_map(|k| k.ok()).collect();
     let mut changed = false;
     for vni in vnis.iter().filter(|v| !present.contains(v)) {
-        map.insert(*vni, 1, 0)
-            .context("adding a VNI to LOCAL_VNIS (more local vxlan devices than it holds?)")?;
+        map.insert(*vni, 1, 0).map_err(MapsError::AddVni)?;
         changed = true;
     }
     for stale in present.iter().filter(|v| !vnis.contains(v)) {

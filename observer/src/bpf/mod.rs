@@ -4,6 +4,11 @@
 //! per-CPU slot arrays to read); `btf`, `features` and `verifier_stats`
 //! read the running kernel, `testrun` runs programs on frames. Dropping the
 //! [`Observer`] detaches everything.
+//!
+//! Errors are typed where a caller tells failures apart: [`LoadError`]
+//! (`load`), [`AttachError`] (`attach`), [`MapsError`] (`maps`); the
+//! commands take them into `anyhow` with `?`, and `{:#}` of the `anyhow`
+//! error prints their chain of causes as it always did.
 
 use std::sync::Mutex;
 
@@ -24,8 +29,9 @@ pub mod testrun;
 pub mod verifier_stats;
 
 pub use crate::model::hooks::{AttachedWith, Attachment};
-pub use attach::Interface;
-pub use load::{TC_BGP_PROGRAM, TC_CHECKS_PROGRAM};
+pub use attach::{AttachError, Interface};
+pub use load::{AyaError, LoadError, TC_BGP_PROGRAM, TC_CHECKS_PROGRAM};
+pub use maps::MapsError;
 
 use crate::{
     bpf::{
@@ -183,4 +189,17 @@ impl Observer {
     pub fn kernel_reasons(&self) -> &KernelReasons {
         &self.kernel_reasons
     }
+}
+
+/// An error and its causes, joined by ": " as `anyhow` prints them with
+/// `{:#}` (a typed error prints only its own message with `{:#}`).
+pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
 }

@@ -722,7 +722,7 @@ mod tests {
 }
 
 /// A failure (or its absence) the lab rebuilds (`observer lab --scenario`);
-/// what each does is in `cmd::lab::scenarios`.
+/// what each does is in `lab::scenarios`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Scenario {
     /// docs/incidents.md: the router drops UDP/4789 from the GPU node and

@@ -15,7 +15,7 @@ use serde::Serialize;
 use crate::{
     bpf::features::{Fallback, Features},
     bpf::verifier_stats,
-    bpf::{Hook, LoadConfig, Observer},
+    bpf::{Hook, LoadConfig, LoadError, Observer},
     node::preflight,
     node::tunnel_kinds::{Availability, KernelBuild},
     report::Format,
@@ -155,12 +155,12 @@ pub fn check() -> Report {
                 program: "observer",
                 loaded: false,
                 verified_insns: None,
-                error: Some(format!("{e:#}")),
+                error: Some(format!("{:#}", anyhow::Error::from(e))),
             });
             return report;
         }
     };
-    let mut loaded: Vec<(&'static str, &'static str, anyhow::Result<ProgramInfo>)> = [
+    let mut loaded: Vec<(&'static str, &'static str, Result<ProgramInfo, LoadError>)> = [
         (Hook::Xdp, "xdp"),
         (Hook::TcIngress, "tc_ingress"),
         (Hook::TcEgress, "tc_egress"),
@@ -213,7 +213,7 @@ pub fn check() -> Report {
                 program,
                 loaded: false,
                 verified_insns: None,
-                error: Some(format!("{e:#}")),
+                error: Some(format!("{:#}", anyhow::Error::from(e))),
             },
         });
     }

@@ -40,7 +40,7 @@ pub trait AllowSetSink {
 
 impl AllowSetSink for Observer {
     fn apply_allow_sets(&mut self, snapshot: &AllowSets) -> Result<()> {
-        Observer::apply_allow_sets(self, snapshot)
+        Ok(Observer::apply_allow_sets(self, snapshot)?)
     }
 }
 

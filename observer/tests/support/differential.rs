@@ -640,7 +640,7 @@ pub fn fuzz(seed: u64, budget: Budget) -> Result<Agreement, String> {
         ports: ports.clone(),
         defer_tc_ingress: kernel::receive_hook() == observer::bpf::Hook::Xdp,
     })
-    .map_err(|e| format!("loading the programs: {e:#}"))?;
+    .map_err(|e| format!("loading the programs: {:#}", anyhow::Error::from(e)))?;
     let mut kernel =
         KernelClassifier::new(observer, local.clone()).map_err(|e| format!("{e:#}"))?;
     let mut native = NativeClassifier::new(&ports, local).map_err(|e| format!("{e:#}"))?;

@@ -141,7 +141,7 @@ pub fn receive_hook() -> Hook {
 
 impl AllowSetSink for KernelClassifier {
     fn apply_allow_sets(&mut self, snapshot: &AllowSets) -> Result<()> {
-        self.observer.apply_allow_sets(snapshot)
+        Ok(self.observer.apply_allow_sets(snapshot)?)
     }
 }
 
@@ -213,7 +213,7 @@ impl Classifier for KernelClassifier {
 
     /// The kernel's self counters after the last read.
     fn stats(&self) -> Result<KernelStats> {
-        self.observer.stats_for(self.flow_entries)
+        Ok(self.observer.stats_for(self.flow_entries)?)
     }
 
     fn kernel_reasons(&self) -> &KernelReasons {

@@ -10,10 +10,16 @@
 //! findings, `view` prints, `cleanup` removes everything (also on signals
 //! and panics), `tunnel` stands in for tunl0 on kernels without IPIP.
 //! The BGP scenario (`bgp-down`) has its own network and run: `mesh`
-//! (four nodes with BIRD), `bgp` (the run), `bgp_facts` (its facts).
+//! (four nodes with BIRD, driven by `bird`), `bgp` (the run), `bgp_facts`
+//! (its facts).
+//!
+//! A component of its own beside the commands: it drives the observer as
+//! a user would (this binary in each node's namespace, read through its
+//! JSON), and nothing of the observer's engine; `cmd::lab` only calls it.
 
 mod bgp;
 mod bgp_facts;
+pub mod bird;
 mod cleanup;
 mod mesh;
 mod observers;

@@ -1,8 +1,8 @@
-//! A real BIRD 2 (Debian's `bird2`) in a test's network namespace: its own
-//! config, control socket and log files under the temporary
-//! directory, stopped (and its files removed) when the guard drops, also
-//! when the test fails. Used for the BGP tests and by `observer lab`'s BGP
-//! scenarios.
+//! A real BIRD 2 (Debian's `bird2`) in one of the lab's network
+//! namespaces: its own config, control socket and log files in a private
+//! temporary directory, stopped (and its files removed) when the guard
+//! drops, also when the run fails. Run by `observer lab`'s BGP scenarios,
+//! and by the BGP tests.
 
 use std::{
     net::Ipv4Addr,
@@ -12,7 +12,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::netns::{CmdError, Netns, run_checked};
+use anyhow::{Result, anyhow, bail};
+
+use super::shell::run_tool;
 
 /// One node of an iBGP full mesh (AS 64512, Calico's default), with
 /// timers short enough for a test: hold 6 s, keepalive 2 s, connect retry
@@ -104,15 +106,9 @@ pub struct Bird {
 }
 
 impl Bird {
-    /// Writes `node`'s config and starts BIRD in `ns`; returns once its
-    /// control socket answers.
-    pub fn start(ns: &Netns, node: &MeshNode) -> Result<Bird, CmdError> {
-        Bird::start_in(ns.name(), node)
-    }
-
-    /// [`Bird::start`] in the namespace named `namespace` (one this crate
-    /// did not create: the lab's).
-    pub fn start_in(namespace: &str, node: &MeshNode) -> Result<Bird, CmdError> {
+    /// Writes `node`'s config and starts BIRD in the network namespace
+    /// named `namespace`; returns once its control socket answers.
+    pub fn start_in(namespace: &str, node: &MeshNode) -> Result<Bird> {
         // A private directory (random name, created exclusively, mode
         // 0700) rather than names in /tmp: `observer lab` runs as root, and
         // a name others can predict in a shared directory lets them plant a
@@ -121,7 +117,7 @@ impl Bird {
             .prefix("observer-bird-")
             .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o700))
             .tempdir()
-            .map_err(|e| CmdError::new(format!("creating a directory for BIRD's files: {e}")))?;
+            .map_err(|e| anyhow!("creating a directory for BIRD's files: {e}"))?;
         let bird = Bird {
             namespace: namespace.to_string(),
             config: dir.path().join("bird.conf"),
@@ -131,14 +127,14 @@ impl Bird {
             _dir: dir,
         };
         std::fs::write(&bird.config, node.config(&bird.log))
-            .map_err(|e| CmdError::new(format!("writing {}: {e}", bird.config.display())))?;
+            .map_err(|e| anyhow!("writing {}: {e}", bird.config.display()))?;
         bird.restart()?;
         Ok(bird)
     }
 
     /// Starts the daemon (again) with its config and socket; returns once
     /// the control socket answers.
-    pub fn restart(&self) -> Result<(), CmdError> {
+    pub fn restart(&self) -> Result<()> {
         let (config, socket) = (
             self.config.display().to_string(),
             self.socket.display().to_string(),
@@ -159,7 +155,7 @@ impl Bird {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .map_err(|e| CmdError::new(format!("cannot run bird: {e}")))?;
+            .map_err(|e| anyhow!("cannot run bird: {e}"))?;
         *self.child.lock().unwrap_or_else(|e| e.into_inner()) = Some(child);
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
@@ -168,22 +164,22 @@ impl Bird {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        Err(CmdError::new(format!(
+        bail!(
             "BIRD in {} did not answer on {socket} within 10s (log: {})",
             self.namespace,
             self.log.display()
-        )))
+        )
     }
 
     /// Writes `node`'s config and makes the running daemon take it
     /// (`birdc configure`): protocols gone from it are shut down, as when
     /// Calico removes a node from the mesh.
-    pub fn reconfigure(&self, node: &MeshNode) -> Result<(), CmdError> {
+    pub fn reconfigure(&self, node: &MeshNode) -> Result<()> {
         std::fs::write(&self.config, node.config(&self.log))
-            .map_err(|e| CmdError::new(format!("writing {}: {e}", self.config.display())))?;
+            .map_err(|e| anyhow!("writing {}: {e}", self.config.display()))?;
         let reply = self.birdc(&["configure"])?;
         if !reply.contains("Reconfigured") && !reply.contains("Reconfiguration in progress") {
-            return Err(CmdError::new(format!("birdc configure: {}", reply.trim())));
+            bail!("birdc configure: {}", reply.trim());
         }
         Ok(())
     }
@@ -194,12 +190,11 @@ impl Bird {
     }
 
     /// Runs `birdc -s SOCKET ARGS...`; its output.
-    pub fn birdc(&self, args: &[&str]) -> Result<String, CmdError> {
+    pub fn birdc(&self, args: &[&str]) -> Result<String> {
         let socket = self.socket.display().to_string();
         let mut all = vec!["-s", socket.as_str()];
         all.extend_from_slice(args);
-        let out = run_checked("birdc", &all)?;
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        run_tool("birdc", &all)
     }
 
     /// Stops the daemon (`birdc down`: a graceful shutdown, so its peers

@@ -13,8 +13,8 @@
 
 use std::time::{Duration, Instant};
 
+use super::bird::Bird;
 use anyhow::{Context, Result, bail};
-use observer_testkit::bird::Bird;
 use serde_json::{Value, json};
 
 use super::{

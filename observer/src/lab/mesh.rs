@@ -1,7 +1,7 @@
 //! The BGP scenarios' network: four nodes on one L2 segment (a bridge in
 //! a switch namespace), each with a pod address on `lo` and its own BIRD
 //! in a full iBGP mesh (AS 64512, the tests' config from
-//! `observer_testkit::bird`): Calico's BGP mode, with direct routing or,
+//! `bird`): Calico's BGP mode, with direct routing or,
 //! with `--bgp-encap ipip`, its IPIP mode (learned routes through tunl0).
 
 use std::{
@@ -9,9 +9,9 @@ use std::{
     time::{Duration, Instant},
 };
 
+use super::bird::{Bird, MeshNode};
 use anyhow::{Result, bail};
 use ipnet::Ipv4Net;
-use observer_testkit::bird::{Bird, MeshNode};
 
 use super::{
     cleanup::{Cleanup, check_interrupted},
