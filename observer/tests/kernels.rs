@@ -130,6 +130,16 @@ fn check_loads_every_program() {
         Some(fallbacks.len() as u64),
         &fallbacks.join(", "),
     );
+    // The kernel whose XDP test runs rewrite the dispatcher (5.10 hung
+    // on it) is told so: check names the replay fallback there only.
+    let release = report["kernel"].as_str().unwrap_or_default();
+    let affected = observer::bpf::features::xdp_test_run_rewrites_dispatcher(release);
+    checks.holds(
+        "replay_fallback_named",
+        fallbacks.contains(&"replay --kernel") == affected,
+        Some(u64::from(affected)),
+        "check names `replay --kernel` exactly where XDP test runs rewrite the dispatcher",
+    );
     checks.finish();
 }
 

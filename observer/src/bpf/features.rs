@@ -114,6 +114,14 @@ impl Features {
                 DropProgram::None
             }
         };
+        if xdp_test_run_rewrites_dispatcher(&self.release) {
+            fallbacks.push(Fallback {
+                hook: "replay --kernel",
+                missing: "XDP test runs that leave the XDP dispatcher alone (Linux 5.16; the dispatcher update waits for its users from 6.2 and 6.1.103)",
+                instead: "the tc ingress program (the same parser and checks) for received frames",
+                effect: "replay --kernel counts the same; a stream of XDP test runs would rewrite the dispatcher under XDP programs handling traffic and can lock a CPU up, so it is never run; attaching and detaching rewrite it once each",
+            });
+        }
         Plan {
             xdp,
             drops,
@@ -267,7 +275,7 @@ mod tests {
 
     fn features(xdp_frags: bool, tcx: Option<bool>, drop_reasons: Option<bool>) -> Features {
         Features {
-            release: "test".to_string(),
+            release: "6.18.0".to_string(),
             btf_problem: None,
             xdp_frags,
             tcx,
@@ -285,11 +293,20 @@ mod tests {
 
     #[test]
     fn a_5_10_kernel_gets_every_fallback_named() {
-        let plan = features(false, Some(false), Some(false)).plan();
+        let plan = Features {
+            release: "5.10.0-32-amd64".to_string(),
+            ..features(false, Some(false), Some(false))
+        }
+        .plan();
         assert_eq!(plan.xdp, XdpProgram::SingleBuffer);
         assert_eq!(plan.drops, DropProgram::WithoutReason);
         let hooks: Vec<&str> = plan.fallbacks.iter().map(|f| f.hook).collect();
-        assert_eq!(hooks, ["xdp", "tc", "kernel drops"]);
+        assert_eq!(hooks, ["xdp", "tc", "kernel drops", "replay --kernel"]);
+        let replay = plan.fallbacks[3].to_string();
+        assert!(
+            replay.contains("5.16") && replay.contains("tc ingress"),
+            "{replay}"
+        );
         let text = plan.fallbacks[2].to_string();
         assert!(
             text.contains("5.17") && text.contains("NOT_REPORTED"),
