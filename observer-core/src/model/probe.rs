@@ -828,6 +828,19 @@ pub struct Arrival {
     pub arrived_from: IpAddr,
 }
 
+impl Run {
+    /// Whether the run found nothing wrong: no pair skipped, no answer
+    /// from a rewritten source, no finding on any pair.
+    pub fn healthy(&self) -> bool {
+        self.skipped.is_empty()
+            && !self.arrivals.keys().any(Arrival::rewritten)
+            && self
+                .outcomes
+                .iter()
+                .all(|o| o.findings(|addr| self.nodes.contains(&addr)).is_empty())
+    }
+}
+
 impl Arrival {
     /// Whether it arrived from another address than the node's.
     pub fn rewritten(&self) -> bool {

@@ -2,8 +2,11 @@
 //! enum is the schema), the table for people (`table`), the
 //! node_exporter textfile (`textfile`).
 
+pub mod check;
+pub mod diagnosis;
 pub mod lines;
 pub mod probe;
+pub mod replay;
 pub mod table;
 pub mod textfile;
 

@@ -11,18 +11,11 @@ use std::{
 use observer_common::Proto;
 
 use crate::{
-    model::probe::{Arrival, Finding, Outcome, Rtt, Run},
+    model::probe::{Finding, Outcome, Rtt, Run},
     report::lines::{
         AnswerSource, ArrivalLine, Line, ProbeLine, SummaryLine, timestamp, write_line,
     },
 };
-
-/// Whether the run found nothing wrong.
-pub fn healthy(run: &Run) -> bool {
-    run.skipped.is_empty()
-        && !run.arrivals.keys().any(Arrival::rewritten)
-        && run.outcomes.iter().all(|o| findings(run, o).is_empty())
-}
 
 fn findings(run: &Run, outcome: &Outcome) -> Vec<Finding> {
     outcome.findings(|addr| run.nodes.contains(&addr))
@@ -107,7 +100,7 @@ pub fn write_json(out: &mut impl Write, run: &Run) -> io::Result<()> {
             probes_sent: run.sent,
             listener_drops: run.listener_drops,
             arrivals_overflow: run.arrivals_overflow,
-            healthy: healthy(run),
+            healthy: run.healthy(),
             conclusion: &conclusion,
         }),
     )
@@ -204,110 +197,15 @@ pub fn conclusion(run: &Run) -> String {
             fine_measured &= outcomes.iter().all(|o| o.max_size.is_some());
             continue;
         }
-        let mut parts = Vec::new();
-        for (outcome, findings) in outcomes.iter().zip(&findings) {
-            let name = outcome.target.encap.prose();
-            let mut part = if outcome.answered == 0 {
-                format!("{name} to {peer} unanswered ({} probes)", outcome.sent)
-            } else if outcome.answered < outcome.sent {
-                format!(
-                    "{name} to {peer} answered {} of {}",
-                    outcome.answered, outcome.sent
-                )
-            } else {
-                format!("{name} to {peer} answered")
-            };
-            for finding in findings {
-                match finding {
-                    Finding::AnswerSource { from, .. } if !outcome.target.encap.has_ladder() => {
-                        part.push_str(&format!(
-                            ", but the port-unreachable came from {from}, {}: something on the \
-                             way rejects it",
-                            who(run, *from)
-                        ))
-                    }
-                    Finding::AnswerSource { from, .. } => part.push_str(&format!(
-                        ", but from {from}, {}: the answers are source-NATed on the way",
-                        who(run, *from)
-                    )),
-                    Finding::NotEncapsulated => part.push_str(
-                        ", but without encapsulation: the peer routes this node's tunnel \
-                         address plainly",
-                    ),
-                    Finding::DeviceMtuTooBig {
-                        max_size,
-                        device_mtu,
-                    } => part.push_str(&format!(
-                        "; the path carries at most {max_size}-byte packets but {}'s MTU is \
-                         {device_mtu}: packets of {}-{device_mtu} bytes are lost (set the MTU \
-                         to {max_size})",
-                        outcome.target.device,
-                        max_size + 1
-                    )),
-                    Finding::DroppedHere { from, sets } => part.push_str(&format!(
-                        ", but this node's allow-set {sets} refuses {from}: Calico drops the \
-                         answers here"
-                    )),
-                    Finding::OneWay { arrived } => part.push_str(&format!(
-                        ", though {arrived} of the peer's own {name} packets arrived here: \
-                         the way from this node to the peer loses it (one way)"
-                    )),
-                    Finding::Unanswered | Finding::Loss { .. } => {}
-                }
-            }
-            if outcome.answered > 0 && findings.is_empty() {
-                part.push_str(" from the peer's own address");
-                if outcome.max_size.is_some() {
-                    part.push_str(", up to the device MTU");
-                }
-            }
-            parts.push(part);
-        }
+        let parts: Vec<String> = outcomes
+            .iter()
+            .zip(&findings)
+            .map(|(outcome, findings)| pair(run, *peer, outcome, findings))
+            .collect();
         sentences.push(parts.join("; "));
-        // The incident's decisive contrast: one encapsulation answered,
-        // another not, on the same path.
-        let answered: Vec<String> = outcomes
-            .iter()
-            .filter(|o| o.answered > 0)
-            .map(|o| o.target.encap.prose())
-            .collect();
-        let silent: Vec<String> = outcomes
-            .iter()
-            .filter(|o| o.answered == 0)
-            .map(|o| o.target.encap.prose())
-            .collect();
-        if !answered.is_empty() && !silent.is_empty() {
-            sentences.push(format!(
-                "The path to {peer} carries {} but not {}: something on it filters or rewrites {}",
-                answered.join(" and "),
-                silent.join(" and "),
-                silent.join(" and ")
-            ));
-        }
+        sentences.extend(contrast(*peer, outcomes));
     }
-    for (fact, packets) in run.arrivals.iter().filter(|(a, _)| a.rewritten()) {
-        let udp = matches!(
-            fact.proto,
-            Proto::Vxlan | Proto::Geneve | Proto::VxlanGpe | Proto::Wireguard
-        );
-        let dropped = run.refused.get(&(fact.proto, fact.arrived_from)).map_or(
-            String::new(),
-            |sets| {
-                format!(
-                    "; this node's allow-set {sets} refuses that source, so Calico drops them here"
-                )
-            },
-        );
-        sentences.push(format!(
-            "{} from {} arrives from {}, {} ({packets} packets{dropped}): {} is source-NATed on \
-             the way",
-            prose(fact.proto),
-            fact.node,
-            fact.arrived_from,
-            who(run, fact.arrived_from),
-            if udp { "UDP" } else { prose(fact.proto) }
-        ));
-    }
+    sentences.extend(rewritten_sources(run));
     for skipped in &run.skipped {
         sentences.push(format!(
             "{} to {} not probed: {}",
@@ -336,6 +234,125 @@ pub fn conclusion(run: &Run) -> String {
     sentences.join(". ") + "."
 }
 
+/// What one pair with findings did: answered or not, then each finding.
+fn pair(run: &Run, peer: IpAddr, outcome: &Outcome, findings: &[Finding]) -> String {
+    let name = outcome.target.encap.prose();
+    let mut part = if outcome.answered == 0 {
+        format!("{name} to {peer} unanswered ({} probes)", outcome.sent)
+    } else if outcome.answered < outcome.sent {
+        format!(
+            "{name} to {peer} answered {} of {}",
+            outcome.answered, outcome.sent
+        )
+    } else {
+        format!("{name} to {peer} answered")
+    };
+    for finding in findings {
+        part.push_str(&clause(run, outcome, finding));
+    }
+    if outcome.answered > 0 && findings.is_empty() {
+        part.push_str(" from the peer's own address");
+        if outcome.max_size.is_some() {
+            part.push_str(", up to the device MTU");
+        }
+    }
+    part
+}
+
+/// The words a finding adds to its pair's part (none for those the
+/// answered count already says).
+fn clause(run: &Run, outcome: &Outcome, finding: &Finding) -> String {
+    let name = outcome.target.encap.prose();
+    match finding {
+        Finding::AnswerSource { from, .. } if !outcome.target.encap.has_ladder() => format!(
+            ", but the port-unreachable came from {from}, {}: something on the \
+             way rejects it",
+            who(run, *from)
+        ),
+        Finding::AnswerSource { from, .. } => format!(
+            ", but from {from}, {}: the answers are source-NATed on the way",
+            who(run, *from)
+        ),
+        Finding::NotEncapsulated => ", but without encapsulation: the peer routes this node's \
+                                     tunnel address plainly"
+            .to_string(),
+        Finding::DeviceMtuTooBig {
+            max_size,
+            device_mtu,
+        } => format!(
+            "; the path carries at most {max_size}-byte packets but {}'s MTU is \
+             {device_mtu}: packets of {}-{device_mtu} bytes are lost (set the MTU \
+             to {max_size})",
+            outcome.target.device,
+            max_size + 1
+        ),
+        Finding::DroppedHere { from, sets } => format!(
+            ", but this node's allow-set {sets} refuses {from}: Calico drops the \
+             answers here"
+        ),
+        Finding::OneWay { arrived } => format!(
+            ", though {arrived} of the peer's own {name} packets arrived here: \
+             the way from this node to the peer loses it (one way)"
+        ),
+        Finding::Unanswered | Finding::Loss { .. } => String::new(),
+    }
+}
+
+/// The incident's decisive contrast: one encapsulation answered, another
+/// not, on the same path.
+fn contrast(peer: IpAddr, outcomes: &[&Outcome]) -> Option<String> {
+    let answered: Vec<String> = outcomes
+        .iter()
+        .filter(|o| o.answered > 0)
+        .map(|o| o.target.encap.prose())
+        .collect();
+    let silent: Vec<String> = outcomes
+        .iter()
+        .filter(|o| o.answered == 0)
+        .map(|o| o.target.encap.prose())
+        .collect();
+    (!answered.is_empty() && !silent.is_empty()).then(|| {
+        format!(
+            "The path to {peer} carries {} but not {}: something on it filters or rewrites {}",
+            answered.join(" and "),
+            silent.join(" and "),
+            silent.join(" and ")
+        )
+    })
+}
+
+/// One sentence per peer tunnel packet that arrived from another address
+/// than its node's.
+fn rewritten_sources(run: &Run) -> Vec<String> {
+    run.arrivals
+        .iter()
+        .filter(|(a, _)| a.rewritten())
+        .map(|(fact, packets)| {
+            let udp = matches!(
+                fact.proto,
+                Proto::Vxlan | Proto::Geneve | Proto::VxlanGpe | Proto::Wireguard
+            );
+            let dropped = run.refused.get(&(fact.proto, fact.arrived_from)).map_or(
+                String::new(),
+                |sets| {
+                    format!(
+                        "; this node's allow-set {sets} refuses that source, so Calico drops them here"
+                    )
+                },
+            );
+            format!(
+                "{} from {} arrives from {}, {} ({packets} packets{dropped}): {} is source-NATed on \
+                 the way",
+                prose(fact.proto),
+                fact.node,
+                fact.arrived_from,
+                who(run, fact.arrived_from),
+                if udp { "UDP" } else { prose(fact.proto) }
+            )
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use std::{
@@ -345,7 +362,7 @@ mod tests {
     };
 
     use super::*;
-    use crate::model::probe::{Encap, Target};
+    use crate::model::probe::{Arrival, Encap, Target};
 
     const GPU: Ipv4Addr = Ipv4Addr::new(10, 10, 10, 62);
     const CP1: Ipv4Addr = Ipv4Addr::new(10, 10, 60, 127);
@@ -414,7 +431,7 @@ mod tests {
         );
         run.refused
             .insert((Proto::Vxlan, snat), "cali40all-vxlan-net".into());
-        assert!(!healthy(&run));
+        assert!(!run.healthy());
         assert_eq!(
             conclusion(&run),
             "VXLAN to 10.10.60.127 unanswered (5 probes); IPIP to 10.10.60.127 answered from the \
@@ -457,7 +474,7 @@ mod tests {
             ],
             BTreeMap::new(),
         );
-        assert!(healthy(&healthy_run));
+        assert!(healthy_run.healthy());
         assert_eq!(
             conclusion(&healthy_run),
             "Every pair answered from the peer's own address, up to the device MTU: \

@@ -22,7 +22,7 @@ use super::{
     DropHook, EBPF_OBJECT, Hook, LoadConfig, Observer,
     btf::KernelBtf,
     error_chain,
-    features::{Features, Plan},
+    features::{self, Features, Plan},
     maps::MapsError,
 };
 use crate::{
@@ -260,7 +260,7 @@ impl Observer {
         // The kernel's BTF, parsed once: features, sk_buff offsets and
         // drop reason names all come from it.
         let btf = KernelBtf::open(Path::new(preflight::KERNEL_BTF));
-        let features = Features::probe_with(&btf);
+        let features = features::probe_with(&btf);
         let plan = features.plan();
         for fallback in &plan.fallbacks {
             tracing::warn!(kernel = %features.release, "{fallback}");

@@ -34,5 +34,5 @@ pub fn run(args: ProbeArgs) -> Result<bool> {
         Format::Table => report::write_table(&mut out, &run),
     }?;
     out.flush()?;
-    Ok(report::healthy(&run))
+    Ok(run.healthy())
 }

@@ -11,8 +11,7 @@ const CAP_SYS_ADMIN: u32 = 21;
 const CAP_PERFMON: u32 = 38;
 const CAP_BPF: u32 = 39;
 
-/// The kernel's BTF, needed for CO-RE programs (kernel drop reasons).
-pub const KERNEL_BTF: &str = "/sys/kernel/btf/vmlinux";
+pub use crate::model::kernel::KERNEL_BTF;
 
 /// Capabilities the observer needs, with their names.
 const NEEDED: [(u32, &str); 3] = [

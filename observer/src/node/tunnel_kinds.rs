@@ -10,7 +10,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use serde::Serialize;
+use crate::model::kernel::Availability;
 
 /// Device kinds (`ip link add ... type KIND`), with the kernel config
 /// symbol and module that provide them.
@@ -25,34 +25,6 @@ pub const KINDS: &[(&str, &str, &str)] = &[
     ("ip6gre", "CONFIG_IPV6_GRE", "ip6_gre"),
     ("wireguard", "CONFIG_WIREGUARD", "wireguard"),
 ];
-
-/// How a kind is available.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Availability {
-    /// Compiled into the kernel.
-    BuiltIn,
-    /// Its module is loaded.
-    Loaded,
-    /// Its module exists and loads when such a device is first created.
-    Module,
-    /// Not in this kernel.
-    Absent,
-    /// Neither the kernel config nor module lists could be read.
-    Unknown,
-}
-
-impl std::fmt::Display for Availability {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Availability::BuiltIn => "built in",
-            Availability::Loaded => "module loaded",
-            Availability::Module => "module",
-            Availability::Absent => "absent",
-            Availability::Unknown => "unknown",
-        })
-    }
-}
 
 /// What the kernel says about its build and modules.
 #[derive(Debug, Default)]

@@ -20,7 +20,7 @@ pub mod native;
 use std::{
     collections::HashMap,
     fs::File,
-    io::{self, Write},
+    io,
     path::Path,
     time::{Duration, SystemTime},
 };
@@ -38,9 +38,8 @@ use crate::{
     node::preflight,
     process::pipe,
     report::{
-        self, Format, Line,
-        lines::{self, ReplayLine, Snapshot},
-        table,
+        self, Format,
+        lines::{ReplayLine, Snapshot},
     },
 };
 
@@ -235,8 +234,8 @@ fn timestamp(since_epoch: Duration) -> String {
     humantime::format_rfc3339_micros(SystemTime::UNIX_EPOCH + since_epoch).to_string()
 }
 
-/// Prints the allow-set reports (JSON only, like attach), one summary per
-/// capture, then the rows.
+/// Prints the allow-set reports, one summary per capture, then the rows
+/// (`report::replay`).
 fn print(
     format: Format,
     reports: &[crate::report::lines::AllowSetLine],
@@ -244,59 +243,30 @@ fn print(
     replayed: &[Replayed],
     snapshot: &Snapshot<'_>,
 ) -> io::Result<()> {
-    let mut out = io::stdout().lock();
-    match format {
-        Format::Json => {
-            for report in reports {
-                report::write_line(&mut out, &Line::AllowSet(report))?;
-            }
-            for (i, r) in replayed.iter().enumerate() {
-                let line = ReplayLine {
-                    iface: &r.name,
-                    ifindex: i as u32 + 1,
-                    format: r.format,
-                    engine,
-                    frames: r.counts.frames,
-                    tx_frames: r.counts.tx_frames,
-                    truncated: r.counts.truncated,
-                    truncated_bytes: r.counts.truncated_bytes,
-                    cut: r.counts.cut,
-                    refused: r.counts.refused,
-                    first_ts: r.first.map(timestamp),
-                    last_ts: r.last.map(timestamp),
-                    error: r.error.as_ref().map(|(e, _)| e.as_str()),
-                };
-                report::write_line(&mut out, &Line::Replay(line))?;
-            }
-            lines::write_json(&mut out, snapshot)
-        }
-        Format::Table => {
-            for r in replayed {
-                let c = &r.counts;
-                // Only the test runs cut or refuse frames.
-                let test_runs = if engine == "native" {
-                    String::new()
-                } else {
-                    format!(
-                        ", {} cut to the test-run limit, {} refused by the test run",
-                        c.cut, c.refused
-                    )
-                };
-                writeln!(
-                    out,
-                    "replay {} ({}, {engine} engine): {} frames, {} sent by --local, {} truncated by the snap length ({} bytes not captured){test_runs}{}",
-                    r.name,
-                    r.format,
-                    c.frames,
-                    c.tx_frames,
-                    c.truncated,
-                    c.truncated_bytes,
-                    r.error
-                        .as_ref()
-                        .map_or(String::new(), |(e, _)| format!("; STOPPED: {e}"))
-                )?;
-            }
-            table::write_table(&mut out, snapshot, false)
-        }
-    }
+    let captures = replayed
+        .iter()
+        .enumerate()
+        .map(|(i, r)| ReplayLine {
+            iface: &r.name,
+            ifindex: i as u32 + 1,
+            format: r.format,
+            engine,
+            frames: r.counts.frames,
+            tx_frames: r.counts.tx_frames,
+            truncated: r.counts.truncated,
+            truncated_bytes: r.counts.truncated_bytes,
+            cut: r.counts.cut,
+            refused: r.counts.refused,
+            first_ts: r.first.map(timestamp),
+            last_ts: r.last.map(timestamp),
+            error: r.error.as_ref().map(|(e, _)| e.as_str()),
+        })
+        .collect();
+    report::replay::write(
+        &mut io::stdout().lock(),
+        format,
+        reports,
+        captures,
+        snapshot,
+    )
 }
