@@ -5,7 +5,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use observer::{model::facts::Family, node::allowsets::parse_ipset_save};
+use observer_core::{model::facts::Family, parse::netfilter::parse_ipset_save};
 
 fuzz_target!(|data: &[u8]| {
     let text = String::from_utf8_lossy(data);

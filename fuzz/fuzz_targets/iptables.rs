@@ -7,7 +7,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use observer::node::netfilter::parse_iptables;
+use observer_core::parse::netfilter::parse_iptables;
 
 fuzz_target!(|data: &[u8]| {
     // As the tool runner hands output over.

@@ -1,7 +1,7 @@
 //! Arbitrary bytes as the datagrams of one read of the data plane (link,
 //! address, route, neighbour and FDB dumps, NLMSG_DONE between them):
 //! framed and decoded by the code the live reader runs
-//! (`observer::node::dataplane::decode`), then resolved into the view
+//! (`observer_core::parse::netlink`), then resolved into the view
 //! (`DataPlane::assemble`), each peer node's route looked up among the same
 //! route messages. No panic, and the view holds what it promises: its
 //! tunnel routes go through its tunnel devices, its links are sorted, it
@@ -12,9 +12,9 @@
 use std::sync::LazyLock;
 
 use libfuzzer_sys::fuzz_target;
-use observer::{
+use observer_core::{
     model::dataplane::{DataPlane, DeclaredTunnel},
-    node::dataplane::decode,
+    parse::netlink as decode,
 };
 
 /// A `--tunnel-device`, so that declared devices are resolved too.

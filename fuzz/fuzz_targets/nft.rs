@@ -7,12 +7,9 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use observer::{
+use observer_core::{
     model::facts::Family,
-    node::{
-        allowsets::parse_nft_sets,
-        netfilter::{parse_nft_chains, parse_nft_ruleset},
-    },
+    parse::netfilter::{parse_nft_chains, parse_nft_ruleset, parse_nft_sets},
 };
 use serde_json::json;
 

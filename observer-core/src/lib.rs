@@ -9,8 +9,13 @@
 //! - `report`: JSON lines, the table, the textfile (imports `model` only;
 //!   `cargo xtask layers` checks it);
 //! - `capture`: pcap and pcapng files read into frames for `observer
-//!   replay`.
+//!   replay`;
+//! - `parse`: what other programs say, read into the model: rtnetlink
+//!   messages (`netlink`), ipset, iptables and nft output (`netfilter`),
+//!   BIRD's control protocol (`bird`). The `observer` crate runs the
+//!   programs and owns the sockets; the fuzz targets feed these the bytes.
 
 pub mod capture;
 pub mod model;
+pub mod parse;
 pub mod report;

@@ -32,4 +32,4 @@ pub mod process;
 
 // The pure layers are the `observer-core` crate, re-exported so that every
 // layer of this crate names them as before.
-pub use observer_core::{model, report};
+pub use observer_core::{model, parse, report};

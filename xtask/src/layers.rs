@@ -27,17 +27,18 @@ use anyhow::{Context, Result, bail};
 use crate::util::workspace_root;
 
 /// Which layers each layer may import.
-const ALLOWED: [(&str, &[&str]); 10] = [
+const ALLOWED: [(&str, &[&str]); 11] = [
     ("capture", &[]),
     ("model", &[]),
+    ("parse", &["model"]),
     ("report", &["model"]),
-    ("node", &["model"]),
+    ("node", &["model", "parse"]),
     ("bpf", &["model", "node"]),
     ("cli", &["model", "report", "bpf", "node"]),
     ("process", &["model", "node"]),
     (
         "monitor",
-        &["model", "report", "bpf", "node", "cli", "process"],
+        &["model", "parse", "report", "bpf", "node", "cli", "process"],
     ),
     // The lab drives the observer as a user would: this binary, read
     // through its JSON; nothing of the engine or the kernel side.

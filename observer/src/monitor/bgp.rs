@@ -7,7 +7,8 @@ use std::{collections::BTreeMap, path::PathBuf, time::Duration};
 
 use crate::{
     model::bgp::{BgpSession, BirdReading, UNKNOWN, same_since},
-    node::bird::{self, BirdWatcher},
+    node::bird::BirdWatcher,
+    parse::bird,
 };
 
 /// A socket's status as reported.

@@ -3,18 +3,18 @@
 //! `cali60all-vxlan-net`, `cali40all-hosts-net`, or sets and CIDRs given on
 //! the command line), read from ipset (iptables data plane) and nftables
 //! (nft data plane). The tools' own output is parsed because neither ipset
-//! nor nftables has a maintained Rust crate that reads sets; parsers are
-//! unit-tested against real output.
+//! nor nftables has a maintained Rust crate that reads sets; the parsers
+//! (`parse::netfilter`) are unit-tested against real output.
 
 use std::{fmt, str::FromStr};
 
-use anyhow::{Result, anyhow, bail};
-use ipnet::{IpNet, Ipv4Subnets, Ipv6Subnets};
-use serde::Deserialize;
+use anyhow::Result;
+use ipnet::IpNet;
 
 use crate::node::tools::{self, ToolError};
+use crate::parse::netfilter::{NftSet, parse_ipset_save, parse_nft_sets};
 
-use crate::model::facts::{AllowSets, Family, SetKind, SetSource};
+use crate::model::facts::{AllowSets, SetKind, SetSource};
 
 /// `[PROTO=]VALUE` as given to `--allow-set` / `--allow-cidr`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -217,233 +217,13 @@ pub fn looked_for(config: &AllowSetConfig, kind: SetKind) -> Vec<String> {
         .collect()
 }
 
-/// Family and members of `ipset save` output: `create NAME hash:net
-/// family inet ...`, then `add NAME 10.0.0.1`, `add NAME 10.0.0.0/24`,
-/// `add NAME 10.0.0.1-10.0.0.5`; `nomatch` entries (exceptions inside a
-/// hash:net set) are skipped.
-pub fn parse_ipset_save(text: &str) -> (Option<Family>, Vec<IpNet>) {
-    let mut prefixes = Vec::new();
-    let mut family = None;
-    for line in text.lines() {
-        let mut words = line.split_whitespace();
-        match words.next() {
-            Some("add") => {}
-            Some("create") => {
-                let words: Vec<&str> = words.collect();
-                family = match words.windows(2).find(|w| w[0] == "family").map(|w| w[1]) {
-                    Some("inet6") => Some(Family::V6),
-                    _ => Some(Family::V4),
-                };
-                continue;
-            }
-            _ => continue,
-        }
-        let (Some(_set), Some(member)) = (words.next(), words.next()) else {
-            continue;
-        };
-        if words.any(|w| w == "nomatch") {
-            continue;
-        }
-        prefixes.extend(parse_member(member));
-    }
-    (family, prefixes)
-}
-
-/// An address, a CIDR or an `a-b` range, as prefixes.
-fn parse_member(member: &str) -> Vec<IpNet> {
-    if let Some((start, end)) = member.split_once('-') {
-        return range(start, end).unwrap_or_default();
-    }
-    if let Ok(net) = member.parse::<IpNet>() {
-        return vec![net.trunc()];
-    }
-    match member.parse::<std::net::IpAddr>() {
-        Ok(addr) => vec![IpNet::from(addr)],
-        Err(_) => Vec::new(),
-    }
-}
-
-fn range(start: &str, end: &str) -> Option<Vec<IpNet>> {
-    match (start.parse().ok()?, end.parse().ok()?) {
-        (std::net::IpAddr::V4(a), std::net::IpAddr::V4(b)) => {
-            Some(Ipv4Subnets::new(a, b, 0).map(IpNet::V4).collect())
-        }
-        (std::net::IpAddr::V6(a), std::net::IpAddr::V6(b)) => {
-            Some(Ipv6Subnets::new(a, b, 0).map(IpNet::V6).collect())
-        }
-        _ => None,
-    }
-}
-
-/// One nftables set with its members.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NftSet {
-    /// Address family (`ip`, `ip6`, `inet`).
-    pub family: String,
-    /// Table name (`calico` for Calico's nft data plane).
-    pub table: String,
-    /// Set name.
-    pub name: String,
-    /// Element type (`ipv4_addr` / `ipv6_addr`), when an address type.
-    pub addr_family: Option<Family>,
-    /// Members as prefixes.
-    pub prefixes: Vec<IpNet>,
-}
-
-#[derive(Deserialize)]
-pub(crate) struct NftDoc {
-    pub(crate) nftables: Vec<serde_json::Value>,
-}
-
-#[derive(Deserialize)]
-struct NftSetJson {
-    family: String,
-    table: String,
-    name: String,
-    #[serde(default, rename = "type")]
-    elem_type: serde_json::Value,
-    #[serde(default)]
-    elem: Vec<serde_json::Value>,
-}
-
-/// Sets in `nft -j list set(s)` output. Elements are strings (addresses),
-/// `{"prefix": {"addr", "len"}}` or `{"range": [a, b]}`; others (set
-/// elements with timeouts wrap them in `{"elem": {"val": ...}}`) are unwrapped.
-pub fn parse_nft_sets(json: &str) -> Result<Vec<NftSet>> {
-    let doc: NftDoc = serde_json::from_str(json)?;
-    let mut sets = Vec::new();
-    for item in doc.nftables {
-        let Some(set) = item.get("set") else { continue };
-        let set: NftSetJson = serde_json::from_value(set.clone())?;
-        let mut prefixes = Vec::new();
-        for element in &set.elem {
-            prefixes.extend(nft_element(element)?);
-        }
-        let addr_family = match set.elem_type.as_str() {
-            Some("ipv4_addr") => Some(Family::V4),
-            Some("ipv6_addr") => Some(Family::V6),
-            _ => None,
-        };
-        sets.push(NftSet {
-            family: set.family,
-            table: set.table,
-            name: set.name,
-            addr_family,
-            prefixes,
-        });
-    }
-    Ok(sets)
-}
-
-fn nft_element(value: &serde_json::Value) -> Result<Vec<IpNet>> {
-    if let Some(text) = value.as_str() {
-        return Ok(parse_member(text));
-    }
-    if let Some(inner) = value.get("elem").and_then(|e| e.get("val")) {
-        return nft_element(inner);
-    }
-    if let Some(prefix) = value.get("prefix") {
-        let addr = prefix
-            .get("addr")
-            .and_then(|a| a.as_str())
-            .ok_or_else(|| anyhow!("prefix without addr: {prefix}"))?;
-        let len = prefix
-            .get("len")
-            .and_then(|l| l.as_u64())
-            .ok_or_else(|| anyhow!("prefix without len: {prefix}"))?;
-        let net = u8::try_from(len)
-            .ok()
-            .and_then(|len| IpNet::new(addr.parse().ok()?, len).ok())
-            .ok_or_else(|| anyhow!("unreadable prefix {addr}/{len}"))?;
-        return Ok(vec![net.trunc()]);
-    }
-    if let Some(bounds) = value.get("range").and_then(|r| r.as_array()) {
-        if let [Some(a), Some(b)] =
-            [bounds.first(), bounds.get(1)].map(|v| v.and_then(|v| v.as_str()))
-        {
-            return Ok(range(a, b).unwrap_or_default());
-        }
-        bail!("unreadable range {value}");
-    }
-    Ok(Vec::new())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::facts::Family;
 
     fn nets(list: &[&str]) -> Vec<IpNet> {
         list.iter().map(|s| s.parse().unwrap()).collect()
-    }
-
-    #[test]
-    fn ipset_save_output() {
-        let text = "create cali40all-vxlan-net hash:net family inet hashsize 1024 maxelem 65536 bucketsize 12 initval 0xbd5173ea\n\
-                    add cali40all-vxlan-net 10.10.60.209\n\
-                    add cali40all-vxlan-net 10.10.61.7/24\n\
-                    add cali40all-vxlan-net 10.10.62.0/24 nomatch\n";
-        assert_eq!(
-            parse_ipset_save(text),
-            (
-                Some(Family::V4),
-                nets(&["10.10.60.209/32", "10.10.61.0/24"])
-            )
-        );
-    }
-
-    #[test]
-    fn ipset_ranges_and_ipv6() {
-        let text = "add s 10.1.1.1-10.1.1.5\nadd s6 fd00::1\n";
-        assert_eq!(
-            parse_ipset_save(text).1,
-            nets(&["10.1.1.1/32", "10.1.1.2/31", "10.1.1.4/31", "fd00::1/128"])
-        );
-        let v6 = "create cali60all-vxlan-net hash:net family inet6 hashsize 1024\n";
-        assert_eq!(parse_ipset_save(v6), (Some(Family::V6), vec![]));
-    }
-
-    #[test]
-    fn nft_sets_json() {
-        let json = r#"{"nftables": [{"metainfo": {"version": "1.0.6"}}, {"set": {"family": "ip", "name": "cali40all-vxlan-net", "table": "calico", "type": "ipv4_addr", "handle": 1, "flags": ["interval"], "elem": [{"range": ["10.1.1.1", "10.1.1.2"]}, "10.10.60.209", {"prefix": {"addr": "10.10.62.0", "len": 24}}, {"elem": {"val": "10.9.9.9", "timeout": 30}}]}}, {"set": {"family": "ip", "name": "empty", "table": "t", "type": "ipv4_addr", "handle": 2}}]}"#;
-        let sets = parse_nft_sets(json).unwrap();
-        assert_eq!(sets.len(), 2);
-        assert_eq!(sets[0].table, "calico");
-        assert_eq!(
-            sets[0].prefixes,
-            nets(&[
-                "10.1.1.1/32",
-                "10.1.1.2/32",
-                "10.10.60.209/32",
-                "10.10.62.0/24",
-                "10.9.9.9/32"
-            ])
-        );
-        assert!(sets[1].prefixes.is_empty());
-        assert_eq!(sets[0].addr_family, Some(Family::V4));
-    }
-
-    #[test]
-    fn garbage_is_an_error_not_a_panic() {
-        assert!(parse_nft_sets("not json").is_err());
-        // 280 is 24 in a byte: a /24 must not be read from it.
-        let prefix = |len: u32| {
-            parse_nft_sets(&format!(
-                r#"{{"nftables": [{{"set": {{"family": "ip", "name": "s", "table": "t", "elem": [{{"prefix": {{"addr": "10.0.0.0", "len": {len}}}}}]}}}}]}}"#
-            ))
-        };
-        assert_eq!(prefix(24).unwrap()[0].prefixes, nets(&["10.0.0.0/24"]));
-        assert!(
-            prefix(280)
-                .unwrap_err()
-                .to_string()
-                .contains("10.0.0.0/280")
-        );
-        assert!(prefix(33).is_err());
-        assert!(
-            parse_ipset_save("add\nadd s\nadd s not-an-address\n")
-                .1
-                .is_empty()
-        );
     }
 
     #[test]

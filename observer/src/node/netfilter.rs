@@ -3,8 +3,8 @@
 //! counts can be shown beside the kernel's and a disagreement flagged.
 //! Rules are found by their comment, as chain names differ between
 //! Calico's data planes, by a search made every few minutes; each read
-//! lists only the chains found ([`RuleLocator`]). Tool output is parsed for the same reason as in
-//! `allowsets`: no maintained crate reads it.
+//! lists only the chains found ([`RuleLocator`]). The tools' output is
+//! read by `parse::netfilter`.
 
 use std::time::{Duration, Instant};
 
@@ -13,10 +13,8 @@ use anyhow::Result;
 use crate::{
     model::crosscheck::RuleReading,
     model::facts::{Family, SetKind},
-    node::{
-        allowsets::NftDoc,
-        tools::{self, ToolError},
-    },
+    node::tools::{self, ToolError},
+    parse::netfilter::{RuleCounter, parse_iptables, parse_nft_chains, parse_nft_ruleset},
 };
 
 /// Calico's drop rules for sources outside the allow-sets: the comment it
@@ -38,22 +36,6 @@ pub const CALICO_DROP_RULES: [(&str, SetKind, Family); 3] = [
         Family::V4,
     ),
 ];
-
-/// Counters of one commented rule.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RuleCounter {
-    /// `iptables`, `ip6tables` or `nftables`.
-    pub backend: &'static str,
-    /// The chain holding it, as its backend's listing names it: the chain
-    /// (iptables) or family, table and chain (nftables).
-    pub chain: Vec<String>,
-    /// The rule's comment.
-    pub comment: String,
-    /// Packets that matched since the rule was created.
-    pub packets: u64,
-    /// Bytes that matched.
-    pub bytes: u64,
-}
 
 /// The rule sources read: each lists all its rules (to find Calico's) or
 /// one chain (once found).
@@ -300,172 +282,11 @@ fn list(
         .collect())
 }
 
-/// The chains (family, table, name) of `nft -j list chains`.
-pub fn parse_nft_chains(json: &str) -> Result<Vec<[String; 3]>> {
-    let doc: NftDoc = serde_json::from_str(json)?;
-    Ok(doc
-        .nftables
-        .iter()
-        .filter_map(|item| {
-            let chain = item.get("chain")?;
-            let text = |key: &str| Some(chain.get(key)?.as_str()?.to_string());
-            Some([text("family")?, text("table")?, text("name")?])
-        })
-        .collect())
-}
-
-/// Commented rules of `iptables-save -c` output
-/// (`[579:34740] -A cali-INPUT ... -m comment --comment "Drop ..." ... -j DROP`)
-/// or of `iptables -v -S CHAIN` (`-A cali-INPUT ... -c 579 34740 -j DROP`).
-/// Rules are split into words as a shell would (shlex): iptables quotes
-/// comments with `"` and escapes inner quotes with `\"`.
-pub fn parse_iptables(text: &str, backend: &'static str) -> Vec<RuleCounter> {
-    let mut rules = Vec::new();
-    for line in text.lines() {
-        let (save_counters, rule) = match line.strip_prefix('[') {
-            Some(rest) => match rest.split_once(']') {
-                Some((counters, rule)) => (counters.split_once(':'), rule),
-                None => continue,
-            },
-            None => (None, line),
-        };
-        let Some(words) = shlex::split(rule) else {
-            continue;
-        };
-        let after = |flag: &str, n: usize| -> Option<&[String]> {
-            let at = words.iter().position(|w| w == flag)?;
-            words.get(at + 1..at + 1 + n)
-        };
-        let (Some([chain]), Some([comment])) = (after("-A", 1), after("--comment", 1)) else {
-            continue;
-        };
-        let counters = match save_counters {
-            Some((packets, bytes)) => (packets.parse(), bytes.parse()),
-            None => match after("-c", 2) {
-                Some([packets, bytes]) => (packets.parse(), bytes.parse()),
-                _ => continue,
-            },
-        };
-        let (Ok(packets), Ok(bytes)) = counters else {
-            continue;
-        };
-        rules.push(RuleCounter {
-            backend,
-            chain: vec![chain.clone()],
-            comment: comment.clone(),
-            packets,
-            bytes,
-        });
-    }
-    rules
-}
-
-/// Native nftables rules with a comment and a counter, from
-/// `nft -j list chain FAMILY TABLE CHAIN` (or any listing of rules). (iptables-nft rules carry their
-/// comment in an `xt` match without text, so they are only read through
-/// iptables: nothing is counted twice.)
-pub fn parse_nft_ruleset(json: &str) -> Result<Vec<RuleCounter>> {
-    let doc: NftDoc = serde_json::from_str(json)?;
-    let mut rules = Vec::new();
-    for item in doc.nftables {
-        let Some(rule) = item.get("rule") else {
-            continue;
-        };
-        let Some(comment) = rule.get("comment").and_then(|c| c.as_str()) else {
-            continue;
-        };
-        let counter = rule
-            .get("expr")
-            .and_then(|e| e.as_array())
-            .and_then(|exprs| exprs.iter().find_map(|e| e.get("counter")));
-        let Some(counter) = counter else { continue };
-        let text = |key: &str| rule.get(key).and_then(|v| v.as_str()).unwrap_or_default();
-        rules.push(RuleCounter {
-            backend: "nftables",
-            chain: vec![
-                text("family").to_string(),
-                text("table").to_string(),
-                text("chain").to_string(),
-            ],
-            comment: comment.to_string(),
-            packets: counter.get("packets").and_then(|v| v.as_u64()).unwrap_or(0),
-            bytes: counter.get("bytes").and_then(|v| v.as_u64()).unwrap_or(0),
-        });
-    }
-    Ok(rules)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     const VXLAN_DROP: &str = "Drop IPv4 VXLAN packets from non-allowed hosts";
-
-    #[test]
-    fn iptables_save_counters_by_comment() {
-        let text = r#"# Generated by iptables-save v1.8.9 (nf_tables)
-*filter
-:INPUT ACCEPT [0:0]
-[0:0] -A INPUT -j cali-INPUT
-[65000000:4000000000] -A cali-INPUT -p udp -m comment --comment "Allow IPv4 VXLAN packets from allowed hosts" -m set --match-set cali40all-vxlan-net src -m addrtype --dst-type LOCAL -m udp --dport 4789 -j ACCEPT
-[579:34740] -A cali-INPUT -p udp -m comment --comment "Drop IPv4 VXLAN packets from non-allowed hosts" -m addrtype --dst-type LOCAL -m udp --dport 4789 -j DROP
-[3:180] -A cali-INPUT -m comment --comment cali:abc -j MARK
-COMMIT"#;
-        let rules = parse_iptables(text, "iptables");
-        assert_eq!(rules.len(), 3);
-        assert_eq!(rules[1].comment, VXLAN_DROP);
-        assert_eq!(rules[1].chain, ["cali-INPUT"]);
-        assert_eq!((rules[1].packets, rules[1].bytes), (579, 34740));
-        assert_eq!(rules[0].packets, 65_000_000);
-        assert_eq!(rules[2].comment, "cali:abc");
-    }
-
-    #[test]
-    fn iptables_chain_listing_counters_by_comment() {
-        // `iptables -t filter -v -S cali-INPUT` (iptables 1.8.9).
-        let text = r#"-N cali-INPUT
--A cali-INPUT -p udp -m comment --comment "Drop IPv4 VXLAN packets from non-allowed hosts" -m udp --dport 4789 -c 579 34740 -j DROP
--A cali-INPUT -m comment --comment "a \"q\" -c 1 2" -c 7 420 -j ACCEPT
--A cali-INPUT -j ACCEPT -c 9 9"#;
-        let rules = parse_iptables(text, "iptables");
-        assert_eq!(
-            rules,
-            vec![
-                RuleCounter {
-                    backend: "iptables",
-                    chain: vec!["cali-INPUT".into()],
-                    comment: VXLAN_DROP.into(),
-                    packets: 579,
-                    bytes: 34740,
-                },
-                RuleCounter {
-                    backend: "iptables",
-                    chain: vec!["cali-INPUT".into()],
-                    comment: r#"a "q" -c 1 2"#.into(),
-                    packets: 7,
-                    bytes: 420,
-                },
-            ]
-        );
-        assert!(parse_iptables("[1:2] -A X -m comment --comment \"open", "iptables").is_empty());
-    }
-
-    #[test]
-    fn nft_ruleset_counters_by_comment() {
-        let json = r#"{"nftables": [{"metainfo": {"version": "1.0.6"}}, {"rule": {"family": "ip", "table": "calico", "chain": "filter-INPUT", "handle": 4, "comment": "Drop IPv4 VXLAN packets from non-allowed hosts", "expr": [{"match": {"op": "==", "left": {"payload": {"protocol": "udp", "field": "dport"}}, "right": 4789}}, {"counter": {"packets": 579, "bytes": 34740}}, {"drop": null}]}}, {"rule": {"family": "ip", "table": "filter", "chain": "cali-INPUT", "handle": 5, "expr": [{"xt": {"type": "match", "name": "comment"}}, {"counter": {"packets": 7, "bytes": 0}}, {"drop": null}]}}]}"#;
-        let rules = parse_nft_ruleset(json).unwrap();
-        assert_eq!(
-            rules,
-            vec![RuleCounter {
-                backend: "nftables",
-                chain: vec!["ip".into(), "calico".into(), "filter-INPUT".into()],
-                comment: VXLAN_DROP.into(),
-                packets: 579,
-                bytes: 34740
-            }]
-        );
-        assert!(parse_nft_ruleset("{").is_err());
-    }
 
     /// A node's tools as the locator sees them: iptables' filter table as
     /// `(chain, comment, packets)` rules, no ip6tables, no nft; every

@@ -3,7 +3,6 @@
 //! ([`ChangeWatcher`]). Everything is read in the network namespace of the
 //! calling thread. [`LiveView`] is the view kept current by both.
 
-pub mod decode;
 mod live;
 mod netlink;
 mod watch;

@@ -14,8 +14,8 @@ use netlink_packet_route::{
 };
 use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_ROUTE};
 
-use super::decode::{self, DumpDecoder};
 use crate::model::dataplane::{DeclaredTunnel, Dump, PeerRoute};
+use crate::parse::netlink::{self as decode, DumpDecoder};
 
 /// How often a dump is retried when the kernel says that the tables
 /// changed while it was being read (NLM_F_DUMP_INTR).

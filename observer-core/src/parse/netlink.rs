@@ -1,6 +1,6 @@
 //! The pure half of the rtnetlink reader: the messages of a datagram, and
 //! kernel messages into the plain records of the view. No socket here, so
-//! that `netlink.rs` and the `netlink` fuzz target (`fuzz/`) run the same
+//! that `observer`'s `node::dataplane` and the `netlink` fuzz target (`fuzz/`) run the same
 //! code on the same bytes. Messages or attributes the parser does not know
 //! are skipped, never fatal.
 
@@ -586,7 +586,7 @@ mod tests {
 
     /// A read of Calico's VXLAN data plane recorded in a namespace by
     /// `fuzz/record_seeds.py` (the `netlink` fuzz target's seed).
-    const RECORDED: &[u8] = include_bytes!("../../../../fuzz/seeds/netlink/calico-vxlan.bin");
+    const RECORDED: &[u8] = include_bytes!("../../../fuzz/seeds/netlink/calico-vxlan.bin");
 
     fn ip(text: &str) -> IpAddr {
         text.parse().unwrap()
