@@ -18,8 +18,10 @@ use crate::{
     },
     report::{
         Format, Line,
-        lines::{self, DiagnosisLine, Measured, ProbeVerdict},
-        probe, write_line,
+        lines::{DiagnosisLine, Measured, ProbeVerdict},
+        probe,
+        view::timestamp,
+        write_line,
     },
 };
 
@@ -52,7 +54,7 @@ fn line<'a>(
     text: &'a str,
 ) -> DiagnosisLine<'a> {
     DiagnosisLine {
-        ts: lines::timestamp(at),
+        ts: timestamp(at),
         netns,
         interfaces: &outcome.interfaces,
         duration_s: (outcome.seconds * 10.0).round() / 10.0,

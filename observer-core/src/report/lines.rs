@@ -1,16 +1,15 @@
 //! The JSON lines for programs: one object per row or event, every kind
 //! a variant of [`Line`] (its `type` tag), which is the schema docs/json.md
-//! documents; and the per-interval snapshot both renderers read.
+//! documents. The per-interval snapshot they render is in `view`.
 
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::BTreeMap,
     io::{self, Write},
     net::IpAddr,
-    time::SystemTime,
 };
 
 use ipnet::IpNet;
-use observer_common::{Direction, Proto, Unclassified};
+use observer_common::{Proto, Unclassified};
 use serde::Serialize;
 
 use crate::{
@@ -20,18 +19,14 @@ use crate::{
     model::bgp_wire::{WireCounters, WireRow},
     model::crosscheck::NetfilterCheck,
     model::dataplane::{BlockRoute, ExpectedPeer, TunnelDevice, TunnelRoute, UnderlayInterface},
-    model::hooks::Attachment,
     model::probe::{Arrival, Encap, Finding, Rtt, Skipped},
     model::routes::Outage,
     model::rows::Row,
-    model::rows::{DropRow, KernelStats, by_rate, direction_name},
+    model::rows::{DropRow, by_rate, direction_name},
     model::verdicts::PairVerdict,
 };
 
-/// RFC 3339 with milliseconds, as every line's `ts`.
-pub fn timestamp(at: SystemTime) -> String {
-    humantime::format_rfc3339_millis(at).to_string()
-}
+use super::view::{Snapshot, drop_summary, drops_of, iface_name, index_drops, timestamp};
 
 /// `{"type":"attach",...}`: one per interface once attached.
 #[derive(Serialize)]
@@ -168,44 +163,6 @@ pub struct StatsLine<'a> {
     netlink_overruns: u64,
 }
 
-/// Everything one interval reports.
-pub struct Snapshot<'a> {
-    /// Rows with totals and rates.
-    pub rows: &'a [Row],
-    /// Kernel self counters.
-    pub stats: KernelStats,
-    /// Rows the aggregator forgot (bound reached).
-    pub rows_forgotten: u64,
-    /// Intervals read a whole period or more late since the start (the
-    /// process was starved or stopped, or an interval took too long).
-    pub late_intervals: u64,
-    /// Times the data-plane change notifications overran their socket
-    /// (notifications lost, the data plane re-read in full).
-    pub netlink_overruns: u64,
-    /// Interface names by index.
-    pub ifaces: &'a HashMap<u32, String>,
-    /// Attachments, for the table header.
-    pub attachments: &'a [Attachment],
-    /// When the snapshot was taken.
-    pub at: SystemTime,
-    /// Last snapshot before exit: JSON prints every row, not only changed ones.
-    pub is_final: bool,
-    /// Drop rows.
-    pub drops: &'a [DropRow],
-    /// Netfilter rule counters beside the observer's.
-    pub netfilter: &'a [NetfilterCheck],
-    /// Anomalies raised or cleared during the interval (JSON lines).
-    pub anomaly_events: &'a [Event],
-    /// Anomalies active now (table).
-    pub anomalies: &'a [&'a Anomaly],
-    /// BGP sessions of the node's BIRD (table; JSON prints `bgp` lines
-    /// when they change).
-    pub bgp: &'a [BgpSession],
-    /// BGP at the wire, totals since attach per (interface, direction,
-    /// peer).
-    pub bgp_wire: &'a [WireRow],
-}
-
 /// `{"type":"anomaly",...}`: an anomaly raised (`state` "raised") or
 /// cleared (`state` "cleared", with `duration_s`).
 #[derive(Serialize)]
@@ -234,58 +191,6 @@ impl<'a> AnomalyLine<'a> {
             duration_s,
         }
     }
-}
-
-/// Drops by reason, keyed like the rx row they belong to.
-type DropIndex<'a> = HashMap<(u32, Proto, Option<IpAddr>, u32), BTreeMap<&'a str, u64>>;
-
-/// Indexes `drops` once per snapshot (rows times drops would be quadratic).
-pub(super) fn index_drops(drops: &[DropRow]) -> DropIndex<'_> {
-    let mut index = DropIndex::new();
-    // path_mtu rows count packets this node sent: no received row owns them.
-    for d in drops.iter().filter(|d| d.row.id.mtu.is_none()) {
-        let id = &d.row.id;
-        *index
-            .entry((id.ifindex, id.proto, id.peer, id.vni))
-            .or_default()
-            .entry(d.reason.as_str())
-            .or_default() += d.row.packets;
-    }
-    index
-}
-
-/// Drops by reason of `row` (rx rows only).
-pub(super) fn drops_of<'a>(row: &Row, index: &DropIndex<'a>) -> BTreeMap<&'a str, u64> {
-    if row.id.direction != Direction::Rx {
-        return BTreeMap::new();
-    }
-    index
-        .get(&(row.id.ifindex, row.id.proto, row.id.peer, row.id.vni))
-        .cloned()
-        .unwrap_or_default()
-}
-
-/// Per (origin, reason): packets and distinct peers.
-pub(super) fn drop_summary(
-    drops: &[DropRow],
-) -> BTreeMap<(&'static str, &str), (u64, usize, bool)> {
-    let mut summary: BTreeMap<(&'static str, &str), (u64, usize, bool)> = BTreeMap::new();
-    for d in drops {
-        let entry = summary
-            .entry((d.row.id.origin.name(), d.reason.as_str()))
-            .or_default();
-        entry.0 += d.row.packets;
-        entry.1 += 1;
-        entry.2 |= d.row.changed();
-    }
-    summary
-}
-
-pub(super) fn iface_name(ifaces: &HashMap<u32, String>, ifindex: u32) -> String {
-    ifaces
-        .get(&ifindex)
-        .cloned()
-        .unwrap_or_else(|| format!("if{ifindex}"))
 }
 
 /// `{"type":"dataplane",...}`: what the data plane prescribes, printed when
@@ -628,8 +533,27 @@ pub enum Line<'a> {
 /// Writes one interval as JSON lines: rows that changed during the interval
 /// (every row when final), then a stats line.
 pub fn write_json(out: &mut impl Write, snap: &Snapshot<'_>) -> io::Result<()> {
-    let drop_index = index_drops(snap.drops);
     let ts = timestamp(snap.at);
+    write_row_lines(out, snap, &ts)?;
+    write_drop_lines(out, snap, &ts)?;
+    for row in snap.bgp_wire.iter().filter(|r| r.changed || snap.is_final) {
+        let iface = iface_name(snap.ifaces, row.id.ifindex);
+        write_line(out, &Line::BgpWire(BgpWireLine::new(&ts, &iface, row)))?;
+    }
+    for event in snap.anomaly_events {
+        write_line(out, &Line::Anomaly(AnomalyLine::new(event, &ts)))?;
+    }
+    for check in snap.netfilter {
+        write_line(out, &Line::Netfilter(NetfilterLine { ts: &ts, check }))?;
+    }
+    write_stats_line(out, snap, &ts)?;
+    out.flush()
+}
+
+/// A `peer` or `unclassified` line per row that changed (every row when
+/// final), fastest first.
+fn write_row_lines(out: &mut impl Write, snap: &Snapshot<'_>, ts: &str) -> io::Result<()> {
+    let drop_index = index_drops(snap.drops);
     let mut rows: Vec<&Row> = snap
         .rows
         .iter()
@@ -643,7 +567,7 @@ pub fn write_json(out: &mut impl Write, snap: &Snapshot<'_>) -> io::Result<()> {
             write_line(
                 out,
                 &Line::Peer(PeerLine {
-                    ts: &ts,
+                    ts,
                     iface: &iface,
                     ifindex: row.id.ifindex,
                     direction,
@@ -663,7 +587,7 @@ pub fn write_json(out: &mut impl Write, snap: &Snapshot<'_>) -> io::Result<()> {
             write_line(
                 out,
                 &Line::Unclassified(UnclassifiedLine {
-                    ts: &ts,
+                    ts,
                     iface: &iface,
                     ifindex: row.id.ifindex,
                     direction,
@@ -674,6 +598,12 @@ pub fn write_json(out: &mut impl Write, snap: &Snapshot<'_>) -> io::Result<()> {
             )?;
         }
     }
+    Ok(())
+}
+
+/// A `drop` line per drop row that changed, then a `drop_summary` line per
+/// reason that changed (all of them when final).
+fn write_drop_lines(out: &mut impl Write, snap: &Snapshot<'_>, ts: &str) -> io::Result<()> {
     let mut drops: Vec<&DropRow> = snap
         .drops
         .iter()
@@ -682,7 +612,7 @@ pub fn write_json(out: &mut impl Write, snap: &Snapshot<'_>) -> io::Result<()> {
     drops.sort_by(|a, b| by_rate(&a.row, &b.row));
     for d in drops {
         let line = DropLine {
-            ts: &ts,
+            ts,
             iface: &iface_name(snap.ifaces, d.row.id.ifindex),
             ifindex: d.row.id.ifindex,
             proto: d.row.id.proto.name(),
@@ -700,7 +630,7 @@ pub fn write_json(out: &mut impl Write, snap: &Snapshot<'_>) -> io::Result<()> {
     for ((origin, reason), (packets, peers, changed)) in drop_summary(snap.drops) {
         if changed || snap.is_final {
             let line = DropSummaryLine {
-                ts: &ts,
+                ts,
                 origin,
                 reason,
                 packets,
@@ -709,18 +639,13 @@ pub fn write_json(out: &mut impl Write, snap: &Snapshot<'_>) -> io::Result<()> {
             write_line(out, &Line::DropSummary(line))?;
         }
     }
-    for row in snap.bgp_wire.iter().filter(|r| r.changed || snap.is_final) {
-        let iface = iface_name(snap.ifaces, row.id.ifindex);
-        write_line(out, &Line::BgpWire(BgpWireLine::new(&ts, &iface, row)))?;
-    }
-    for event in snap.anomaly_events {
-        write_line(out, &Line::Anomaly(AnomalyLine::new(event, &ts)))?;
-    }
-    for check in snap.netfilter {
-        write_line(out, &Line::Netfilter(NetfilterLine { ts: &ts, check }))?;
-    }
+    Ok(())
+}
+
+/// The interval's `stats` line.
+fn write_stats_line(out: &mut impl Write, snap: &Snapshot<'_>, ts: &str) -> io::Result<()> {
     let stats = StatsLine {
-        ts: &ts,
+        ts,
         is_final: snap.is_final,
         flow_entries: snap.stats.flow_entries,
         flow_evictions: snap.stats.flow_evictions,
@@ -733,8 +658,7 @@ pub fn write_json(out: &mut impl Write, snap: &Snapshot<'_>) -> io::Result<()> {
         late_intervals: snap.late_intervals,
         netlink_overruns: snap.netlink_overruns,
     };
-    write_line(out, &Line::Stats(stats))?;
-    out.flush()
+    write_line(out, &Line::Stats(stats))
 }
 
 /// Writes `line` as one JSON line.
@@ -749,7 +673,12 @@ fn round2(value: f64) -> f64 {
 
 #[cfg(test)]
 mod tests {
+    use std::{collections::HashMap, time::SystemTime};
+
+    use observer_common::Direction;
+
     use super::*;
+    use crate::model::rows::KernelStats;
     use crate::model::rows::{DropId, FlowId, Origin, testing};
     use crate::report::table::{si, write_table};
 

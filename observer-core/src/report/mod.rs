@@ -1,6 +1,7 @@
 //! What the observer prints and writes: JSON lines (`lines`, whose `Line`
 //! enum is the schema), the table for people (`table`), the
-//! node_exporter textfile (`textfile`).
+//! node_exporter textfile (`textfile`); `view` is the per-interval
+//! snapshot and the helpers these renderers share.
 
 pub mod check;
 pub mod diagnosis;
@@ -9,6 +10,7 @@ pub mod probe;
 pub mod replay;
 pub mod table;
 pub mod textfile;
+pub mod view;
 
 pub use lines::{Line, write_line};
 

@@ -12,9 +12,8 @@ use observer_common::Proto;
 
 use crate::{
     model::probe::{Finding, Outcome, Rtt, Run},
-    report::lines::{
-        AnswerSource, ArrivalLine, Line, ProbeLine, SummaryLine, timestamp, write_line,
-    },
+    report::lines::{AnswerSource, ArrivalLine, Line, ProbeLine, SummaryLine, write_line},
+    report::view::timestamp,
 };
 
 fn findings(run: &Run, outcome: &Outcome) -> Vec<Finding> {

@@ -6,8 +6,10 @@ use std::io::{self, Write};
 
 use super::{
     Format, Line,
-    lines::{self, AllowSetLine, ReplayLine, Snapshot},
-    table, write_line,
+    lines::{self, AllowSetLine, ReplayLine},
+    table,
+    view::Snapshot,
+    write_line,
 };
 
 /// Writes a replay: `allow_sets` and `captures` (one per file, in order),

@@ -7,11 +7,13 @@ use std::{
 
 use observer_common::{Proto, Unclassified};
 
-use super::lines::{Snapshot, drop_summary, drops_of, iface_name, index_drops, timestamp};
+use super::view::{Snapshot, drop_summary, drops_of, iface_name, index_drops, timestamp};
 use crate::model::{
     anomalies::Anomaly,
+    bgp::BgpSession,
+    crosscheck::NetfilterCheck,
     rows::Row,
-    rows::{DropRow, by_rate, direction_name},
+    rows::{DropRow, KernelStats, by_rate, direction_name},
 };
 
 /// Rows shown in the table before "(N more)".
@@ -19,10 +21,25 @@ const TABLE_ROWS: usize = 40;
 
 /// Writes one interval as a table; `clear` redraws the screen (terminal).
 pub fn write_table(out: &mut impl Write, snap: &Snapshot<'_>, clear: bool) -> io::Result<()> {
-    let drop_index = index_drops(snap.drops);
     if clear {
         write!(out, "\x1b[2J\x1b[H")?;
     }
+    write_header(out, snap)?;
+    let peers = peers_by_rate(snap.rows);
+    write_peers(out, snap, &peers)?;
+    write_totals(out, &peers)?;
+    write_unclassified(out, snap)?;
+    write_drops(out, snap)?;
+    write_netfilter(out, snap.netfilter)?;
+    write_bgp(out, snap.bgp)?;
+    write_bgp_wire(out, snap)?;
+    write_anomalies(out, snap.anomalies)?;
+    write_kernel_stats(out, &snap.stats)?;
+    out.flush()
+}
+
+/// The time of the interval and how each interface is attached.
+fn write_header(out: &mut impl Write, snap: &Snapshot<'_>) -> io::Result<()> {
     writeln!(out, "observer  {}", timestamp(snap.at))?;
     for a in snap.attachments {
         writeln!(
@@ -31,13 +48,13 @@ pub fn write_table(out: &mut impl Write, snap: &Snapshot<'_>, clear: bool) -> io
             a.iface, a.ifindex, a.rx, a.tx
         )?;
     }
-    writeln!(
-        out,
-        "\n{:<10} {:<3} {:<10} {:<39} {:>8} {:>9} {:>9} {:>12} {:>12}  INNER SAMPLE",
-        "IFACE", "DIR", "PROTO", "PEER", "VNI", "PKT/S", "BIT/S", "PACKETS", "BYTES"
-    )?;
-    let mut peers: Vec<&Row> = snap
-        .rows
+    Ok(())
+}
+
+/// The peer rows (classified rows), the top [`TABLE_ROWS`] first and in
+/// order; the rest after them in no order.
+fn peers_by_rate(rows: &[Row]) -> Vec<&Row> {
+    let mut peers: Vec<&Row> = rows
         .iter()
         .filter(|r| r.id.reason == Unclassified::None)
         .collect();
@@ -47,7 +64,19 @@ pub fn write_table(out: &mut impl Write, snap: &Snapshot<'_>, clear: bool) -> io
         peers.select_nth_unstable_by(TABLE_ROWS, |a, b| by_rate(a, b));
     }
     peers[..shown].sort_by(|a, b| by_rate(a, b));
-    for row in &peers[..shown] {
+    peers
+}
+
+/// The column headings, then the top [`TABLE_ROWS`] of `peers` (from
+/// [`peers_by_rate`]) with their drops, then how many are not shown.
+fn write_peers(out: &mut impl Write, snap: &Snapshot<'_>, peers: &[&Row]) -> io::Result<()> {
+    writeln!(
+        out,
+        "\n{:<10} {:<3} {:<10} {:<39} {:>8} {:>9} {:>9} {:>12} {:>12}  INNER SAMPLE",
+        "IFACE", "DIR", "PROTO", "PEER", "VNI", "PKT/S", "BIT/S", "PACKETS", "BYTES"
+    )?;
+    let drop_index = index_drops(snap.drops);
+    for row in peers.iter().take(TABLE_ROWS) {
         let peer = row
             .id
             .peer
@@ -89,10 +118,13 @@ pub fn write_table(out: &mut impl Write, snap: &Snapshot<'_>, clear: bool) -> io
             peers.len() - TABLE_ROWS
         )?;
     }
+    Ok(())
+}
 
-    // Totals per direction and protocol.
+/// Totals per direction and protocol over every peer row, shown or not.
+fn write_totals(out: &mut impl Write, peers: &[&Row]) -> io::Result<()> {
     let mut totals: BTreeMap<(&str, &str), (u64, u64, f64, f64)> = BTreeMap::new();
-    for row in &peers {
+    for row in peers {
         let entry = totals
             .entry((direction_name(row.id.direction), row.id.proto.name()))
             .or_default();
@@ -110,6 +142,11 @@ pub fn write_table(out: &mut impl Write, snap: &Snapshot<'_>, clear: bool) -> io
             si(bps)
         )?;
     }
+    Ok(())
+}
+
+/// Frames that could not be parsed, by reason (nothing when none).
+fn write_unclassified(out: &mut impl Write, snap: &Snapshot<'_>) -> io::Result<()> {
     let mut unclassified: Vec<&Row> = snap
         .rows
         .iter()
@@ -129,111 +166,127 @@ pub fn write_table(out: &mut impl Write, snap: &Snapshot<'_>, clear: bool) -> io
             )?;
         }
     }
-    if !snap.drops.is_empty() {
-        writeln!(out, "\nDROPS (why packets die)")?;
-        let mut drops: Vec<&DropRow> = snap.drops.iter().collect();
-        drops.sort_by(|a, b| {
-            b.row
-                .packets
-                .cmp(&a.row.packets)
-                .then_with(|| by_rate(&a.row, &b.row))
-        });
-        for d in drops.iter().take(TABLE_ROWS) {
-            writeln!(
-                out,
-                "  {:<10} {}",
-                iface_name(snap.ifaces, d.row.id.ifindex),
-                d.message
-            )?;
-        }
-        for ((origin, reason), (packets, peers, _)) in drop_summary(snap.drops) {
-            writeln!(
-                out,
-                "  total {origin:<10} {reason:<24} {packets:>12} packets from {peers} peer(s)"
-            )?;
-        }
+    Ok(())
+}
+
+/// The top [`TABLE_ROWS`] drop rows by packets, then the total of each
+/// reason (nothing when no drops).
+fn write_drops(out: &mut impl Write, snap: &Snapshot<'_>) -> io::Result<()> {
+    if snap.drops.is_empty() {
+        return Ok(());
     }
-    if !snap.netfilter.is_empty() {
-        writeln!(out, "\nNETFILTER CROSS-CHECK (since attach)")?;
-        for c in snap.netfilter {
-            writeln!(
-                out,
-                "  {:<9} \"{}\": rule {} / observer {}{}",
-                c.backend,
-                c.rule,
-                c.packets,
-                c.observer_packets,
-                if c.agree { "" } else { "  <-- DISAGREE" }
-            )?;
-        }
-    }
-    if !snap.bgp.is_empty() {
-        writeln!(out, "\nBGP SESSIONS (BIRD)")?;
-        for s in snap.bgp {
-            let neighbor = s.neighbor.map(|n| n.to_string()).unwrap_or_default();
-            writeln!(
-                out,
-                "  {:<20} {:<15} {:<12} since {:<12} routes {} in / {} out{}",
-                s.protocol,
-                neighbor,
-                s.bgp_state,
-                s.since,
-                s.routes_imported,
-                s.routes_exported,
-                s.last_error
-                    .as_deref()
-                    .map(|e| format!("  last error: {e}"))
-                    .unwrap_or_default()
-            )?;
-        }
-    }
-    if !snap.bgp_wire.is_empty() {
+    writeln!(out, "\nDROPS (why packets die)")?;
+    let mut drops: Vec<&DropRow> = snap.drops.iter().collect();
+    drops.sort_by(|a, b| {
+        b.row
+            .packets
+            .cmp(&a.row.packets)
+            .then_with(|| by_rate(&a.row, &b.row))
+    });
+    for d in drops.iter().take(TABLE_ROWS) {
         writeln!(
             out,
-            "\nBGP AT THE WIRE (TCP/179 since attach)\n  {:<10} {:<3} {:<39} {:>8} {:>4} {:>4} {:>4} {:>5} {:>7} {:>6} {:>9}  LAST NOTIFICATION",
-            "IFACE",
-            "DIR",
-            "PEER",
-            "SEGMENTS",
-            "SYN",
-            "FIN",
-            "RST",
-            "OPEN",
-            "UPDATE",
-            "NOTIF",
-            "KEEPALIVE"
+            "  {:<10} {}",
+            iface_name(snap.ifaces, d.row.id.ifindex),
+            d.message
         )?;
-        for row in snap.bgp_wire {
-            let t = &row.total;
-            writeln!(
-                out,
-                "  {:<10} {:<3} {:<39} {:>8} {:>4} {:>4} {:>4} {:>5} {:>7} {:>6} {:>9}  {}",
-                iface_name(snap.ifaces, row.id.ifindex),
-                direction_name(row.id.direction),
-                row.id.peer,
-                t.segments,
-                t.syn,
-                t.fin,
-                t.rst,
-                t.open,
-                t.update,
-                t.notification,
-                t.keepalive,
-                t.last_notification.map(|n| n.name()).unwrap_or_default()
-            )?;
-        }
     }
-    write_anomalies(out, snap.anomalies)?;
+    for ((origin, reason), (packets, peers, _)) in drop_summary(snap.drops) {
+        writeln!(
+            out,
+            "  total {origin:<10} {reason:<24} {packets:>12} packets from {peers} peer(s)"
+        )?;
+    }
+    Ok(())
+}
+
+/// Netfilter rule counters beside the observer's (nothing when none).
+fn write_netfilter(out: &mut impl Write, checks: &[NetfilterCheck]) -> io::Result<()> {
+    if checks.is_empty() {
+        return Ok(());
+    }
+    writeln!(out, "\nNETFILTER CROSS-CHECK (since attach)")?;
+    for c in checks {
+        writeln!(
+            out,
+            "  {:<9} \"{}\": rule {} / observer {}{}",
+            c.backend,
+            c.rule,
+            c.packets,
+            c.observer_packets,
+            if c.agree { "" } else { "  <-- DISAGREE" }
+        )?;
+    }
+    Ok(())
+}
+
+/// The BGP sessions of the node's BIRD (nothing when none).
+fn write_bgp(out: &mut impl Write, sessions: &[BgpSession]) -> io::Result<()> {
+    if sessions.is_empty() {
+        return Ok(());
+    }
+    writeln!(out, "\nBGP SESSIONS (BIRD)")?;
+    for s in sessions {
+        let neighbor = s.neighbor.map(|n| n.to_string()).unwrap_or_default();
+        writeln!(
+            out,
+            "  {:<20} {:<15} {:<12} since {:<12} routes {} in / {} out{}",
+            s.protocol,
+            neighbor,
+            s.bgp_state,
+            s.since,
+            s.routes_imported,
+            s.routes_exported,
+            s.last_error
+                .as_deref()
+                .map(|e| format!("  last error: {e}"))
+                .unwrap_or_default()
+        )?;
+    }
+    Ok(())
+}
+
+/// BGP at the wire: TCP/179 segments per (interface, direction, peer)
+/// since attach (nothing when none).
+fn write_bgp_wire(out: &mut impl Write, snap: &Snapshot<'_>) -> io::Result<()> {
+    if snap.bgp_wire.is_empty() {
+        return Ok(());
+    }
     writeln!(
         out,
-        "\nflow map: {} entries, {} evictions, {} insert failures; flow cache: {} slots, {} collisions",
-        snap.stats.flow_entries,
-        snap.stats.flow_evictions,
-        snap.stats.flow_insert_failures,
-        snap.stats.flow_cache_slots,
-        snap.stats.flow_cache_collisions
+        "\nBGP AT THE WIRE (TCP/179 since attach)\n  {:<10} {:<3} {:<39} {:>8} {:>4} {:>4} {:>4} {:>5} {:>7} {:>6} {:>9}  LAST NOTIFICATION",
+        "IFACE",
+        "DIR",
+        "PEER",
+        "SEGMENTS",
+        "SYN",
+        "FIN",
+        "RST",
+        "OPEN",
+        "UPDATE",
+        "NOTIF",
+        "KEEPALIVE"
     )?;
-    out.flush()
+    for row in snap.bgp_wire {
+        let t = &row.total;
+        writeln!(
+            out,
+            "  {:<10} {:<3} {:<39} {:>8} {:>4} {:>4} {:>4} {:>5} {:>7} {:>6} {:>9}  {}",
+            iface_name(snap.ifaces, row.id.ifindex),
+            direction_name(row.id.direction),
+            row.id.peer,
+            t.segments,
+            t.syn,
+            t.fin,
+            t.rst,
+            t.open,
+            t.update,
+            t.notification,
+            t.keepalive,
+            t.last_notification.map(|n| n.name()).unwrap_or_default()
+        )?;
+    }
+    Ok(())
 }
 
 /// The table's anomaly section: one line each, then its next step.
@@ -255,6 +308,19 @@ pub fn write_anomalies(out: &mut impl Write, anomalies: &[&Anomaly]) -> io::Resu
         writeln!(out, "  {:<15} next: {}", "", a.hint)?;
     }
     Ok(())
+}
+
+/// The footer: the kernel flow map's and flow cache's own counters.
+fn write_kernel_stats(out: &mut impl Write, stats: &KernelStats) -> io::Result<()> {
+    writeln!(
+        out,
+        "\nflow map: {} entries, {} evictions, {} insert failures; flow cache: {} slots, {} collisions",
+        stats.flow_entries,
+        stats.flow_evictions,
+        stats.flow_insert_failures,
+        stats.flow_cache_slots,
+        stats.flow_cache_collisions
+    )
 }
 
 /// Human rate with SI prefixes: `1.5 M`, `980`, `12.0 k`.

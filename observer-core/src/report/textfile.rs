@@ -14,6 +14,7 @@ use std::{
     net::{IpAddr, Ipv4Addr},
     os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt},
     path::{Path, PathBuf},
+    sync::LazyLock,
     time::SystemTime,
 };
 
@@ -28,7 +29,7 @@ use prometheus::{
 
 use observer_common::{Direction, Proto, Unclassified};
 
-use super::lines::iface_name;
+use super::view::iface_name;
 use crate::{
     model::anomalies::{Anomaly, Event, Kind},
     model::bgp::BgpSession,
@@ -228,15 +229,19 @@ impl<const N: usize> Split<N> {
     }
 }
 
-/// Everything one export needs.
+/// Everything one export needs. The default is an export with nothing
+/// in it (every section empty, every count zero, read at the Unix epoch):
+/// a caller names the sections it has and leaves the rest to
+/// `..Default::default()`.
 pub struct ExportInput<'a> {
     /// Encapsulation rows (totals since attach).
     pub rows: &'a [Row],
     /// Drop rows.
     pub drops: &'a [DropRow],
-    /// Interface names by index.
+    /// Interface names by index (default: none; an interface without a
+    /// name is `if<index>`).
     pub ifaces: &'a HashMap<u32, String>,
-    /// Kernel self counters.
+    /// Kernel self counters (default: all zero).
     pub stats: KernelStats,
     /// Programs attached now (all interfaces, all hooks).
     pub programs_attached: usize,
@@ -244,11 +249,13 @@ pub struct ExportInput<'a> {
     pub late_intervals: u64,
     /// Times the data-plane change notifications overran their socket.
     pub netlink_overruns: u64,
-    /// When the counters were read.
+    /// When the counters were read. Every real export sets it: the default
+    /// (the Unix epoch) is only a neutral value for inputs that do not
+    /// care.
     pub at: SystemTime,
     /// Anomalies active now.
     pub anomalies: &'a [&'a Anomaly],
-    /// Anomalies raised since attach, by kind.
+    /// Anomalies raised since attach, by kind (default: none).
     pub anomalies_raised: &'a BTreeMap<Kind, u64>,
     /// BGP sessions of the node's BIRD, as last read.
     pub bgp: &'a [BgpSession],
@@ -269,6 +276,37 @@ pub struct ExportInput<'a> {
     pub probe_runs: &'a [Run],
     /// The latest probe run, if probing ran.
     pub probe_latest: Option<&'a Run>,
+}
+
+/// The interface names of an input that has none.
+static NO_IFACES: LazyLock<HashMap<u32, String>> = LazyLock::new(HashMap::new);
+/// The raised anomalies of an input that has none.
+static NO_ANOMALIES_RAISED: BTreeMap<Kind, u64> = BTreeMap::new();
+
+/// Not derived: `SystemTime` and references to maps have no default.
+impl Default for ExportInput<'_> {
+    fn default() -> Self {
+        ExportInput {
+            rows: &[],
+            drops: &[],
+            ifaces: &NO_IFACES,
+            stats: KernelStats::default(),
+            programs_attached: 0,
+            late_intervals: 0,
+            netlink_overruns: 0,
+            at: SystemTime::UNIX_EPOCH,
+            anomalies: &[],
+            anomalies_raised: &NO_ANOMALIES_RAISED,
+            bgp: &[],
+            bgp_wire: &[],
+            bird_sockets: &[],
+            events: &[],
+            route_outages: &[],
+            blocks_missing: 0,
+            probe_runs: &[],
+            probe_latest: None,
+        }
+    }
 }
 
 /// Upper bounds of `observer_anomaly_duration_seconds`'s buckets: seconds
@@ -488,10 +526,10 @@ impl Exporter {
         family
     }
 
-    /// Adds the round-trip times of the probe runs in `input`, then
-    /// returns the probe families: nothing until probing ran once.
-    fn probe_families(&mut self, input: &ExportInput<'_>) -> Vec<MetricFamily> {
-        for run in input.probe_runs {
+    /// Adds the round-trip times of `runs` to their pairs' histograms (new
+    /// pairs only while there is room for them).
+    fn absorb_probe_runs(&mut self, runs: &[Run]) {
+        for run in runs {
             self.probe_runs += 1;
             for outcome in &run.outcomes {
                 let key = (outcome.target.peer, outcome.target.encap);
@@ -509,6 +547,14 @@ impl Exporter {
                 }
             }
         }
+    }
+
+    /// Adds the round-trip times of the probe runs in `input`, then
+    /// returns the probe families (`observer_probe_answered_ratio`,
+    /// `observer_probe_rtt_seconds`, `observer_probe_max_size_bytes`,
+    /// `observer_probe_runs_total`): nothing until probing ran once.
+    fn probe_families(&mut self, input: &ExportInput<'_>) -> Vec<MetricFamily> {
+        self.absorb_probe_runs(input.probe_runs);
         let Some(latest) = input.probe_latest else {
             return Vec::new();
         };
@@ -569,12 +615,30 @@ impl Exporter {
         ]
     }
 
-    /// Builds the metric families for `input`.
+    /// Builds the metric families for `input`, section by section in the
+    /// order of the file. The sections keep state apart (peer ranks and
+    /// splits, histograms, eviction high-water marks), so none depends on
+    /// another having run first.
     pub fn families(&mut self, input: &ExportInput<'_>) -> Vec<MetricFamily> {
-        let probes = self.probe_families(input);
-        let durations = self.duration_family(input.events);
-        let route_outages = self.route_outage_family(input.route_outages);
-        let labeled = self.labeled_peers(input);
+        let mut families = vec![build_info_family()];
+        families.extend(self.traffic_families(input));
+        families.extend(self.anomaly_families(input));
+        families.extend(bgp_session_families(input));
+        families.extend(bgp_wire_families(input));
+        families.extend(self.kernel_families(input));
+        families.extend(self.export_families(input));
+        families.extend(self.probe_families(input));
+        families
+    }
+
+    /// Adds `input`'s rows to the encapsulation and drop splits, and
+    /// returns the smallest path MTU per interface and peer (its label
+    /// value: the peer, or "other" beyond the cap).
+    fn add_rows(
+        &mut self,
+        input: &ExportInput<'_>,
+        bucket_of: &impl Fn(Option<IpAddr>) -> Bucket,
+    ) -> BTreeMap<(IfaceId, String), u32> {
         let names = &mut self.iface_names;
         let mut ids: FastMap<u32, IfaceId> = input
             .ifaces
@@ -584,10 +648,6 @@ impl Exporter {
         let mut iface = |ifindex: u32| {
             *ids.entry(ifindex)
                 .or_insert_with(|| names.id(&format!("if{ifindex}")))
-        };
-        let bucket_of = |peer: Option<IpAddr>| match peer {
-            Some(p) if !labeled.contains(&p) => Bucket::Other,
-            _ => Bucket::Own,
         };
 
         // Rows of different ifindexes with one name (an interface deleted
@@ -633,6 +693,18 @@ impl Exporter {
                 .or_insert(mtu);
             *lowest = (*lowest).min(mtu);
         }
+        path_mtu
+    }
+
+    /// `observer_encap_packets_total`, `observer_encap_bytes_total`,
+    /// `observer_drops_total` and `observer_path_mtu_bytes`.
+    fn traffic_families(&mut self, input: &ExportInput<'_>) -> Vec<MetricFamily> {
+        let labeled = self.labeled_peers(input);
+        let bucket_of = |peer: Option<IpAddr>| match peer {
+            Some(p) if !labeled.contains(&p) => Bucket::Other,
+            _ => Bucket::Own,
+        };
+        let path_mtu = self.add_rows(input, &bucket_of);
 
         // Split each series between its own label and "other".
         let mut encap_series = [Series::default(), Series::default()];
@@ -647,29 +719,7 @@ impl Exporter {
             .into_iter()
             .map(|((iface, peer), mtu)| ((names.name(iface), peer), mtu))
             .collect();
-
-        // The kernel's figure is an estimate (inserts minus the entries a
-        // walk found, which races with traffic) and may dip; the counter
-        // never goes back.
-        let evictions = input.stats.flow_evictions.max(self.evictions_exported);
-        self.evictions_exported = evictions;
-        let bgp_evictions = input
-            .stats
-            .bgp_evictions(input.bgp_wire.len())
-            .max(self.bgp_evictions_exported);
-        self.bgp_evictions_exported = bgp_evictions;
-
-        let seconds = input
-            .at
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .map_or(0.0, |d| d.as_secs_f64());
         vec![
-            family(
-                "observer_build_info",
-                "Version of the observer that wrote this file (value is always 1).",
-                MetricType::GAUGE,
-                vec![(vec![("version", env!("CARGO_PKG_VERSION").to_string())], 1.0)],
-            ),
             packets.family(
                 "observer_encap_packets_total",
                 "Encapsulated packets as on the wire since the observer attached, by interface, direction, encapsulation and remote peer (outer address; \"other\": peers beyond --max-peers; empty: non-tunnel IP).",
@@ -691,6 +741,14 @@ impl Exporter {
                     .map(|((iface, peer), mtu)| (vec![("iface", iface), ("peer", peer)], f64::from(mtu)))
                     .collect(),
             ),
+        ]
+    }
+
+    /// `observer_anomalies_active`, `observer_anomaly_duration_seconds`,
+    /// `observer_route_outage_seconds`, `observer_route_blocks_missing` and
+    /// `observer_anomalies_raised_total`.
+    fn anomaly_families(&mut self, input: &ExportInput<'_>) -> Vec<MetricFamily> {
+        vec![
             family(
                 "observer_anomalies_active",
                 "Anomalies holding now, by kind (one_way, snat_suspected, allow_set_drop, encap_mismatch, mtu, unknown_peer, drop_spike, bgp_down, bgp_flap, route_missing, route_conflict, stale_route); the peers are in the observer's output.",
@@ -703,8 +761,8 @@ impl Exporter {
                     })
                     .collect(),
             ),
-            durations,
-            route_outages,
+            self.duration_family(input.events),
+            self.route_outage_family(input.route_outages),
             family(
                 "observer_route_blocks_missing",
                 "Pod blocks that this node routed to another node and that have no route here now (route_missing names them and their node).",
@@ -723,62 +781,24 @@ impl Exporter {
                     })
                     .collect(),
             ),
-            family(
-                "observer_bird_socket_up",
-                "1 when the BIRD control socket answered at the last read, else 0 (absent, refused, or no answer): the BGP series of a socket at 0 are in state Unknown.",
-                MetricType::GAUGE,
-                input
-                    .bird_sockets
-                    .iter()
-                    .map(|(socket, up)| (vec![("socket", socket.clone())], f64::from(u8::from(*up))))
-                    .collect(),
-            ),
-            family(
-                "observer_bgp_session_established",
-                "1 when the BGP session is Established, else 0, per BIRD control socket, BIRD protocol and neighbor (from show protocols all; a session down is a bgp_down anomaly).",
-                MetricType::GAUGE,
-                bgp_samples(input.bgp, |s| f64::from(u8::from(s.established()))),
-            ),
-            family(
-                "observer_bgp_routes_imported",
-                "Routes BIRD imported from the BGP neighbor (all channels): the pod blocks it announces.",
-                MetricType::GAUGE,
-                bgp_samples(input.bgp, |s| s.routes_imported as f64),
-            ),
-            family(
-                "observer_bgp_routes_exported",
-                "Routes BIRD exported to the BGP neighbor (all channels).",
-                MetricType::GAUGE,
-                bgp_samples(input.bgp, |s| s.routes_exported as f64),
-            ),
-            family(
-                "observer_bgp_wire_segments_total",
-                "TCP segments to or from port 179 (BGP) since attach, per interface, direction and peer, as the programs counted them at the wire.",
-                MetricType::COUNTER,
-                wire_samples(input, |t| vec![(None, t.segments)]),
-            ),
-            family(
-                "observer_bgp_wire_tcp_flags_total",
-                "TCP/179 segments with SYN, FIN or RST since attach (connection attempts and ends of BGP sessions), per interface, direction and peer.",
-                MetricType::COUNTER,
-                wire_samples(input, |t| {
-                    vec![(Some(("flag", "syn")), t.syn), (Some(("flag", "fin")), t.fin), (Some(("flag", "rst")), t.rst)]
-                }),
-            ),
-            family(
-                "observer_bgp_wire_messages_total",
-                "TCP/179 segments by the type of the BGP message they start with (open, update, notification, keepalive, route_refresh) since attach, per interface, direction and peer. A NOTIFICATION ends a session; its code is in the bgp_wire line.",
-                MetricType::COUNTER,
-                wire_samples(input, |t| {
-                    vec![
-                        (Some(("type", "open")), t.open),
-                        (Some(("type", "update")), t.update),
-                        (Some(("type", "notification")), t.notification),
-                        (Some(("type", "keepalive")), t.keepalive),
-                        (Some(("type", "route_refresh")), t.route_refresh),
-                    ]
-                }),
-            ),
+        ]
+    }
+
+    /// `observer_programs_attached`, `observer_map_entries`,
+    /// `observer_probe_packets_total`, `observer_flow_cache_collisions_total`,
+    /// `observer_map_evictions_total` and `observer_lost_events_total`.
+    fn kernel_families(&mut self, input: &ExportInput<'_>) -> Vec<MetricFamily> {
+        // The kernel's figure is an estimate (inserts minus the entries a
+        // walk found, which races with traffic) and may dip; the counter
+        // never goes back.
+        let evictions = input.stats.flow_evictions.max(self.evictions_exported);
+        self.evictions_exported = evictions;
+        let bgp_evictions = input
+            .stats
+            .bgp_evictions(input.bgp_wire.len())
+            .max(self.bgp_evictions_exported);
+        self.bgp_evictions_exported = bgp_evictions;
+        vec![
             family(
                 "observer_programs_attached",
                 "eBPF programs the observer has attached (XDP or tc ingress, and tc egress, per interface).",
@@ -790,7 +810,10 @@ impl Exporter {
                 "Entries in the observer's kernel flow map, and flow-cache slots in use (all CPUs; never freed).",
                 MetricType::GAUGE,
                 vec![
-                    (vec![("map", "flows".to_string())], input.stats.flow_entries as f64),
+                    (
+                        vec![("map", "flows".to_string())],
+                        input.stats.flow_entries as f64,
+                    ),
                     (
                         vec![("map", "flow_cache".to_string())],
                         input.stats.flow_cache_slots as f64,
@@ -824,10 +847,7 @@ impl Exporter {
                 MetricType::COUNTER,
                 vec![
                     (vec![("map", "flows".to_string())], evictions as f64),
-                    (
-                        vec![("map", "bgp".to_string())],
-                        bgp_evictions as f64,
-                    ),
+                    (vec![("map", "bgp".to_string())], bgp_evictions as f64),
                 ],
             ),
             family(
@@ -836,6 +856,18 @@ impl Exporter {
                 MetricType::COUNTER,
                 vec![(vec![], input.stats.flow_insert_failures as f64)],
             ),
+        ]
+    }
+
+    /// `observer_late_intervals_total`, `observer_netlink_overruns_total`,
+    /// `observer_last_update_timestamp_seconds` and
+    /// `observer_export_errors_total`.
+    fn export_families(&self, input: &ExportInput<'_>) -> Vec<MetricFamily> {
+        let seconds = input
+            .at
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
+        vec![
             family(
                 "observer_late_intervals_total",
                 "Intervals whose counters were read a whole --interval or more late (the observer was starved of CPU, stopped, or an interval's work took too long).",
@@ -861,14 +893,98 @@ impl Exporter {
                 vec![(vec![], self.errors as f64)],
             ),
         ]
-        .into_iter()
-        .chain(probes)
-        .collect()
     }
 }
 
 /// Label set of one sample.
 type Labels = Vec<(&'static str, String)>;
+
+/// `observer_build_info`.
+fn build_info_family() -> MetricFamily {
+    family(
+        "observer_build_info",
+        "Version of the observer that wrote this file (value is always 1).",
+        MetricType::GAUGE,
+        vec![(
+            vec![("version", env!("CARGO_PKG_VERSION").to_string())],
+            1.0,
+        )],
+    )
+}
+
+/// `observer_bird_socket_up`, `observer_bgp_session_established`,
+/// `observer_bgp_routes_imported` and `observer_bgp_routes_exported`.
+fn bgp_session_families(input: &ExportInput<'_>) -> Vec<MetricFamily> {
+    vec![
+        family(
+            "observer_bird_socket_up",
+            "1 when the BIRD control socket answered at the last read, else 0 (absent, refused, or no answer): the BGP series of a socket at 0 are in state Unknown.",
+            MetricType::GAUGE,
+            input
+                .bird_sockets
+                .iter()
+                .map(|(socket, up)| (vec![("socket", socket.clone())], f64::from(u8::from(*up))))
+                .collect(),
+        ),
+        family(
+            "observer_bgp_session_established",
+            "1 when the BGP session is Established, else 0, per BIRD control socket, BIRD protocol and neighbor (from show protocols all; a session down is a bgp_down anomaly).",
+            MetricType::GAUGE,
+            bgp_samples(input.bgp, |s| f64::from(u8::from(s.established()))),
+        ),
+        family(
+            "observer_bgp_routes_imported",
+            "Routes BIRD imported from the BGP neighbor (all channels): the pod blocks it announces.",
+            MetricType::GAUGE,
+            bgp_samples(input.bgp, |s| s.routes_imported as f64),
+        ),
+        family(
+            "observer_bgp_routes_exported",
+            "Routes BIRD exported to the BGP neighbor (all channels).",
+            MetricType::GAUGE,
+            bgp_samples(input.bgp, |s| s.routes_exported as f64),
+        ),
+    ]
+}
+
+/// `observer_bgp_wire_segments_total`, `observer_bgp_wire_tcp_flags_total`
+/// and `observer_bgp_wire_messages_total`.
+fn bgp_wire_families(input: &ExportInput<'_>) -> Vec<MetricFamily> {
+    vec![
+        family(
+            "observer_bgp_wire_segments_total",
+            "TCP segments to or from port 179 (BGP) since attach, per interface, direction and peer, as the programs counted them at the wire.",
+            MetricType::COUNTER,
+            wire_samples(input, |t| vec![(None, t.segments)]),
+        ),
+        family(
+            "observer_bgp_wire_tcp_flags_total",
+            "TCP/179 segments with SYN, FIN or RST since attach (connection attempts and ends of BGP sessions), per interface, direction and peer.",
+            MetricType::COUNTER,
+            wire_samples(input, |t| {
+                vec![
+                    (Some(("flag", "syn")), t.syn),
+                    (Some(("flag", "fin")), t.fin),
+                    (Some(("flag", "rst")), t.rst),
+                ]
+            }),
+        ),
+        family(
+            "observer_bgp_wire_messages_total",
+            "TCP/179 segments by the type of the BGP message they start with (open, update, notification, keepalive, route_refresh) since attach, per interface, direction and peer. A NOTIFICATION ends a session; its code is in the bgp_wire line.",
+            MetricType::COUNTER,
+            wire_samples(input, |t| {
+                vec![
+                    (Some(("type", "open")), t.open),
+                    (Some(("type", "update")), t.update),
+                    (Some(("type", "notification")), t.notification),
+                    (Some(("type", "keepalive")), t.keepalive),
+                    (Some(("type", "route_refresh")), t.route_refresh),
+                ]
+            }),
+        ),
+    ]
+}
 
 /// One sample per BGP session (bounded by `node::bird::MAX_SESSIONS` per
 /// socket), labelled by socket, protocol and neighbor.
@@ -1177,33 +1293,6 @@ mod tests {
         )
     }
 
-    /// An input with nothing in it but `ifaces`, read at the epoch.
-    fn empty_input<'a>(
-        ifaces: &'a HashMap<u32, String>,
-        raised: &'a BTreeMap<Kind, u64>,
-    ) -> ExportInput<'a> {
-        ExportInput {
-            rows: &[],
-            drops: &[],
-            ifaces,
-            stats: KernelStats::default(),
-            programs_attached: 2,
-            late_intervals: 0,
-            netlink_overruns: 0,
-            at: SystemTime::UNIX_EPOCH,
-            anomalies: &[],
-            anomalies_raised: raised,
-            bgp: &[],
-            bgp_wire: &[],
-            bird_sockets: &[],
-            events: &[],
-            route_outages: &[],
-            blocks_missing: 0,
-            probe_runs: &[],
-            probe_latest: None,
-        }
-    }
-
     /// A probe run of one VXLAN pair: `answered` of 5, 1 ms each, ladder
     /// up to `max_size`.
     fn probe_run(answered: u32, max_size: u32) -> Run {
@@ -1244,17 +1333,15 @@ mod tests {
 
     #[test]
     fn probe_series_follow_the_latest_run_and_count_each_rtt_once() {
-        let ifaces = HashMap::new();
-        let raised = BTreeMap::new();
         let mut exporter = Exporter::new(10);
-        let text = encode(&exporter.families(&empty_input(&ifaces, &raised))).unwrap();
+        let text = encode(&exporter.families(&ExportInput::default())).unwrap();
         assert!(!text.contains("observer_probe_answered_ratio"), "{text}");
 
         let run = probe_run(3, 1350);
         let with_run = ExportInput {
             probe_runs: std::slice::from_ref(&run),
             probe_latest: Some(&run),
-            ..empty_input(&ifaces, &raised)
+            ..Default::default()
         };
         let text = encode(&exporter.families(&with_run)).unwrap();
         let labels = r#"{peer="10.10.60.127",encap="vxlan"}"#;
@@ -1274,7 +1361,7 @@ mod tests {
         // no round-trip time twice.
         let again = ExportInput {
             probe_latest: Some(&run),
-            ..empty_input(&ifaces, &raised)
+            ..Default::default()
         };
         let text = encode(&exporter.families(&again)).unwrap();
         assert!(text.contains(&format!("observer_probe_rtt_seconds_count{labels} 3")));
@@ -1283,12 +1370,12 @@ mod tests {
 
     fn export(exporter: &mut Exporter, rows: &[Row], drops: &[DropRow]) -> String {
         let ifaces = HashMap::from([(2, "eth0".to_string())]);
-        let raised = BTreeMap::new();
         let input = ExportInput {
             rows,
             drops,
+            ifaces: &ifaces,
             at: SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_700_000_000),
-            ..empty_input(&ifaces, &raised)
+            ..Default::default()
         };
         encode(&exporter.families(&input)).unwrap()
     }
@@ -1318,14 +1405,15 @@ mod tests {
             },
             changed: true,
         };
-        let (ifaces, raised) = (HashMap::from([(2, "eth0".to_string())]), BTreeMap::new());
+        let ifaces = HashMap::from([(2, "eth0".to_string())]);
         let input = ExportInput {
+            ifaces: &ifaces,
             bgp_wire: std::slice::from_ref(&row),
             stats: KernelStats {
                 bgp_inserts: 3,
                 ..KernelStats::default()
             },
-            ..empty_input(&ifaces, &raised)
+            ..Default::default()
         };
         let text = encode(&Exporter::new(10).families(&input)).unwrap();
         let key = "iface=\"eth0\",direction=\"rx\",peer=\"10.99.0.4\"";
@@ -1368,11 +1456,10 @@ mod tests {
             session("10.0.0.2", "Established", 3),
             session("10.0.0.3", "Active", 0),
         ];
-        let (ifaces, raised) = (HashMap::new(), BTreeMap::new());
         let input = ExportInput {
             bgp: &bgp,
             bird_sockets: &[("/var/run/calico/bird.ctl".to_string(), true)],
-            ..empty_input(&ifaces, &raised)
+            ..Default::default()
         };
         let text = encode(&Exporter::new(10).families(&input)).unwrap();
         let labels = |protocol: &str, neighbor: &str| {
@@ -1415,14 +1502,13 @@ mod tests {
             now_via: Some("10.99.0.2".parse().unwrap()),
             duration_s: seconds,
         };
-        let (ifaces, raised) = (HashMap::new(), BTreeMap::new());
         let mut exporter = Exporter::new(10);
         let mut text = String::new();
         for (outages, missing) in [(&[outage(3.0)][..], 2), (&[outage(250.0)][..], 1), (&[], 0)] {
             let input = ExportInput {
                 route_outages: outages,
                 blocks_missing: missing,
-                ..empty_input(&ifaces, &raised)
+                ..Default::default()
             };
             text = encode(&exporter.families(&input)).unwrap();
         }
@@ -1462,7 +1548,6 @@ mod tests {
             anomaly: anomaly(kind),
             duration: std::time::Duration::from_secs(seconds),
         };
-        let (ifaces, raised) = (HashMap::new(), BTreeMap::new());
         let mut exporter = Exporter::new(10);
         let first = [
             Event::Raised(anomaly(Kind::Mtu)),
@@ -1473,7 +1558,7 @@ mod tests {
         for events in [&first[..], &second[..], &[]] {
             let input = ExportInput {
                 events,
-                ..empty_input(&ifaces, &raised)
+                ..Default::default()
             };
             text = encode(&exporter.families(&input)).unwrap();
         }
@@ -1523,10 +1608,10 @@ mod tests {
             hint: String::new(),
         };
         let raised = BTreeMap::from([(Kind::OneWay, 3), (Kind::Mtu, 1)]);
-        let ifaces = HashMap::new();
         let input = ExportInput {
             anomalies: &[&anomaly, &anomaly],
-            ..empty_input(&ifaces, &raised)
+            anomalies_raised: &raised,
+            ..Default::default()
         };
         let text = encode(&Exporter::new(10).families(&input)).unwrap();
         assert_eq!(

@@ -98,23 +98,13 @@ pub fn run(vxlan: &[u8]) -> anyhow::Result<()> {
             let read_done = Instant::now();
             let input = ExportInput {
                 rows: &rows,
-                drops: &[],
                 ifaces: &ifaces,
                 stats: observer.stats_for(map_entries)?,
                 programs_attached: 3,
-                late_intervals: 0,
-                netlink_overruns: 0,
                 at: SystemTime::now(),
                 anomalies: &engine.active(),
                 anomalies_raised: engine.raised(),
-                bgp: &[],
-                bgp_wire: &[],
-                bird_sockets: &[],
-                events: &[],
-                route_outages: &[],
-                blocks_missing: 0,
-                probe_runs: &[],
-                probe_latest: None,
+                ..Default::default()
             };
             let families = exporter.families(&input);
             let families_at = Instant::now();

@@ -77,6 +77,28 @@ pub fn check() -> Report {
             return report;
         }
     };
+    report.programs = program_checks(&mut observer);
+    let features = observer.features().clone();
+    report.tc_attach = if features.tcx == Some(false) {
+        "clsact"
+    } else {
+        "tcx"
+    };
+    report.drop_reason_names = observer.drop_reason_count();
+    report.fallbacks = observer.plan().fallbacks.clone();
+    report.features = Some(features);
+    let all_loaded = report.programs.iter().all(|p| p.loaded);
+    report.verdict = if all_loaded && report.fallbacks.is_empty() {
+        Verdict::Ok
+    } else {
+        Verdict::Degraded
+    };
+    report
+}
+
+/// Loads (verifies) every program `attach` would use on this kernel, and
+/// says how many instructions the verifier processed for each.
+fn program_checks(observer: &mut Observer) -> Vec<ProgramCheck> {
     let mut loaded: Vec<(&'static str, &'static str, Result<ProgramInfo, LoadError>)> = [
         (Hook::Xdp, "xdp"),
         (Hook::TcIngress, "tc_ingress"),
@@ -111,8 +133,9 @@ pub fn check() -> Report {
         .filter_map(|(_, _, r)| r.as_ref().ok())
         .collect();
     let maps = verifier_stats::LoadedMaps::of_programs(&infos);
-    for (hook, program, info) in loaded {
-        report.programs.push(match info {
+    loaded
+        .into_iter()
+        .map(|(hook, program, info)| match info {
             Ok(info) => ProgramCheck {
                 hook,
                 program,
@@ -132,22 +155,6 @@ pub fn check() -> Report {
                 verified_insns: None,
                 error: Some(format!("{:#}", anyhow::Error::from(e))),
             },
-        });
-    }
-    let features = observer.features().clone();
-    report.tc_attach = if features.tcx == Some(false) {
-        "clsact"
-    } else {
-        "tcx"
-    };
-    report.drop_reason_names = observer.drop_reason_count();
-    report.fallbacks = observer.plan().fallbacks.clone();
-    report.features = Some(features);
-    let all_loaded = report.programs.iter().all(|p| p.loaded);
-    report.verdict = if all_loaded && report.fallbacks.is_empty() {
-        Verdict::Ok
-    } else {
-        Verdict::Degraded
-    };
-    report
+        })
+        .collect()
 }

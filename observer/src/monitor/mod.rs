@@ -50,9 +50,10 @@ use crate::{
         self, Format, Line,
         lines::{
             self, AllowSetLine, AttachLine, BgpLine, BirdSocketLine, DataplaneLine, InterfaceLine,
-            ProgramNames, RouteOutageLine, RoutesLine, Snapshot,
+            ProgramNames, RouteOutageLine, RoutesLine,
         },
         table,
+        view::{Snapshot, timestamp},
     },
 };
 
@@ -475,7 +476,7 @@ impl<'a> Monitor<'a> {
         let local = view.local_addresses();
         let vnis = view.vxlan_vnis();
         let line = DataplaneLine {
-            ts: lines::timestamp(SystemTime::now()),
+            ts: timestamp(SystemTime::now()),
             devices: &view.devices,
             underlay: &view.underlay,
             expected_peers: &expected_peers,
@@ -510,7 +511,7 @@ impl<'a> Monitor<'a> {
         if !changes.sessions.is_empty() || !changes.removed.is_empty() {
             self.known.bgp = self.bgp.sessions();
         }
-        let ts = lines::timestamp(SystemTime::now());
+        let ts = timestamp(SystemTime::now());
         let mut out = Vec::new();
         for (socket, status) in &changes.sockets {
             match status {
@@ -576,7 +577,7 @@ impl<'a> Monitor<'a> {
         };
         let changes = self.routes.update(now, &view.blocks);
         self.known.missing_blocks = self.routes.missing();
-        let ts = lines::timestamp(SystemTime::now());
+        let ts = timestamp(SystemTime::now());
         let mut out = Vec::new();
         if !changes.changed.is_empty() || !changes.withdrawn.is_empty() {
             self.known.blocks.clone_from(&view.blocks);
@@ -746,7 +747,7 @@ impl<'a> Monitor<'a> {
     fn report_interface_events(&mut self, events: &[InterfaceEvent]) -> io::Result<()> {
         let mut lines = Vec::new();
         for event in events {
-            let ts = lines::timestamp(SystemTime::now());
+            let ts = timestamp(SystemTime::now());
             let line = match event {
                 InterfaceEvent::Gone { iface, ifindex } => {
                     tracing::warn!(
@@ -946,7 +947,7 @@ fn attach_line<'a>(
     };
     let drop_hook = observer.drop_hook();
     AttachLine {
-        ts: lines::timestamp(at),
+        ts: timestamp(at),
         iface: &attachment.iface,
         ifindex: attachment.ifindex,
         rx_hook: attachment.rx.to_string(),

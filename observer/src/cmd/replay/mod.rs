@@ -37,10 +37,7 @@ use crate::{
     node::allowsets::AllowSetConfig,
     node::preflight,
     process::pipe,
-    report::{
-        self, Format,
-        lines::{ReplayLine, Snapshot},
-    },
+    report::{self, Format, lines::ReplayLine, view::Snapshot},
 };
 
 use capture::Frames;
@@ -143,25 +140,12 @@ fn replay(args: &ReplayArgs) -> Result<u8> {
         .filter_map(|r| r.last)
         .max()
         .map_or_else(SystemTime::now, |last| SystemTime::UNIX_EPOCH + last);
+    // No anomalies (they need the capturing node's data plane, which a
+    // capture does not hold), no BGP at the wire (counted per interface,
+    // not per capture), no attachments or netfilter counters.
     let snapshot = Snapshot {
-        rows: &rows,
-        stats: engine.stats()?,
-        rows_forgotten: 0,
-        late_intervals: 0,
-        netlink_overruns: 0,
-        ifaces: &ifaces,
-        attachments: &[],
-        at,
-        is_final: true,
         drops: &drops,
-        netfilter: &[],
-        // Anomalies need the capturing node's data plane, which a capture
-        // does not hold.
-        anomaly_events: &[],
-        anomalies: &[],
-        bgp: &[],
-        // BGP at the wire is counted per interface, not per capture.
-        bgp_wire: &[],
+        ..Snapshot::new(&rows, engine.stats()?, &ifaces, at, true)
     };
     // A closed stdout ends here (see `process::pipe`).
     print(format, &reports, engine.name(), &replayed, &snapshot).context("writing output")?;
