@@ -400,16 +400,10 @@ impl Observer {
     }
 
     fn program(&mut self, hook: Hook) -> Result<&mut aya::programs::Program, LoadError> {
-        let name = self.program_name(hook);
-        if let Some(why) = self.load_failure(hook) {
-            return Err(LoadError::NotLoaded {
-                program: name,
-                why: Some(why.to_string()),
-            });
-        }
+        let name = self.loaded_name(hook)?;
         self.ebpf
             .program_mut(name)
-            .ok_or_else(|| LoadError::Missing(format!("program {name} missing")))
+            .ok_or_else(|| LoadError::program_missing(name))
     }
 }
 

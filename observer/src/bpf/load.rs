@@ -146,6 +146,12 @@ pub enum LoadError {
     Program(#[from] ProgramError),
 }
 
+impl LoadError {
+    pub(super) fn program_missing(name: &str) -> LoadError {
+        LoadError::Missing(format!("program {name} missing"))
+    }
+}
+
 /// What aya returned when the kernel refused: loading the object, or a
 /// program.
 #[derive(Debug, thiserror::Error)]
@@ -401,16 +407,22 @@ impl Observer {
 
     /// The loaded program of `hook`.
     fn loaded_program(&self, hook: Hook) -> Result<&aya::programs::Program, LoadError> {
-        let name = self.program_name(hook);
-        if let Some(why) = self.load_failure(hook) {
-            return Err(LoadError::NotLoaded {
-                program: name,
-                why: Some(why.to_string()),
-            });
-        }
+        let name = self.loaded_name(hook)?;
         self.ebpf
             .program(name)
-            .ok_or_else(|| LoadError::Missing(format!("program {name} missing")))
+            .ok_or_else(|| LoadError::program_missing(name))
+    }
+
+    /// The name of `hook`'s program, or why it did not load.
+    pub(super) fn loaded_name(&self, hook: Hook) -> Result<&'static str, LoadError> {
+        let name = self.program_name(hook);
+        match self.load_failure(hook) {
+            Some(why) => Err(LoadError::NotLoaded {
+                program: name,
+                why: Some(why.to_string()),
+            }),
+            None => Ok(name),
+        }
     }
 
     /// File descriptor of a loaded program (for BPF_PROG_TEST_RUN).
