@@ -635,6 +635,36 @@ mod tests {
         }
     }
 
+    /// The README stays a short entry point and nothing a user reads or
+    /// a test opens points outside the repository.
+    #[test]
+    fn the_readme_is_short_and_the_repository_stands_alone() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let readme = std::fs::read_to_string(root.join("README.md")).expect("README.md");
+        assert!(
+            readme.lines().count() <= 250,
+            "README.md has {} lines: move the detail to docs/",
+            readme.lines().count()
+        );
+        let mut files = vec![root.join("README.md"), root.join("ARCHITECTURE.md")];
+        for dir in ["docs", "observer/tests", "observer/tests/support"] {
+            for entry in std::fs::read_dir(root.join(dir)).expect(dir).flatten() {
+                let path = entry.path();
+                if path.extension().is_some_and(|e| e == "md" || e == "rs") {
+                    files.push(path);
+                }
+            }
+        }
+        for path in files {
+            let text = std::fs::read_to_string(&path).expect("reading a doc or test");
+            assert!(
+                !text.contains(concat!("../", "shared")),
+                "{} refers to a folder outside the repository",
+                path.display()
+            );
+        }
+    }
+
     #[test]
     fn durations() {
         assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
