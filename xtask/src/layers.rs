@@ -41,8 +41,9 @@ const ALLOWED: [(&str, &[&str]); 11] = [
         &["model", "parse", "report", "bpf", "node", "cli", "process"],
     ),
     // The lab drives the observer as a user would: this binary, read
-    // through its JSON; nothing of the engine or the kernel side.
-    ("lab", &["cli", "node", "process"]),
+    // through its JSON; nothing of the engine or the kernel side. What it
+    // prints, `report::lab` renders.
+    ("lab", &["report", "cli", "node", "process"]),
     (
         "cmd",
         &[

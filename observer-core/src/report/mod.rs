@@ -5,6 +5,7 @@
 
 pub mod check;
 pub mod diagnosis;
+pub mod lab;
 pub mod lines;
 pub mod probe;
 pub mod replay;

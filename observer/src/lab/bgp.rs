@@ -26,9 +26,12 @@ use super::{
     shell::run_tool,
     topology::{IpipKind, UNDERLAY},
     traffic::{self, Ping},
-    view::{self, View},
+    view::View,
 };
-use crate::cli::{LabArgs, Scenario};
+use crate::{
+    cli::{LabArgs, Scenario},
+    report::lab as render,
+};
 
 /// Traffic before BIRD stops and after every anomaly cleared.
 const STEADY: Duration = Duration::from_secs(3);
@@ -150,7 +153,7 @@ pub fn run(args: &LabArgs) -> Result<()> {
     }))?;
     view.text("")?;
     view.text(&headline)?;
-    view.text(&bgp_facts::write_up(scenario, &findings))?;
+    view.text(&render::bgp_write_up(&scenario.name(), &findings))?;
     for (i, member) in MESH.iter().enumerate() {
         view.text(&format!(
             "\n== {} {} — {}",
@@ -159,7 +162,7 @@ pub fn run(args: &LabArgs) -> Result<()> {
             observers.command(i)
         ))?;
         view.text(
-            super::report::node_writeup(&observers.lines[i])
+            render::node_writeup(&observers.lines[i])
                 .unwrap_or("  (no diagnosis: the observer ended without one)")
                 .trim_end(),
         )?;
@@ -170,7 +173,7 @@ pub fn run(args: &LabArgs) -> Result<()> {
             "\n== probes from {} {} — {}",
             member.name, member.addr, run.command
         ))?;
-        view.text(&view::probes_text(&run.lines))?;
+        view.text(&render::probes_text(&run.lines))?;
         view.probe_lines(i, &run.lines)?;
     }
     Ok(())

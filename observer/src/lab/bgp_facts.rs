@@ -6,14 +6,13 @@
 
 use std::{
     collections::BTreeMap,
-    fmt::Write as _,
     net::{IpAddr, Ipv4Addr},
 };
 
 use serde::Serialize;
 use serde_json::Value;
 
-use super::{mesh::MESH, scenarios::Scenario};
+use super::mesh::MESH;
 
 /// What one ping counted.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -315,18 +314,6 @@ pub fn findings(facts: &[Fact]) -> Vec<String> {
         }
     }
     out
-}
-
-/// The text write-up of the findings of `scenario`.
-pub fn write_up(scenario: Scenario, findings: &[String]) -> String {
-    let mut text = format!(
-        "== lab diagnosis ({}: what each node's observer said)\n",
-        scenario.name()
-    );
-    for (i, finding) in findings.iter().enumerate() {
-        let _ = writeln!(text, "  {}. {finding}", i + 1);
-    }
-    text
 }
 
 /// `n4 10.99.0.4` for a mesh node's address, else the address.

@@ -478,15 +478,6 @@ fn join(addrs: &[Ipv4Addr]) -> String {
         .join(", ")
 }
 
-/// The write-up of a node's `observer diagnose` (its `diagnosis` line).
-pub fn node_writeup(lines: &[Value]) -> Option<&str> {
-    lines
-        .iter()
-        .rev()
-        .find(|l| l["type"] == "diagnosis")
-        .and_then(|l| l["text"].as_str())
-}
-
 #[cfg(test)]
 mod tests {
     use serde_json::json;

@@ -1,7 +1,7 @@
-//! What the lab prints. Text: progress notes, a live per-node view of the
-//! tunnel rows that moved in each observer interval (redrawn on a
+//! Where the lab's output goes. Text: progress notes, a live per-node view
+//! of the tunnel rows that moved in each observer interval (redrawn on a
 //! terminal), then the pings, the paths, each node's observer account and
-//! the lab diagnosis. JSON: the observers' lines tagged with `"node"` as
+//! the lab diagnosis, all rendered by `report::lab`. JSON: the observers' lines tagged with `"node"` as
 //! they come, then `{"type":"lab",...}` lines with the facts.
 //!
 //! A write to stdout that fails (a closed pipe: `observer lab | head`) is
@@ -19,12 +19,15 @@ use anyhow::{Context, Result};
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use crate::process::pipe;
+use crate::{
+    process::pipe,
+    report::lab::{self as render, NodeLines, PathRow, PingRow, WriteUp},
+};
 
 use super::{
     report::{self, Fact},
     scenarios::Scenario,
-    topology::NODES,
+    topology::{NODES, NodeSpec},
     traffic::PingResult,
 };
 
@@ -105,13 +108,7 @@ impl View {
         if self.format != LabFormat::Json {
             return Ok(());
         }
-        let mut line = json!({"type": "lab"});
-        if let (Some(out), Ok(Value::Object(fields))) =
-            (line.as_object_mut(), serde_json::to_value(body))
-        {
-            out.extend(fields);
-        }
-        print_line(format_args!("{line}"))
+        print_line(format_args!("{}", render::lab_line(body)))
     }
 
     /// Marks the start of the traffic (the live view's clock).
@@ -125,11 +122,7 @@ impl View {
             return Ok(());
         }
         for line in lines {
-            let mut tagged = json!({"node": self.nodes[node]});
-            if let (Some(out), Some(fields)) = (tagged.as_object_mut(), line.as_object()) {
-                out.extend(fields.clone());
-            }
-            print_line(format_args!("{tagged}"))?;
+            print_line(format_args!("{}", render::tagged(&self.nodes[node], line)))?;
         }
         Ok(())
     }
@@ -137,11 +130,7 @@ impl View {
     /// One line of node `node`'s observer.
     pub fn observer_line(&mut self, node: usize, line: &Value) -> Result<()> {
         if self.format == LabFormat::Json {
-            let mut tagged = json!({"node": self.nodes[node]});
-            if let (Some(out), Some(fields)) = (tagged.as_object_mut(), line.as_object()) {
-                out.extend(fields.clone());
-            }
-            return print_line(format_args!("{tagged}"));
+            return print_line(format_args!("{}", render::tagged(&self.nodes[node], line)));
         }
         if line["type"] != "stats" {
             if line["type"] == "peer" && line["proto"] != "other" {
@@ -162,52 +151,17 @@ impl View {
         let Some(since) = self.traffic_since else {
             return Ok(());
         };
-        let mut out = io::stdout().lock();
-        if self.terminal {
-            write!(out, "\x1b[H\x1b[2J")?;
-        }
-        writeln!(
-            out,
-            "lab [{:>3}s] tunnel rows that moved in the last second, per node:",
-            since.elapsed().as_secs()
-        )?;
-        writeln!(
-            out,
-            "  {:<4} {:<3} {:<5} {:<15} {:>7} {:>8}  {:<31} drops",
-            "node", "dir", "proto", "peer", "pkt/s", "total", "inner sample"
-        )?;
-        for (node, rows) in self.nodes.iter().zip(&self.last) {
-            if rows.is_empty() {
-                writeln!(out, "  {node:<4} (nothing)")?;
-            }
-            for row in rows {
-                let inner = match (row["inner_src"].as_str(), row["inner_dst"].as_str()) {
-                    (Some(s), Some(d)) => format!("{s} > {d}"),
-                    _ => String::new(),
-                };
-                let drops = row["drops"]
-                    .as_object()
-                    .map(|d| {
-                        d.iter()
-                            .map(|(k, v)| format!("{k}={v}"))
-                            .collect::<Vec<_>>()
-                            .join(" ")
-                    })
-                    .unwrap_or_default();
-                writeln!(
-                    out,
-                    "  {:<4} {:<3} {:<5} {:<15} {:>7.0} {:>8}  {:<31} {drops}",
-                    node,
-                    row["direction"].as_str().unwrap_or("?"),
-                    row["proto"].as_str().unwrap_or("?"),
-                    row["peer"].as_str().unwrap_or("-"),
-                    row["pps"].as_f64().unwrap_or(0.0),
-                    row["packets"].as_u64().unwrap_or(0),
-                    inner
-                )?;
-            }
-        }
-        out.flush()
+        let nodes = self
+            .nodes
+            .iter()
+            .map(String::as_str)
+            .zip(self.last.iter().map(Vec::as_slice));
+        render::write_live(
+            &mut io::stdout().lock(),
+            since.elapsed().as_secs(),
+            nodes,
+            self.terminal,
+        )
     }
 
     /// The final write-up: facts and findings.
@@ -242,86 +196,20 @@ fn print_line(line: fmt::Arguments<'_>) -> Result<()> {
     writeln!(io::stdout().lock(), "{line}").context("writing output")
 }
 
-/// One node's probe lines as text: a row per pair and the conclusion.
-pub fn probes_text(lines: &[Value]) -> String {
-    let mut text = Vec::new();
-    let _ = write_probes(&mut text, lines);
-    String::from_utf8_lossy(&text).trim_end().to_string()
-}
-
-/// One node's probe lines, as `observer probe` prints its table.
-fn write_probes(out: &mut impl Write, lines: &[Value]) -> io::Result<()> {
-    for line in lines {
-        let text = |key: &str| line[key].as_str().unwrap_or("-").to_string();
-        let number = |key: &str| line[key].as_u64().map_or("-".into(), |n| n.to_string());
-        match line["type"].as_str() {
-            Some("probe") => {
-                let from = line["answer_sources"]
-                    .as_array()
-                    .map(|sources| {
-                        sources
-                            .iter()
-                            .filter_map(|s| s["from"].as_str())
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    })
-                    .unwrap_or_default();
-                writeln!(
-                    out,
-                    "  {:<14} {:<6} {:>3}/{:<3} answered  from {:<15} max size {:>5} (device MTU {:>5})  {}",
-                    text("peer"),
-                    text("encap"),
-                    number("answered"),
-                    number("sent"),
-                    if from.is_empty() { "-".into() } else { from },
-                    number("max_size"),
-                    number("device_mtu"),
-                    text("verdict")
-                )?;
-            }
-            Some("probe_summary") => writeln!(out, "  {}", text("conclusion"))?,
-            _ => {}
+/// The text write-up, from the lab's summary (`report::lab` renders it).
+fn write_up(out: &mut impl Write, summary: &Summary, findings: &[String]) -> io::Result<()> {
+    fn node_lines<'a>(
+        (node, &(command, lines)): (&'static NodeSpec, &(&'a str, &'a [Value])),
+    ) -> NodeLines<'a> {
+        NodeLines {
+            name: node.name,
+            addr: &node.addr,
+            command,
+            lines,
         }
     }
-    Ok(())
-}
-
-/// The text write-up: pings, paths, each node's account, the lab diagnosis.
-fn write_up(out: &mut impl Write, summary: &Summary, findings: &[String]) -> io::Result<()> {
-    for (node, (command, lines)) in NODES.iter().zip(&summary.probes) {
-        writeln!(out)?;
-        writeln!(
-            out,
-            "== probes from {} {} — {command}",
-            node.name, node.addr
-        )?;
-        write_probes(out, lines)?;
-    }
-    if !summary.pings.is_empty() {
-        writeln!(out)?;
-        writeln!(
-            out,
-            "== pings (what the lab sent; the ping processes' own summaries)"
-        )?;
-    }
-    for p in summary.pings {
-        writeln!(
-            out,
-            "  {:<3} {:<13} -> {:<3} {:<13} {:<5} block {:>4} B: {:>4} sent, {:>4} answered",
-            p.from,
-            p.src,
-            p.to,
-            p.dst,
-            p.block.proto(),
-            p.size,
-            p.transmitted,
-            p.received
-        )?;
-    }
-    writeln!(out)?;
-    writeln!(out, "== paths (what the observers counted on the wire)")?;
-    for fact in summary.facts {
-        if let Fact::Path {
+    let paths = summary.facts.iter().filter_map(|fact| match fact {
+        Fact::Path {
             proto,
             from,
             from_addr,
@@ -329,37 +217,38 @@ fn write_up(out: &mut impl Write, summary: &Summary, findings: &[String]) -> io:
             to_addr,
             sent,
             received,
-        } = fact
-        {
-            writeln!(
-                out,
-                "  {proto:<5} {from:<3} {from_addr:<13} -> {to:<3} {to_addr:<13} {sent:>5} sent (tx at {from}), {received:>5} received (rx at {to})"
-            )?;
-        }
-    }
-    for (node, (command, lines)) in NODES.iter().zip(&summary.nodes) {
-        writeln!(out)?;
-        writeln!(out, "== {} {} — {command}", node.name, node.addr)?;
-        match report::node_writeup(lines) {
-            Some(text) => writeln!(out, "{}", text.trim_end())?,
-            None => writeln!(out, "  (no diagnosis: the observer ended without one)")?,
-        }
-    }
-    writeln!(out)?;
-    writeln!(
+        } => Some(PathRow {
+            proto,
+            from,
+            from_addr,
+            to,
+            to_addr,
+            sent: *sent,
+            received: *received,
+        }),
+        _ => None,
+    });
+    let pings = summary.pings.iter().map(|p| PingRow {
+        from: p.from,
+        src: &p.src,
+        to: p.to,
+        dst: &p.dst,
+        proto: p.block.proto(),
+        size: p.size,
+        transmitted: p.transmitted,
+        received: p.received,
+    });
+    let (scenario, about) = (summary.scenario.name(), summary.scenario.about());
+    render::write_up(
         out,
-        "== lab diagnosis ({}: {})",
-        summary.scenario.name(),
-        summary.scenario.about()
-    )?;
-    if findings.is_empty() {
-        writeln!(
-            out,
-            "  Healthy: every path delivered all it carried, in both directions."
-        )?;
-    }
-    for (i, finding) in findings.iter().enumerate() {
-        writeln!(out, "  {}. {finding}", i + 1)?;
-    }
-    Ok(())
+        &WriteUp {
+            probes: NODES.iter().zip(&summary.probes).map(node_lines).collect(),
+            pings: pings.collect(),
+            paths: paths.collect(),
+            nodes: NODES.iter().zip(&summary.nodes).map(node_lines).collect(),
+            scenario: &scenario,
+            about: &about,
+            findings,
+        },
+    )
 }
