@@ -46,6 +46,11 @@ impl BgpSession {
     pub fn established(&self) -> bool {
         self.bgp_state == ESTABLISHED
     }
+
+    /// Whether BIRD answered for it (its state is not [`UNKNOWN`]).
+    pub fn answered(&self) -> bool {
+        self.bgp_state != UNKNOWN
+    }
 }
 
 /// Whether BIRD's `since` read as `old`, then as `new`, names the same

@@ -322,7 +322,7 @@ impl Engine {
     /// as re-established when it is Established now and was not at the
     /// last read, or BIRD's `since` moved while it stayed Established (it
     /// went down and up between two reads). Its first sighting does not
-    /// count: its past is unknown.
+    /// count: its past is unknown; nor does a read BIRD did not answer.
     fn bgp_flap_conditions(
         &mut self,
         now: f64,
@@ -342,14 +342,18 @@ impl Engine {
                     last: (session.established(), session.since.clone()),
                     re_established: VecDeque::new(),
                 });
-            let (was_up, was_since) = &h.last;
-            if session.established() && (!was_up || *was_since != session.since) {
-                h.re_established.push_back(now);
+            // A BIRD that did not answer says nothing of the session: its
+            // last reading stands, or answering again would be a flap.
+            if session.answered() {
+                let (was_up, was_since) = &h.last;
+                if session.established() && (!was_up || *was_since != session.since) {
+                    h.re_established.push_back(now);
+                }
+                h.last = (session.established(), session.since.clone());
             }
             while h.re_established.front().is_some_and(|t| *t <= keep_from) {
                 h.re_established.pop_front();
             }
-            h.last = (session.established(), session.since.clone());
             if let Some(finding) =
                 rules::bgp_flap(session, h.re_established.len(), &self.thresholds)
             {
@@ -983,6 +987,8 @@ mod tests {
             (2.0, "Active", "b"),
             (3.0, "Established", "c"), // 1
             (4.0, "Established", "d"), // 2: down and up between reads
+            // BIRD did not answer once: no flap when it answers again.
+            (4.5, "Unknown", "d"),
             (5.0, "Established", "d"),
             (6.0, "Connect", "e"),
             (7.0, "Established", "f"), // 3: at the threshold
