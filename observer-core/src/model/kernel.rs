@@ -5,6 +5,10 @@
 
 use serde::Serialize;
 
+/// The hook name of the fallback `replay --kernel` takes where XDP test
+/// runs rewrite the XDP dispatcher.
+pub const REPLAY_KERNEL: &str = "replay --kernel";
+
 /// The kernel's BTF, needed for CO-RE programs (kernel drop reasons).
 pub const KERNEL_BTF: &str = "/sys/kernel/btf/vmlinux";
 
@@ -76,7 +80,7 @@ impl Features {
         };
         if xdp_test_run_rewrites_dispatcher(&self.release) {
             fallbacks.push(Fallback {
-                hook: "replay --kernel",
+                hook: REPLAY_KERNEL,
                 missing: "XDP test runs that leave the XDP dispatcher alone (Linux 5.16; the dispatcher update waits for its users from 6.2 and 6.1.103)",
                 instead: "the tc ingress program (the same parser and checks) for received frames",
                 effect: "replay --kernel counts the same; a stream of XDP test runs would rewrite the dispatcher under XDP programs handling traffic and can lock a CPU up, so it is never run; attaching and detaching rewrite it once each",

@@ -35,6 +35,7 @@ use crate::{
         CaptureRows, Classifier, FileRows, FrameOutcome, Readings, Runts, sent_by, unclassified_id,
     },
     model::facts::AllowSets,
+    model::kernel::REPLAY_KERNEL,
     model::rows::{self, DropId, FlowId, KernelReasons, KernelStats},
     monitor::refresher::AllowSetSink,
 };
@@ -81,16 +82,12 @@ impl KernelClassifier {
     /// latest frame's, as the native engine's.
     pub fn new(observer: Observer, local: Vec<IpAddr>) -> Result<KernelClassifier> {
         testrun::pin_to_this_cpu().context("pinning the replay to one CPU")?;
-        let rx = receive_hook();
-        if rx == Hook::TcIngress {
-            tracing::warn!(
-                release = %features::kernel_release(),
-                "received frames run through {} instead of {}: on kernels before 5.16 every \
-                 XDP test run rewrites the kernel's XDP dispatcher, which before 6.2 can \
-                 corrupt it under XDP traffic on other CPUs",
-                observer.program_name(Hook::TcIngress),
-                observer.program_name(Hook::Xdp)
-            );
+        // The kernel the programs were loaded into, as probed then; the
+        // plan names the fallback with what it costs.
+        let rx = receive_hook_of(&observer.features().release);
+        let plan = observer.plan();
+        for fallback in plan.fallbacks.iter().filter(|f| f.hook == REPLAY_KERNEL) {
+            tracing::warn!("{fallback}");
         }
         Ok(KernelClassifier {
             observer,
@@ -132,7 +129,12 @@ impl KernelClassifier {
 /// which never touches the XDP dispatcher) on kernels where XDP test runs
 /// rewrite it ([`features::xdp_test_run_rewrites_dispatcher`]).
 pub fn receive_hook() -> Hook {
-    if features::xdp_test_run_rewrites_dispatcher(&features::kernel_release()) {
+    receive_hook_of(&features::kernel_release())
+}
+
+/// [`receive_hook`] on the kernel `release`.
+fn receive_hook_of(release: &str) -> Hook {
+    if features::xdp_test_run_rewrites_dispatcher(release) {
         Hook::TcIngress
     } else {
         Hook::Xdp
