@@ -72,7 +72,6 @@ CONFIG_KEYS = {
     "allow_cidrs",
     "xdp_mode",
 }
-TEXTFILE_NAME = "observer.prom"
 # Capabilities the unprivileged DaemonSet may add (see its comments).
 ALLOWED_CAPS = {"BPF", "NET_ADMIN", "PERFMON", "NET_RAW"}
 # What loading and attaching need (the observer's preflight asks for them).
@@ -256,12 +255,14 @@ def check_config(daemonset):
             fail(f"the volume at {textfile_dir} is not the host's {textfile_dir}")
         if textfile_mounts[0].get("readOnly"):
             fail(f"the textfile directory {textfile_dir} is mounted read-only")
-    textfile = f"{textfile_dir}/{TEXTFILE_NAME}"
+    # The probes run `observer health --textfile-dir DIR` (no shell in the
+    # image): DIR must be textfile_dir.
     for probe in ("startupProbe", "livenessProbe"):
-        probe_text = " ".join(container.get(probe, {}).get("exec", {}).get("command", []))
-        if textfile not in probe_text:
-            fail(f"the DaemonSet's {probe} does not check {textfile}")
-    ok(f"config.toml, its mount, --config, the textfile mount and the probes agree ({textfile})")
+        command = container.get(probe, {}).get("exec", {}).get("command", [])
+        expected = ["observer", "health", "--textfile-dir", textfile_dir]
+        if command[: len(expected)] != expected:
+            fail(f"the DaemonSet's {probe} is not `{' '.join(expected)} ...`: {command}")
+    ok(f"config.toml, its mount, --config, the textfile mount and the probes agree ({textfile_dir})")
 
 
 def main():

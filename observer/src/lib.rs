@@ -17,6 +17,7 @@
 //! - `model`: pure logic on plain data: rows, aggregation, cross-check,
 //!   anomalies (no I/O, no aya), in the `observer-core` crate;
 //! - `report`: JSON lines, the table, the textfile, in `observer-core`;
+//! - `store`: the Prometheus HTTP API client of `observer cluster`;
 //! - `cmd`: the commands, which drive the others.
 //!
 //! `model` and `report` cannot import `bpf`, `node` or `cmd`: they are
@@ -29,6 +30,7 @@ pub mod lab;
 pub mod monitor;
 pub mod node;
 pub mod process;
+pub mod store;
 
 // The pure layers are the `observer-core` crate, re-exported so that every
 // layer of this crate names them as before.

@@ -40,6 +40,10 @@ fn main() -> ExitCode {
         ),
         // 0 every pair healthy, 1 a finding, 2 could not run.
         Command::Probe(args) => exit(cmd::probe::run(args).map(found), ExitCode::from(2)),
+        // 0 healthy, 1 not, 2 could not read the file.
+        Command::Health(args) => exit(cmd::health::run(args).map(found), ExitCode::from(2)),
+        // 0 every pair healthy, 1 a pair with a problem, 2 could not run.
+        Command::Cluster(args) => exit(cmd::cluster::run(args).map(found), ExitCode::from(2)),
         // 0 as designed, 1 with fallbacks, 2 cannot run.
         Command::Check(args) => exit(
             cmd::check::run(args.output).map(|verdict| ExitCode::from(verdict.exit_code())),

@@ -25,7 +25,7 @@
 
 mod support;
 
-use std::{collections::BTreeSet, net::Ipv4Addr, path::Path};
+use std::{collections::BTreeSet, net::Ipv4Addr, path::Path, process::Command};
 
 use observer_testkit::pair::{A_IP, B_INNER, B_IP, B_MAC_BYTES, Lower, Pair};
 use serde_json::Value;
@@ -973,9 +973,17 @@ fn clean_exit_removes_the_textfile_kill9_leaves_it() {
 
     let observer = observer_exporting(&pair, dir.path(), &[]);
     wait_for_file(&file, "written", |_| true);
+    // `observer health`, the DaemonSet's probe: alive and attached.
+    let (code, said) = health(dir.path());
+    assert_eq!(code, 0, "{said}");
+    assert!(said.starts_with("healthy: "), "{said}");
     let run = observer.stop_with(libc::SIGTERM);
     assert!(run.status.success(), "{}: {}", run.status, run.stderr);
     assert_eq!(dir_names(dir.path()), Vec::<String>::new());
+    // No file: the probe cannot read one (exit 2, the cause named).
+    let (code, said) = health(dir.path());
+    assert_eq!(code, 2, "{said}");
+    assert!(said.contains("no textfile there"), "{said}");
 
     let observer = observer_exporting(&pair, dir.path(), &[]);
     let written = wait_for_file(&file, "written again", |_| true);
@@ -1003,6 +1011,50 @@ fn clean_exit_removes_the_textfile_kill9_leaves_it() {
                 .unwrap(),
         "the last version written"
     );
+    // Left behind by kill -9 and no longer rewritten: the probe fails once
+    // it is older than --max-age (here made an hour old).
+    let touched = Command::new("touch")
+        .args(["-d", "1 hour ago"])
+        .arg(&file)
+        .status()
+        .unwrap();
+    assert!(touched.success());
+    let (code, said) = health(dir.path());
+    assert_eq!(code, 1, "{said}");
+    assert!(said.contains("stopped updating it"), "{said}");
+    // A recent file whose programs are detached fails too.
+    let text = std::fs::read_to_string(&file).unwrap();
+    let detached: String = text
+        .lines()
+        .map(|l| {
+            if l.starts_with("observer_programs_attached") {
+                format!("{} 0\n", l.rsplit_once(' ').unwrap().0)
+            } else {
+                format!("{l}\n")
+            }
+        })
+        .collect();
+    std::fs::write(&file, detached).unwrap();
+    let (code, said) = health(dir.path());
+    assert_eq!(code, 1, "{said}");
+    assert!(said.contains("programs are detached"), "{said}");
+}
+
+/// `observer health --textfile-dir DIR`: its exit code, and what it printed
+/// on stdout and stderr.
+fn health(dir: &Path) -> (i32, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_observer"))
+        .args(["health", "--textfile-dir", path_str(dir)])
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
 }
 
 /// Plants `link -> target` as the user `nobody` (uid and gid 65534), as a

@@ -493,7 +493,8 @@ fn attach_probe_interval_exports_the_probe_series() {
             "--output",
             "json",
         ])
-        .args(["--bird-socket", "/nonexistent/bird.ctl", "--textfile-dir"])
+        .args(["--bird-socket", "/nonexistent/bird.ctl", "--node-name", "a"])
+        .arg("--textfile-dir")
         .arg(dir.path())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())
@@ -503,7 +504,10 @@ fn attach_probe_interval_exports_the_probe_series() {
     let deadline = std::time::Instant::now() + support::netns::scaled(Duration::from_secs(30));
     let text = loop {
         let text = std::fs::read_to_string(&textfile).unwrap_or_default();
-        if text.contains("observer_probe_runs_total 2") {
+        if text
+            .lines()
+            .any(|l| l.starts_with("observer_probe_runs_total") && l.ends_with(" 2"))
+        {
             break text;
         }
         assert!(
@@ -518,12 +522,14 @@ fn attach_probe_interval_exports_the_probe_series() {
 
     let peer = NODE_B.underlay;
     for series in [
-        format!("observer_probe_answered_ratio{{peer=\"{peer}\",encap=\"vxlan\"}} 1"),
-        format!("observer_probe_max_size_bytes{{peer=\"{peer}\",encap=\"vxlan\"}} 1450"),
+        format!("observer_probe_answered_ratio{{node=\"a\",peer=\"{peer}\",encap=\"vxlan\"}} 1"),
+        format!("observer_probe_max_size_bytes{{node=\"a\",peer=\"{peer}\",encap=\"vxlan\"}} 1450"),
         // Five reachability probes per run, each answered, each timed.
-        format!("observer_probe_rtt_seconds_count{{peer=\"{peer}\",encap=\"vxlan\"}} 10"),
         format!(
-            "observer_probe_rtt_seconds_bucket{{peer=\"{peer}\",encap=\"vxlan\",le=\"+Inf\"}} 10"
+            "observer_probe_rtt_seconds_count{{node=\"a\",peer=\"{peer}\",encap=\"vxlan\"}} 10"
+        ),
+        format!(
+            "observer_probe_rtt_seconds_bucket{{node=\"a\",peer=\"{peer}\",encap=\"vxlan\",le=\"+Inf\"}} 10"
         ),
     ] {
         assert!(text.lines().any(|l| l == series), "{series} not in\n{text}");

@@ -6,7 +6,7 @@
 //! `model` (pure) imports no other layer, `report` only `model`, `capture`
 //! nothing; in observer, `node` only `model`; `bpf` `model` and `node`;
 //! `cli` everything but `cmd`; `process` `model` and `node`; `monitor`
-//! everything but `cmd`; `lab` only `cli`, `node` and `process` (it runs
+//! everything but `cmd`; `store` `model` and `parse`; `lab` only `cli`, `node` and `process` (it runs
 //! the observer as a user would); `cmd` everything, but no command another
 //! (`cmd::diagnose` may not import `cmd::attach`). `main.rs` is the binary
 //! and may use anything. That observer-core imports nothing of observer's
@@ -27,7 +27,7 @@ use anyhow::{Context, Result, bail};
 use crate::util::workspace_root;
 
 /// Which layers each layer may import.
-const ALLOWED: [(&str, &[&str]); 11] = [
+const ALLOWED: [(&str, &[&str]); 12] = [
     ("capture", &[]),
     ("model", &[]),
     ("parse", &["model"]),
@@ -36,6 +36,8 @@ const ALLOWED: [(&str, &[&str]); 11] = [
     ("bpf", &["model", "node"]),
     ("cli", &["model", "report", "bpf", "node"]),
     ("process", &["model", "node"]),
+    // The client of the metrics store (`observer cluster`).
+    ("store", &["model", "parse"]),
     (
         "monitor",
         &["model", "parse", "report", "bpf", "node", "cli", "process"],
@@ -47,7 +49,7 @@ const ALLOWED: [(&str, &[&str]); 11] = [
     (
         "cmd",
         &[
-            "model", "report", "bpf", "node", "cli", "process", "monitor", "lab",
+            "model", "report", "bpf", "node", "cli", "process", "monitor", "lab", "store",
         ],
     ),
 ];

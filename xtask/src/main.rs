@@ -4,6 +4,7 @@
 
 mod fuzz;
 mod hang;
+mod image;
 mod lab;
 mod layers;
 mod setup;
@@ -112,6 +113,15 @@ enum Task {
     /// fuzz/artifacts/NAME; a classifier difference fails with its frame
     /// saved as a pcap.
     Fuzz(fuzz::FuzzArgs),
+    /// The observer as an OCI image, without a container daemon: a static
+    /// binary (musl, eBPF object inside) at /usr/bin/observer, the only
+    /// file of one layer on an empty base, written as an OCI image layout
+    /// (target/image/oci) and an oci-archive tar
+    /// (target/image/observer-VERSION.oci.tar) with the
+    /// org.opencontainers.image labels (source, version, revision, created).
+    /// Timestamps are the commit's: the same commit gives the same digest.
+    /// Push with `skopeo copy oci-archive:FILE docker://REGISTRY/observer:VERSION`.
+    Image(image::ImageArgs),
     /// Regenerate docs/reference.md (every command's --help) and the man
     /// page docs/observer.1 from the clap definition; `test` fails when they
     /// differ from it.
@@ -171,6 +181,10 @@ fn run(task: Task) -> Result<()> {
                 .env("OBSERVER_WRITE_DOCS", "1"),
         ),
         Task::Layers => layers::check(),
+        Task::Image(args) => {
+            setup::setup()?;
+            image::image(&args).map(|_| ())
+        }
     }
 }
 

@@ -29,6 +29,11 @@ const DEB_PACKAGES: &[&str] = &[
     "iputils-ping",
     "iproute2",
     "bpftool",
+    // The image test (`cargo xtask image`, observer/tests/image.rs): OCI
+    // tools and a container runtime from Debian.
+    "skopeo",
+    "umoci",
+    "crun",
 ];
 
 /// Debian packages that ship a service which must not run here, with its
@@ -46,6 +51,9 @@ const SERVICE_PACKAGES: &[(&str, &str)] = &[
     // BIRD 2 for the BGP tests and the lab, which start their own BIRD per
     // namespace: the package's own daemon would speak BGP on the host.
     ("bird2", "bird.service"),
+    // The image test runs the image with podman (crun); its API service
+    // stays off.
+    ("podman", "podman.service"),
 ];
 
 /// kubernetes-validate from PyPI validates deploy/'s manifests against the

@@ -15,7 +15,8 @@ use crate::model::anomalies::{FindingRecord, Kind};
 
 /// What is wrong between this node and one peer, most decisive first:
 /// without a route nothing else is tried, a policy drop does not depend
-/// on the packet, an MTU problem only hits large packets.
+/// on the packet, an MTU problem only hits large packets, one-way traffic
+/// and loss say where, not why.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Verdict {
@@ -30,8 +31,14 @@ pub enum Verdict {
     PolicyDrop,
     /// Its tunnel packets do not fit the path (`mtu`).
     Mtu,
-    /// Something else is wrong (`one_way`, `encap_mismatch`,
-    /// `unknown_peer`, `drop_spike` alone): see the findings.
+    /// Tunnel packets go one way and nothing comes back (`one_way`; in
+    /// `observer cluster`: sent by one node, none received by the other).
+    OneWay,
+    /// Part of what one node sends never reaches the other, or is dropped
+    /// there (`observer cluster` only: it compares both nodes' counts).
+    Loss,
+    /// Something else is wrong (`encap_mismatch`, `unknown_peer`,
+    /// `drop_spike` alone): see the findings.
     Other,
     /// No finding for it.
     Healthy,
@@ -48,9 +55,8 @@ impl Verdict {
             | Kind::StaleRoute => Verdict::RouteLoss,
             Kind::AllowSetDrop | Kind::SnatSuspected => Verdict::PolicyDrop,
             Kind::Mtu => Verdict::Mtu,
-            Kind::OneWay | Kind::EncapMismatch | Kind::UnknownPeer | Kind::DropSpike => {
-                Verdict::Other
-            }
+            Kind::OneWay => Verdict::OneWay,
+            Kind::EncapMismatch | Kind::UnknownPeer | Kind::DropSpike => Verdict::Other,
         }
     }
 
@@ -60,6 +66,8 @@ impl Verdict {
             Verdict::RouteLoss => "route loss",
             Verdict::PolicyDrop => "policy drop",
             Verdict::Mtu => "MTU",
+            Verdict::OneWay => "one-way",
+            Verdict::Loss => "loss",
             Verdict::Other => "other",
             Verdict::Healthy => "healthy",
         }
@@ -81,10 +89,8 @@ pub struct PairVerdict {
     pub active: bool,
 }
 
-/// One verdict per peer in `peers` and per peer a finding names. A
-/// finding is about its peer, except `snat_suspected`, which is about
-/// the node whose packets were rewritten (its `real_node`), not the
-/// router's address.
+/// One verdict per peer in `peers` and per node a finding is about
+/// ([`Anomaly::node`](crate::model::anomalies::Anomaly::node)).
 pub fn verdicts(
     findings: &[&FindingRecord],
     peers: impl IntoIterator<Item = IpAddr>,
@@ -92,14 +98,7 @@ pub fn verdicts(
     let mut by_peer: BTreeMap<IpAddr, Vec<&FindingRecord>> =
         peers.into_iter().map(|p| (p, Vec::new())).collect();
     for f in findings {
-        let peer = match f.anomaly.kind {
-            Kind::SnatSuspected => f.anomaly.evidence["real_node"]
-                .as_str()
-                .and_then(|n| n.parse().ok())
-                .unwrap_or(f.anomaly.peer),
-            _ => f.anomaly.peer,
-        };
-        by_peer.entry(peer).or_default().push(f);
+        by_peer.entry(f.anomaly.node()).or_default().push(f);
     }
     by_peer
         .into_iter()

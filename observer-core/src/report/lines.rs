@@ -528,6 +528,10 @@ pub enum Line<'a> {
     ProbeArrival(ArrivalLine<'a>),
     /// `observer probe`: the last line, with the conclusion.
     ProbeSummary(SummaryLine<'a>),
+    /// `observer cluster`: one (from node, to node, encapsulation).
+    Pair(&'a crate::model::cluster::Pair),
+    /// `observer cluster`: the last line.
+    ClusterSummary(crate::report::cluster::SummaryLine<'a>),
 }
 
 /// Writes one interval as JSON lines: rows that changed during the interval

@@ -4,6 +4,7 @@
 //! snapshot and the helpers these renderers share.
 
 pub mod check;
+pub mod cluster;
 pub mod diagnosis;
 pub mod lab;
 pub mod lines;

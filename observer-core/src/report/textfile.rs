@@ -8,7 +8,7 @@
 //! series always equals the total.
 
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::{BTreeMap, BTreeSet, HashMap},
     fs,
     io::{self, Write},
     net::{IpAddr, Ipv4Addr},
@@ -34,6 +34,7 @@ use crate::{
     model::anomalies::{Anomaly, Event, Kind},
     model::bgp::BgpSession,
     model::bgp_wire::{WireCounters, WireRow},
+    model::cluster::NodeIdentity,
     model::probe::{Encap, Outcome, Run},
     model::read_order::ReadOrderMap,
     model::routes::Outage,
@@ -276,10 +277,19 @@ pub struct ExportInput<'a> {
     pub probe_runs: &'a [Run],
     /// The latest probe run, if probing ran.
     pub probe_latest: Option<&'a Run>,
+    /// This node's name and underlay addresses: every series gets a
+    /// `node` label, and `observer_node_info` maps the addresses to it
+    /// (default: no name, no label).
+    pub node: &'a NodeIdentity,
 }
 
 /// The interface names of an input that has none.
 static NO_IFACES: LazyLock<HashMap<u32, String>> = LazyLock::new(HashMap::new);
+/// The identity of an input that has none.
+static NO_NODE: NodeIdentity = NodeIdentity {
+    name: String::new(),
+    addresses: BTreeSet::new(),
+};
 /// The raised anomalies of an input that has none.
 static NO_ANOMALIES_RAISED: BTreeMap<Kind, u64> = BTreeMap::new();
 
@@ -305,6 +315,7 @@ impl Default for ExportInput<'_> {
             blocks_missing: 0,
             probe_runs: &[],
             probe_latest: None,
+            node: &NO_NODE,
         }
     }
 }
@@ -628,6 +639,11 @@ impl Exporter {
         families.extend(self.kernel_families(input));
         families.extend(self.export_families(input));
         families.extend(self.probe_families(input));
+        families.push(node_info_family(input.node));
+        families.push(peer_anomaly_family(input.anomalies));
+        if !input.node.name.is_empty() {
+            add_node_label(&mut families, &input.node.name);
+        }
         families
     }
 
@@ -900,6 +916,77 @@ impl Exporter {
 type Labels = Vec<(&'static str, String)>;
 
 /// `observer_build_info`.
+/// Active anomalies with the peers they are about, at most this many
+/// series (attacker-chosen sources can raise unknown_peer for many
+/// addresses); the rest are counted in `observer_peer_anomalies_omitted`.
+pub const MAX_PEER_ANOMALY_SERIES: usize = 256;
+
+/// `observer_node_info{address}`: one series per underlay address, so that
+/// PromQL (and `observer cluster`) can join a peer address to the node
+/// that owns it.
+fn node_info_family(node: &NodeIdentity) -> MetricFamily {
+    family(
+        "observer_node_info",
+        "This node's underlay addresses (value is always 1): joins a peer address of another node's series to this node's name.",
+        MetricType::GAUGE,
+        node.addresses
+            .iter()
+            .map(|a| (vec![("address", a.to_string())], 1.0))
+            .collect(),
+    )
+}
+
+/// `observer_peer_anomalies_active{kind,proto,peer,about}` (1 per active
+/// anomaly; `about` is the node it is about: the peer, or for
+/// snat_suspected the node whose packets a router rewrote) and
+/// `observer_peer_anomalies_omitted` (those beyond the cap).
+fn peer_anomaly_family(anomalies: &[&Anomaly]) -> MetricFamily {
+    let series: BTreeSet<(&'static str, &'static str, IpAddr, IpAddr)> = anomalies
+        .iter()
+        .map(|a| (a.kind.name(), a.proto.name(), a.peer, a.node()))
+        .collect();
+    let omitted = series.len().saturating_sub(MAX_PEER_ANOMALY_SERIES);
+    let mut samples: Vec<(Labels, f64)> = series
+        .into_iter()
+        .take(MAX_PEER_ANOMALY_SERIES)
+        .map(|(kind, proto, peer, about)| {
+            (
+                vec![
+                    ("kind", kind.to_string()),
+                    ("proto", proto.to_string()),
+                    ("peer", peer.to_string()),
+                    ("about", about.to_string()),
+                ],
+                1.0,
+            )
+        })
+        .collect();
+    // The omitted count rides in the same family as a series without a
+    // peer, so that a capped export is visible where the anomalies are.
+    samples.push((vec![("kind", "omitted".to_string())], omitted as f64));
+    family(
+        "observer_peer_anomalies_active",
+        "Anomalies holding now, one series per (kind, proto, peer) with the node address it is about (about: the peer, or for snat_suspected the node whose packets were rewritten); kind=\"omitted\" counts those beyond the cap of 256.",
+        MetricType::GAUGE,
+        samples,
+    )
+}
+
+/// Puts `node="<name>"` first on every series: the node's identity in
+/// the store whatever the scrape's target labels are.
+fn add_node_label(families: &mut [MetricFamily], name: &str) {
+    for family in families {
+        for metric in family.mut_metric().iter_mut() {
+            let mut label = LabelPair::default();
+            label.set_name("node".to_string());
+            label.set_value(name.to_string());
+            let mut labels = metric.take_label();
+            labels.insert(0, label);
+            metric.set_label(labels);
+        }
+    }
+}
+
 fn build_info_family() -> MetricFamily {
     family(
         "observer_build_info",
@@ -1632,6 +1719,98 @@ mod tests {
                 r#"observer_anomalies_raised_total{kind="drop_spike"}"#
             ),
             Some(0.0)
+        );
+    }
+
+    #[test]
+    fn every_series_names_the_node_and_node_info_maps_its_addresses() {
+        let node = NodeIdentity {
+            name: "gpu".to_string(),
+            addresses: BTreeSet::from([
+                "10.10.10.62".parse().unwrap(),
+                "fd00::62".parse().unwrap(),
+            ]),
+        };
+        let snat = Anomaly {
+            kind: Kind::SnatSuspected,
+            peer: "10.10.10.244".parse().unwrap(),
+            proto: Proto::Vxlan,
+            since: SystemTime::UNIX_EPOCH,
+            evidence: BTreeMap::from([("real_node", serde_json::json!("10.10.60.127"))]),
+            summary: String::new(),
+            hint: String::new(),
+        };
+        let input = ExportInput {
+            node: &node,
+            anomalies: &[&snat],
+            ..Default::default()
+        };
+        let text = encode(&Exporter::new(10).families(&input)).unwrap();
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            assert!(line.contains(r#"{node="gpu""#), "{line}");
+        }
+        assert_eq!(
+            value(
+                &text,
+                r#"observer_node_info{node="gpu",address="10.10.10.62"}"#
+            ),
+            Some(1.0)
+        );
+        assert_eq!(
+            value(
+                &text,
+                r#"observer_node_info{node="gpu",address="fd00::62"}"#
+            ),
+            Some(1.0)
+        );
+        // The rewritten packets are about cp1, not the router.
+        assert_eq!(
+            value(
+                &text,
+                r#"observer_peer_anomalies_active{node="gpu",kind="snat_suspected",proto="vxlan",peer="10.10.10.244",about="10.10.60.127"}"#
+            ),
+            Some(1.0)
+        );
+        assert_eq!(
+            value(
+                &text,
+                r#"observer_peer_anomalies_active{node="gpu",kind="omitted"}"#
+            ),
+            Some(0.0)
+        );
+        // Without a name, no label (and no addresses, no info series).
+        let text = encode(&Exporter::new(10).families(&ExportInput::default())).unwrap();
+        assert!(!text.contains("node="), "{text}");
+        assert!(!text.contains("observer_node_info"), "{text}");
+    }
+
+    #[test]
+    fn peer_anomaly_series_are_capped_and_the_rest_counted() {
+        let anomalies: Vec<Anomaly> = (0..MAX_PEER_ANOMALY_SERIES as u32 + 7)
+            .map(|i| Anomaly {
+                kind: Kind::UnknownPeer,
+                peer: IpAddr::V4(Ipv4Addr::from(0x0a00_0000 + i)),
+                proto: Proto::Vxlan,
+                since: SystemTime::UNIX_EPOCH,
+                evidence: BTreeMap::new(),
+                summary: String::new(),
+                hint: String::new(),
+            })
+            .collect();
+        let refs: Vec<&Anomaly> = anomalies.iter().collect();
+        let input = ExportInput {
+            anomalies: &refs,
+            ..Default::default()
+        };
+        let text = encode(&Exporter::new(10).families(&input)).unwrap();
+        let series = text
+            .lines()
+            .filter(|l| l.starts_with("observer_peer_anomalies_active{kind=\"unknown_peer\""))
+            .count();
+        assert_eq!(series, MAX_PEER_ANOMALY_SERIES);
+        assert_eq!(
+            value(&text, r#"observer_peer_anomalies_active{kind="omitted"}"#),
+            Some(7.0)
         );
     }
 

@@ -176,6 +176,47 @@ pub enum Command {
     ///          observer probe --netns node-a --output json | jq 'select(.type=="probe")'
     #[command(verbatim_doc_comment)]
     Probe(ProbeArgs),
+
+    /// Node pairs of the whole cluster, from the observers' series in Prometheus.
+    ///
+    /// Asks a Prometheus-compatible store (Prometheus, Thanos Query, Mimir,
+    /// VictoriaMetrics: the /api/v1/query API) for what every node's
+    /// observer exported over --window, and prints one row per sending
+    /// node, receiving node and encapsulation, worst first: packets one
+    /// sent to the other, packets the other received from it (also from
+    /// an address a router rewrote it to), the share lost, the receiver's
+    /// drops by reason, the anomalies either side raised, the verdict
+    /// (policy drop, route loss, MTU, one-way, loss, other, healthy; as
+    /// `diagnose`'s) and the next step. Nodes are known by the `node` label
+    /// and observer_node_info{node,address} of each observer's textfile
+    /// (`attach --node-name`); counts are exact increases of the counters
+    /// over the window.
+    ///
+    /// Exit status: 0 every pair healthy, 1 a pair with a problem, 2 could
+    /// not run (store unreachable or refusing, no observer series in the
+    /// window, bad option).
+    ///
+    /// Example: observer cluster --prometheus http://prometheus:9090
+    ///          observer cluster --prometheus https://thanos.example --ca-file ca.pem --window 15m
+    ///          observer cluster --prometheus http://127.0.0.1:9090 --at 2026-12-01T03:00:00Z --output json
+    #[command(verbatim_doc_comment)]
+    Cluster(ClusterArgs),
+
+    /// Is the observer on this node alive? For probes of images without a shell.
+    ///
+    /// Reads DIR/observer.prom, the textfile `attach --textfile-dir DIR`
+    /// rewrites every interval: healthy when it was written at most
+    /// --max-age ago and names attached programs (observer_programs_attached
+    /// above 0). Prints one line saying which. The DaemonSet's startup and
+    /// liveness probes run it (`exec: [/observer, health, ...]`).
+    ///
+    /// Exit status: 0 healthy; 1 stale, detached, or not an observer's
+    /// file; 2 could not run (no such file or directory).
+    ///
+    /// Example: observer health --textfile-dir /var/lib/node_exporter/textfile_collector
+    ///          observer health --textfile-dir /srv/metrics --max-age 45s
+    #[command(verbatim_doc_comment)]
+    Health(HealthArgs),
 }
 
 /// Options of `observer probe`.
@@ -234,6 +275,83 @@ pub struct CheckArgs {
     pub output: Option<Format>,
 }
 
+/// Options of `observer cluster`.
+#[derive(Debug, Clone, Args)]
+pub struct ClusterArgs {
+    /// Base URL of the Prometheus HTTP API (`http://prometheus:9090`;
+    /// with a path prefix where the store has one, such as Mimir's
+    /// `http://mimir/prometheus`).
+    #[arg(long, value_name = "URL")]
+    pub prometheus: String,
+
+    /// Span the pairs are counted over, ending at --at.
+    #[arg(long, value_parser = parse_duration, default_value = "5m", value_name = "DURATION")]
+    pub window: Duration,
+
+    /// End of the window: RFC 3339 (2026-12-01T03:00:00Z) or Unix
+    /// seconds. [default: now]
+    #[arg(long, value_parser = parse_time, value_name = "TIME")]
+    pub at: Option<std::time::SystemTime>,
+
+    /// File holding `USER:PASSWORD` for HTTP basic auth.
+    #[arg(long, value_name = "FILE", conflicts_with = "bearer_token_file")]
+    pub basic_auth_file: Option<PathBuf>,
+
+    /// File holding a bearer token (sent as `Authorization: Bearer`).
+    #[arg(long, value_name = "FILE")]
+    pub bearer_token_file: Option<PathBuf>,
+
+    /// PEM file of the CA certificate(s) that sign the store's TLS
+    /// certificate, instead of the system's roots.
+    #[arg(long, value_name = "FILE")]
+    pub ca_file: Option<PathBuf>,
+
+    /// Time limit of each query.
+    #[arg(long, value_parser = parse_duration, default_value = "30s", value_name = "DURATION")]
+    pub timeout: Duration,
+
+    /// Packets one node must send to another in the window before none
+    /// received is one-way, or a loss is judged.
+    #[arg(long, default_value_t = 5, value_name = "N")]
+    pub min_packets: u64,
+
+    /// Share of a pair's packets that may be lost before its verdict is
+    /// loss (0.0005: the 0.05 % rollout target).
+    #[arg(long, default_value_t = 0.0005, value_name = "RATIO")]
+    pub loss_target: f64,
+
+    /// table (for people) or json (one object per line). Default: table
+    /// on a terminal, json otherwise.
+    #[arg(long, value_enum, value_name = "FORMAT")]
+    pub output: Option<Format>,
+}
+
+/// Options of `observer health`.
+#[derive(Debug, Clone, Args)]
+pub struct HealthArgs {
+    /// The directory `attach --textfile-dir` writes observer.prom to.
+    #[arg(long, value_name = "DIR")]
+    pub textfile_dir: PathBuf,
+
+    /// Oldest the file may be: a few intervals (the DaemonSet's interval
+    /// is 15s).
+    #[arg(long, value_parser = parse_duration, default_value = "2m", value_name = "DURATION")]
+    pub max_age: Duration,
+}
+
+/// Parses RFC 3339 (`2026-12-01T03:00:00Z`) or Unix seconds.
+pub fn parse_time(text: &str) -> Result<std::time::SystemTime, String> {
+    if let Ok(seconds) = text.parse::<f64>()
+        && seconds.is_finite()
+        && seconds >= 0.0
+    {
+        return Ok(std::time::UNIX_EPOCH + Duration::from_secs_f64(seconds));
+    }
+    humantime::parse_rfc3339_weak(text).map_err(|_| {
+        format!("{text:?} is no time: give RFC 3339 (2026-12-01T03:00:00Z) or Unix seconds")
+    })
+}
+
 /// Options of `observer diagnose`: those of `attach`.
 #[derive(Debug, Clone, Args)]
 pub struct DiagnoseArgs {
@@ -275,6 +393,15 @@ pub struct LabArgs {
     /// emulated machines (a VM without KVM takes minutes).
     #[arg(long, value_parser = parse_duration, default_value = "60s", value_name = "DURATION")]
     pub attach_timeout: Duration,
+
+    /// Each node's observer also writes its textfile (named with
+    /// --node-name NODE) to DIR/NODE/observer.prom, for a node_exporter per
+    /// node and a Prometheus to scrape (then `observer cluster` shows the
+    /// lab's node pairs); the observers run 3s longer after the traffic so
+    /// that a scrape every second sees their final counts. Each file is
+    /// removed when its observer stops, as on a node.
+    #[arg(long, value_name = "DIR")]
+    pub textfile_dir: Option<PathBuf>,
 
     /// The BGP scenarios' routing mode, as Calico's: none (direct routing,
     /// pod traffic routed via the peer on eth0) or ipip (via the peer on
@@ -333,6 +460,14 @@ pub struct AttachArgs {
     /// removed on a clean exit.
     #[arg(long, value_name = "DIR")]
     pub textfile_dir: Option<std::path::PathBuf>,
+
+    /// This node's name: the `node` label of every series in the textfile,
+    /// and of observer_node_info{node,address}, which maps this node's
+    /// underlay addresses to it (`observer cluster` and the node-pair
+    /// rules join on it). In Kubernetes, the Downward API's spec.nodeName.
+    /// [default: the host name]
+    #[arg(long, value_name = "NAME")]
+    pub node_name: Option<String>,
 
     /// Peers that get their own `peer` label value in the textfile (the
     /// top ones by packets and drops); the rest are summed as peer="other".

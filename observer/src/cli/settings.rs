@@ -52,6 +52,7 @@ pub struct FileConfig {
     bgp_flaps: Option<u32>,
     bgp_flap_window: Option<String>,
     probe_interval: Option<String>,
+    node_name: Option<String>,
 }
 
 impl FileConfig {
@@ -100,6 +101,8 @@ pub struct Settings {
     pub bird_sockets: Vec<PathBuf>,
     /// How often to probe the peers (`None`: never).
     pub probe_interval: Option<Duration>,
+    /// The `node` label of every exported series.
+    pub node_name: String,
 }
 
 impl PortArgs {
@@ -139,6 +142,15 @@ fn parse_all<T: std::str::FromStr<Err = String>>(
                 .map_err(|e| anyhow::anyhow!("{key}: {e}"))
         })
         .transpose()
+}
+
+/// The UTS namespace's host name (what `hostname` prints), or "unknown".
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "unknown".to_string())
 }
 
 fn duration(key: &str, value: Option<String>) -> Result<Option<Duration>> {
@@ -211,6 +223,15 @@ impl Settings {
             probe_interval: args
                 .probe_interval
                 .or(duration("probe_interval", file.probe_interval)?),
+            node_name: match args.node_name.clone().or(file.node_name) {
+                Some(name) if name.trim().is_empty() => {
+                    bail!(
+                        "--node-name / node_name is empty: give the node's name (Kubernetes: spec.nodeName)"
+                    )
+                }
+                Some(name) => name,
+                None => hostname(),
+            },
             thresholds: {
                 let defaults = Thresholds::default();
                 Thresholds {

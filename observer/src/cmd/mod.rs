@@ -4,7 +4,9 @@
 
 pub mod attach;
 pub mod check;
+pub mod cluster;
 pub mod diagnose;
+pub mod health;
 pub mod lab;
 pub mod probe;
 pub mod replay;

@@ -109,7 +109,7 @@ pub fn run(args: &LabArgs) -> Result<()> {
         })
         .collect();
     let backstop = args.duration * 4 + SETTLE * 3;
-    let mut observers = Observers::spawn(&mut lab, &specs, backstop)?;
+    let mut observers = Observers::spawn(&mut lab, &specs, backstop, args.textfile_dir.as_deref())?;
     view.note("observers starting on n1..n4 (observer diagnose ... --bird-socket ... eth0)")?;
     observers.wait_ready(&mut view, args.attach_timeout)?;
 

@@ -132,7 +132,7 @@ pub fn run(args: LabArgs) -> Result<()> {
             args: tunnel_args(ipip),
         })
         .collect();
-    let mut observers = Observers::spawn(&mut lab, &specs, backstop)?;
+    let mut observers = Observers::spawn(&mut lab, &specs, backstop, args.textfile_dir.as_deref())?;
     view.note("observers starting on gpu, cp1 and cp2 (observer diagnose ... eth0)")?;
     let first_ready = observers.wait_ready(&mut view, args.attach_timeout)?;
 
@@ -179,7 +179,7 @@ pub fn run(args: LabArgs) -> Result<()> {
         }
         observers.pump(&mut view)?;
     }
-    let linger = Instant::now() + PING_LINGER;
+    let linger = Instant::now() + PING_LINGER + scrape_grace(&args);
     while Instant::now() < linger {
         observers.pump(&mut view)?;
     }
@@ -261,6 +261,17 @@ fn probe_run(
 
 /// The arguments that declare the lab's userspace tunl0 (on a kernel
 /// without IPIP) to the observers and the probes.
+/// With `--textfile-dir`, how much longer the observers run after the
+/// traffic: a scraper every second then holds their final counts before
+/// each observer removes its file on exit.
+fn scrape_grace(args: &LabArgs) -> Duration {
+    if args.textfile_dir.is_some() {
+        Duration::from_secs(3)
+    } else {
+        Duration::ZERO
+    }
+}
+
 fn tunnel_args(ipip: topology::IpipKind) -> Vec<String> {
     match ipip {
         topology::IpipKind::Userspace => vec!["--tunnel-device".into(), "tunl0=ipip".into()],

@@ -5,6 +5,7 @@
 
 use std::{
     io::{BufRead, BufReader, Read},
+    path::Path,
     process::{Command, Stdio},
     sync::{
         Arc, Mutex,
@@ -63,10 +64,13 @@ impl Observers {
     /// interface. The lab stops them ([`Observers::stop`]) once the traffic
     /// ended; `backstop` is their `--duration`, should the lab be killed
     /// before.
+    /// Each observer is named `--node-name <node>`; with `textfile_root`,
+    /// it writes its textfile to `textfile_root/<node>/`.
     pub fn spawn(
         lab: &mut Cleanup,
         specs: &[ObserverSpec],
         backstop: Duration,
+        textfile_root: Option<&Path>,
     ) -> Result<Observers> {
         let exe =
             std::env::current_exe().context("finding this program's path to run the observers")?;
@@ -94,6 +98,18 @@ impl Observers {
                 "--duration",
                 &duration,
             ];
+            args.extend(["--node-name", &spec.node]);
+            let textfile_dir = textfile_root.map(|root| root.join(&spec.node));
+            if let Some(dir) = &textfile_dir {
+                std::fs::create_dir_all(dir).with_context(|| {
+                    format!("creating the textfile directory {}", dir.display())
+                })?;
+                args.extend([
+                    "--textfile-dir",
+                    dir.to_str()
+                        .context("a textfile directory that is no UTF-8")?,
+                ]);
+            }
             args.extend(spec.args.iter().map(String::as_str));
             args.push(UNDERLAY);
             observers

@@ -13,7 +13,7 @@ pub mod probing;
 pub mod refresher;
 
 use std::{
-    collections::HashMap,
+    collections::{BTreeSet, HashMap},
     io::{self, IsTerminal, Write},
     path::PathBuf,
     time::{Duration, Instant, SystemTime},
@@ -32,6 +32,7 @@ use crate::{
     model::aggregate::{Aggregator, DropAggregator},
     model::anomalies::{Anomaly, Engine, Event, Known},
     model::bgp_wire::{WireRow, WireTracker},
+    model::cluster::NodeIdentity,
     model::crosscheck::NetfilterCheck,
     model::hooks::{AttachedWith, Attachment},
     model::probe::Run,
@@ -252,6 +253,9 @@ pub struct Monitor<'a> {
     /// What the anomaly rules know of the peers: rebuilt when the data
     /// plane or the allow-sets change.
     known: Known,
+    /// This node's name and underlay addresses (from the data-plane
+    /// view), exported as the `node` label and observer_node_info.
+    node: NodeIdentity,
     /// The latest netfilter cross-check (read every refresh period).
     netfilter: Vec<NetfilterCheck>,
     /// The BGP sessions of the node's BIRD.
@@ -346,6 +350,7 @@ impl<'a> Monitor<'a> {
         let settings_tunnels = settings.tunnel_devices.clone();
         let settings_ports = settings.ports.clone();
         let settings_bird_sockets = settings.bird_sockets.clone();
+        let settings_node_name = settings.node_name.clone();
         let settings_interval = settings.interval;
         let prober = if options.probe_once || settings.probe_interval.is_some() {
             let every = settings.probe_interval.filter(|_| !options.probe_once);
@@ -384,6 +389,10 @@ impl<'a> Monitor<'a> {
             known: Known {
                 ports: settings_ports,
                 ..Known::default()
+            },
+            node: NodeIdentity {
+                name: settings_node_name,
+                addresses: BTreeSet::new(),
             },
             netfilter: Vec::new(),
             bgp: BgpFollower::start(settings_bird_sockets, settings_interval),
@@ -492,6 +501,7 @@ impl<'a> Monitor<'a> {
             .context("writing output")?;
         self.known.nodes = expected_peers;
         self.known.local = local;
+        self.node.addresses = view.underlay_addresses();
         // vni_unknown checks VXLAN packets against this node's own VNIs;
         // with no vxlan device the check is off.
         if self.local_vnis != vnis {
@@ -832,6 +842,7 @@ impl<'a> Monitor<'a> {
             blocks_missing: self.known.missing_blocks.len(),
             probe_runs: read.probe_runs,
             probe_latest: self.probe_latest.as_ref(),
+            node: &self.node,
         };
         let families = self.exporter.families(&input);
         let result = textfile::encode(&families)
@@ -868,6 +879,7 @@ impl<'a> Monitor<'a> {
             self.remove_textfile();
         }
         self.exporter.set_max_peers(new.max_peers);
+        self.node.name = new.node_name.clone();
         self.engine.set_thresholds(new.thresholds);
         self.checks
             .reconfigure(allow_set_config(&new), new.allow_set_refresh);

@@ -448,6 +448,11 @@ impl NodeExporter {
         exporter
     }
 
+    /// The port it listens on (127.0.0.1 of its namespace).
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
     /// What it logged.
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()

@@ -293,6 +293,23 @@ pub struct Anomaly {
     pub hint: String,
 }
 
+impl Anomaly {
+    /// The node it is about: its peer, except for `snat_suspected`, which
+    /// is about the node whose packets were rewritten (its `real_node`),
+    /// not the router's address.
+    pub fn node(&self) -> IpAddr {
+        match self.kind {
+            Kind::SnatSuspected => self
+                .evidence
+                .get("real_node")
+                .and_then(Value::as_str)
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(self.peer),
+            _ => self.peer,
+        }
+    }
+}
+
 fn rfc3339<S: serde::Serializer>(at: &SystemTime, s: S) -> Result<S::Ok, S::Error> {
     s.collect_str(&humantime::format_rfc3339_millis(*at))
 }

@@ -457,6 +457,30 @@ impl DataPlane {
         self.addresses.iter().map(|a| a.addr).collect()
     }
 
+    /// This node's underlay addresses: those on the underlay interfaces
+    /// and the tunnel devices' local addresses (what its peers see as the
+    /// outer source of its tunnel packets), without loopback, link-local
+    /// and unspecified ones.
+    pub fn underlay_addresses(&self) -> BTreeSet<IpAddr> {
+        let on_underlay = self
+            .addresses
+            .iter()
+            .filter(|a| self.underlay.iter().any(|u| u.ifindex == a.ifindex))
+            .map(|a| a.addr);
+        let tunnel_sources = self.devices.iter().filter_map(|d| d.local);
+        on_underlay
+            .chain(tunnel_sources)
+            .filter(|a| {
+                !a.is_loopback()
+                    && !a.is_unspecified()
+                    && match a {
+                        IpAddr::V4(v4) => !v4.is_link_local(),
+                        IpAddr::V6(v6) => !v6.is_unicast_link_local(),
+                    }
+            })
+            .collect()
+    }
+
     /// VNIs of the vxlan devices, sorted and deduplicated.
     pub fn vxlan_vnis(&self) -> Vec<u32> {
         resolve::vxlan_vnis(&self.devices)
@@ -591,6 +615,11 @@ mod tests {
                 ifindex: 2,
                 mtu: 1500
             }]
+        );
+        // The pod address on vxlan.calico is no underlay address.
+        assert_eq!(
+            view.underlay_addresses(),
+            BTreeSet::from([ip("198.18.0.1")])
         );
         assert_eq!(view.node_owning(ip("10.42.1.7")), Some(ip("198.18.0.3")));
         assert_eq!(view.node_owning(ip("10.42.2.63")), Some(ip("198.18.0.2")));

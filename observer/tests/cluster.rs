@@ -1,0 +1,276 @@
+//! `observer cluster` end to end against real components the test starts:
+//! the lab's nodes each run an observer writing its textfile, one real
+//! node_exporter per node serves it, a real Prometheus scrapes them with
+//! deploy/'s rules loaded; the pairs `observer cluster` prints are the
+//! lab's own facts, exactly, and the one-way alert fires through the
+//! alerts API (or, in the healthy lab, nothing does).
+
+mod support;
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    time::Duration,
+};
+
+use serde_json::Value;
+use support::{
+    lab::{n, path, ping, run_lab_with},
+    prometheus::{Stack, with_fast_alerts},
+};
+
+const NODES: [&str; 3] = ["gpu", "cp1", "cp2"];
+const LAB_DURATION: Duration = Duration::from_secs(8);
+
+/// An alert as (alertname, from, to, proto).
+type Alert = (String, String, String, String);
+
+/// Runs `scenario` with the observers' textfiles in `stack`, checks the
+/// lab ran, and returns its JSON lines and every alert the alerts API
+/// showed firing while it ran (polled twice a second: once the
+/// observers exit, their series go stale and the pair alerts resolve).
+fn run_lab(stack: &Stack, scenario: &'static str) -> (Vec<Value>, BTreeSet<Alert>) {
+    let root = stack.textfile_root();
+    let lab = std::thread::spawn(move || {
+        run_lab_with(
+            scenario,
+            LAB_DURATION,
+            &["--textfile-dir", root.to_str().unwrap()],
+        )
+    });
+    let mut fired = BTreeSet::new();
+    while !lab.is_finished() {
+        fired.extend(stack.firing());
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let (output, lines) = lab.join().unwrap();
+    assert!(
+        output.status.success(),
+        "{}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    (lines, fired)
+}
+
+/// `observer cluster --output json`: its exit code, the pairs by (from,
+/// to, proto), and the summary line.
+fn cluster_json(stack: &Stack) -> (i32, BTreeMap<(String, String, String), Value>, Value) {
+    let output = stack.cluster(&["--output", "json"]);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let lines: Vec<Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    let pairs = lines
+        .iter()
+        .filter(|l| l["type"] == "pair")
+        .map(|p| {
+            let s = |k: &str| p[k].as_str().unwrap().to_string();
+            ((s("from"), s("to"), s("proto")), p.clone())
+        })
+        .collect();
+    let summary = lines
+        .iter()
+        .find(|l| l["type"] == "cluster_summary")
+        .unwrap_or_else(|| {
+            panic!(
+                "no summary: {stdout}\n{}\n{}",
+                String::from_utf8_lossy(&output.stderr),
+                stack.log()
+            )
+        })
+        .clone();
+    (output.status.code().unwrap_or(-1), pairs, summary)
+}
+
+fn key(from: &str, to: &str, proto: &str) -> (String, String, String) {
+    (from.to_string(), to.to_string(), proto.to_string())
+}
+
+#[test]
+fn the_incident_lab_seen_from_prometheus_names_each_pair_exactly() {
+    if !support::have_root("the_incident_lab_seen_from_prometheus_names_each_pair_exactly") {
+        return;
+    }
+    let stack = Stack::start(&NODES);
+    let (lines, fired) = run_lab(&stack, "incident");
+    let (code, pairs, summary) = cluster_json(&stack);
+    assert_eq!(code, 1, "{summary}");
+
+    // VXLAN gpu -> cp1: every request gpu's ping sent, none received.
+    let (gpu_sent, _) = ping(&lines, "gpu", "cp1", "vxlan");
+    let one_way = &pairs[&key("gpu", "cp1", "vxlan")];
+    assert_eq!(n(one_way, "sent"), gpu_sent, "{one_way}");
+    assert_eq!(n(one_way, "received"), 0, "{one_way}");
+    assert_eq!(one_way["loss"], 1.0, "{one_way}");
+    assert_eq!(one_way["verdict"], "one_way", "{one_way}");
+    assert_eq!(one_way["from_address"], "10.10.10.62");
+    assert_eq!(one_way["to_address"], "10.10.60.127");
+
+    // VXLAN cp1 -> gpu: arrives from the router's address and is dropped
+    // by the allow-set, every packet (the lab's own count).
+    let (cp1_sent, _) = ping(&lines, "cp1", "gpu", "vxlan");
+    let policy = &pairs[&key("cp1", "gpu", "vxlan")];
+    assert_eq!(n(policy, "sent"), cp1_sent, "{policy}");
+    assert_eq!(n(policy, "received"), cp1_sent, "{policy}");
+    assert_eq!(policy["arrived_from"], serde_json::json!(["10.10.10.244"]));
+    assert_eq!(
+        n(&policy["drops"], "calico_allow_set"),
+        cp1_sent,
+        "{policy}"
+    );
+    assert_eq!(n(&policy["drops"], "NETFILTER_DROP"), cp1_sent, "{policy}");
+    assert_eq!(policy["verdict"], "policy_drop", "{policy}");
+    assert!(
+        policy["next_step"]
+            .as_str()
+            .unwrap()
+            .contains("from 10.10.10.244, which is no node"),
+        "{policy}"
+    );
+
+    // IPIP healthy both ways, exactly as the lab's observers counted.
+    for (from, to) in [
+        ("gpu", "cp1"),
+        ("cp1", "gpu"),
+        ("gpu", "cp2"),
+        ("cp2", "gpu"),
+    ] {
+        let pair = &pairs[&key(from, to, "ipip")];
+        let lab = path(&lines, "ipip", from, to);
+        assert_eq!(n(pair, "sent"), n(lab, "sent"), "{pair} {lab}");
+        assert_eq!(n(pair, "received"), n(lab, "sent"), "{pair}");
+        assert!(n(pair, "sent") > 0, "{pair}");
+        assert_eq!(pair["verdict"], "healthy", "{pair}");
+    }
+    // Every other pair is healthy; nothing fits no pair.
+    let problems: Vec<_> = pairs
+        .iter()
+        .filter(|(_, p)| p["verdict"] != "healthy")
+        .map(|(k, _)| k.clone())
+        .collect();
+    assert_eq!(
+        problems,
+        [key("cp1", "gpu", "vxlan"), key("gpu", "cp1", "vxlan")]
+    );
+    assert_eq!(summary["nodes"], 3, "{summary}");
+    assert_eq!(summary["problems"], 2, "{summary}");
+    assert_eq!(
+        summary["foreign_sources"],
+        serde_json::json!([]),
+        "{summary}"
+    );
+
+    // The table says the same for people.
+    let table = stack.cluster(&["--output", "table"]);
+    let text = String::from_utf8_lossy(&table.stdout);
+    assert_eq!(table.status.code(), Some(1), "{text}");
+    assert!(
+        text.lines().any(|l| {
+            let words: Vec<&str> = l.split_whitespace().collect();
+            words.get(..7)
+                == Some(&[
+                    "gpu",
+                    "cp1",
+                    "vxlan",
+                    &gpu_sent.to_string(),
+                    "0",
+                    "100%",
+                    "one-way",
+                ])
+        }),
+        "{text}"
+    );
+
+    // The one-way alert fired through the alerts API, for both VXLAN
+    // directions (gpu receives cp1's VXLAN only from the router's
+    // address), and no other alert did.
+    let pair_alert = |from: &str, to: &str| {
+        (
+            "ObserverOneWayPair".to_string(),
+            from.to_string(),
+            to.to_string(),
+            "vxlan".to_string(),
+        )
+    };
+    assert_eq!(
+        fired,
+        BTreeSet::from([pair_alert("cp1", "gpu"), pair_alert("gpu", "cp1")]),
+        "{}",
+        stack.log()
+    );
+}
+
+#[test]
+fn the_healthy_lab_seen_from_prometheus_is_healthy_everywhere() {
+    if !support::have_root("the_healthy_lab_seen_from_prometheus_is_healthy_everywhere") {
+        return;
+    }
+    let stack = Stack::start(&NODES);
+    let (lines, fired) = run_lab(&stack, "healthy");
+    let (code, pairs, summary) = cluster_json(&stack);
+    assert_eq!(code, 0, "{summary}");
+    // The lab's four paths both ways, nothing else.
+    let mut expected = Vec::new();
+    for (proto, a, b) in [
+        ("vxlan", "gpu", "cp1"),
+        ("vxlan", "cp1", "cp2"),
+        ("ipip", "gpu", "cp1"),
+        ("ipip", "gpu", "cp2"),
+    ] {
+        expected.push(key(a, b, proto));
+        expected.push(key(b, a, proto));
+        for (from, to) in [(a, b), (b, a)] {
+            let pair = &pairs[&key(from, to, proto)];
+            let lab = path(&lines, proto, from, to);
+            assert_eq!(n(pair, "sent"), n(lab, "sent"), "{pair} {lab}");
+            assert_eq!(n(pair, "received"), n(lab, "received"), "{pair} {lab}");
+            assert_eq!(pair["verdict"], "healthy", "{pair}");
+            assert_eq!(pair["loss"], 0.0, "{pair}");
+        }
+    }
+    expected.sort();
+    assert_eq!(pairs.keys().cloned().collect::<Vec<_>>(), expected);
+    assert_eq!(summary["healthy"], true, "{summary}");
+    assert_eq!(fired, BTreeSet::new(), "{}", stack.log());
+}
+
+#[test]
+fn an_unreachable_prometheus_is_named_and_exits_2() {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_observer"))
+        .args([
+            "cluster",
+            "--prometheus",
+            "http://127.0.0.1:1",
+            "--timeout",
+            "5s",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("cannot reach http://127.0.0.1:1")
+            && stderr.contains("is Prometheus running there"),
+        "{stderr}"
+    );
+    let bad = std::process::Command::new(env!("CARGO_BIN_EXE_observer"))
+        .args(["cluster", "--prometheus", "prometheus:9090"])
+        .output()
+        .unwrap();
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&bad.stderr).contains("not an http:// or https:// URL"),
+        "{}",
+        String::from_utf8_lossy(&bad.stderr)
+    );
+}
+
+#[test]
+fn only_the_pair_alerts_lose_their_wait_in_the_test_rules() {
+    let rules = "      - alert: ObserverOneWayPair\n        for: 10m\n      - alert: ObserverTextfileStale\n        for: 5m\n";
+    assert_eq!(
+        with_fast_alerts(rules),
+        "      - alert: ObserverOneWayPair\n        for: 3s\n      - alert: ObserverTextfileStale\n        for: 5m\n"
+    );
+}

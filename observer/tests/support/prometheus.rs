@@ -1,0 +1,239 @@
+//! A node-pair monitoring stack for the cluster tests, all in one network
+//! namespace of the test's own: one real node_exporter per lab node
+//! (textfile collector on `<root>/<node>`), and a real Prometheus (the
+//! Debian package) scraping them every second with deploy/'s rule file
+//! loaded, on loopback only. Everything stops and is removed on drop,
+//! also when a test panics.
+
+use std::{
+    io::{Read, Write},
+    net::{TcpListener, TcpStream},
+    path::{Path, PathBuf},
+    process::{Child, Command, Output, Stdio},
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+
+use super::{
+    exporter::NodeExporter,
+    netns::{Netns, WAIT, in_netns, wait_timeout},
+};
+
+/// Debian's Prometheus server.
+pub const PROMETHEUS: &str = "/usr/bin/prometheus";
+
+/// The alerts the lab can fire within seconds: their `for:` becomes
+/// [`FAST_FOR`] in the test's copy of the rule file, the rest stay as
+/// deployed.
+const FAST_ALERTS: [&str; 2] = ["ObserverOneWayPair", "ObserverPairLoss"];
+
+/// Their wait in the tests: the lab's traffic lasts seconds, and when it
+/// starts the sender's counter may be scraped a second or two before the
+/// receiver's (what the deployed 10 minutes absorb).
+const FAST_FOR: &str = "3s";
+
+/// `rules` (deploy/prometheus-rules.yaml's text) with the `for:` of
+/// [`FAST_ALERTS`] set to [`FAST_FOR`].
+pub fn with_fast_alerts(rules: &str) -> String {
+    let mut current = "";
+    rules
+        .lines()
+        .map(|line| {
+            let trimmed = line.trim_start();
+            if let Some(name) = trimmed.strip_prefix("- alert: ") {
+                current = name.trim();
+            } else if trimmed.starts_with("- record: ") {
+                current = "";
+            }
+            if trimmed.starts_with("for: ") && FAST_ALERTS.contains(&current) {
+                let indent = &line[..line.len() - trimmed.len()];
+                format!("{indent}for: {FAST_FOR}\n")
+            } else {
+                format!("{line}\n")
+            }
+        })
+        .collect()
+}
+
+/// The running stack.
+pub struct Stack {
+    // Dropped first: the processes go before their namespace.
+    prometheus: Child,
+    _exporters: Vec<NodeExporter>,
+    netns: Netns,
+    port: u16,
+    dir: tempfile::TempDir,
+}
+
+impl Stack {
+    /// Starts a node_exporter per node in `nodes` and Prometheus.
+    pub fn start(nodes: &[&str]) -> Stack {
+        let netns = Netns::new("obsprom");
+        let dir = tempfile::Builder::new()
+            .prefix("observer-cluster-")
+            .tempdir()
+            .unwrap();
+        let mut exporters = Vec::new();
+        for node in nodes {
+            let textfiles = dir.path().join("textfiles").join(node);
+            std::fs::create_dir_all(&textfiles).unwrap();
+            exporters.push(NodeExporter::start(&netns, &textfiles));
+        }
+        let rules = std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/prometheus-rules.yaml"),
+        )
+        .unwrap();
+        let rules_path = dir.path().join("rules.yaml");
+        std::fs::write(&rules_path, with_fast_alerts(&rules)).unwrap();
+        let targets: Vec<String> = exporters
+            .iter()
+            .map(|e| format!("'127.0.0.1:{}'", e.port()))
+            .collect();
+        let config = format!(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n\
+             rule_files:\n  - {}\n\
+             scrape_configs:\n  - job_name: node\n    static_configs:\n      - targets: [{}]\n",
+            rules_path.display(),
+            targets.join(", ")
+        );
+        let config_path = dir.path().join("prometheus.yml");
+        std::fs::write(&config_path, config).unwrap();
+        let port = netns.run(|| {
+            TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port()
+        });
+        let log = std::fs::File::create(dir.path().join("prometheus.log")).unwrap();
+        let prometheus = Command::new("ip")
+            .args(["netns", "exec", netns.name(), PROMETHEUS])
+            .arg(format!("--config.file={}", config_path.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.path().join("data").display()
+            ))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawning prometheus");
+        let mut stack = Stack {
+            prometheus,
+            _exporters: exporters,
+            netns,
+            port,
+            dir,
+        };
+        let deadline = Instant::now() + WAIT;
+        while stack
+            .get("/-/ready")
+            .is_none_or(|(status, _)| status != 200)
+        {
+            if let Ok(Some(status)) = stack.prometheus.try_wait() {
+                panic!("prometheus exited ({status}): {}", stack.log());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "prometheus not ready: {}",
+                stack.log()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        stack
+    }
+
+    /// Where the lab's observers write their textfiles (`observer lab
+    /// --textfile-dir`).
+    pub fn textfile_root(&self) -> PathBuf {
+        self.dir.path().join("textfiles")
+    }
+
+    /// Prometheus's base URL (inside the stack's namespace).
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// What Prometheus logged.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("prometheus.log")).unwrap_or_default()
+    }
+
+    /// `GET path` over HTTP/1.0: status and body; `None` when nothing
+    /// listens.
+    fn get(&self, path: &str) -> Option<(u16, String)> {
+        let addr = format!("127.0.0.1:{}", self.port);
+        let request = format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n");
+        let response = in_netns(self.netns.name(), move || {
+            let mut stream = TcpStream::connect(&addr).ok()?;
+            stream.set_read_timeout(Some(WAIT)).unwrap();
+            stream.write_all(request.as_bytes()).ok()?;
+            let mut response = String::new();
+            stream.read_to_string(&mut response).ok()?;
+            Some(response)
+        })?;
+        let (head, body) = response.split_once("\r\n\r\n")?;
+        let status = head.split_whitespace().nth(1)?.parse().ok()?;
+        Some((status, body.to_string()))
+    }
+
+    /// The alerts API's alerts (`/api/v1/alerts`).
+    pub fn alerts(&self) -> Vec<Value> {
+        let (status, body) = self.get("/api/v1/alerts").expect("prometheus answers");
+        assert_eq!(status, 200, "{body}");
+        let answer: Value = serde_json::from_str(&body).unwrap();
+        answer["data"]["alerts"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// Firing alerts now, as (alertname, from, to, proto).
+    pub fn firing(&self) -> Vec<(String, String, String, String)> {
+        self.alerts()
+            .iter()
+            .filter(|a| a["state"] == "firing")
+            .map(|a| {
+                let label = |k: &str| a["labels"][k].as_str().unwrap_or_default().to_string();
+                (
+                    label("alertname"),
+                    label("from"),
+                    label("to"),
+                    label("proto"),
+                )
+            })
+            .collect()
+    }
+
+    /// Runs `observer cluster --prometheus <url> ARGS` in the stack's
+    /// namespace.
+    pub fn cluster(&self, args: &[&str]) -> Output {
+        Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                self.netns.name(),
+                env!("CARGO_BIN_EXE_observer"),
+            ])
+            .args(["cluster", "--prometheus", &self.url()])
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .expect("running observer cluster")
+    }
+}
+
+impl Drop for Stack {
+    fn drop(&mut self) {
+        if matches!(self.prometheus.try_wait(), Ok(None)) {
+            // SAFETY: kill(2) of our own, unreaped child.
+            unsafe { libc::kill(self.prometheus.id() as libc::pid_t, libc::SIGTERM) };
+            if wait_timeout(&mut self.prometheus, Duration::from_secs(10)).is_none() {
+                let _ = self.prometheus.kill();
+                let _ = self.prometheus.wait();
+            }
+        }
+    }
+}
