@@ -160,15 +160,21 @@ pub fn image(args: &ImageArgs) -> Result<Image> {
 /// with no dynamic dependency (checked).
 fn build_static(profile: &str) -> Result<PathBuf> {
     util::run(Command::new("rustup").args(["target", "add", MUSL]))?;
-    util::run(util::cargo().args([
-        "build",
-        "-p",
-        "observer",
-        "--profile",
-        profile,
-        "--target",
-        MUSL,
-    ]))?;
+    // ring (rustls' cryptography) compiles C for the target: musl-gcc
+    // (Debian's musl-tools) is that compiler.
+    util::run(
+        util::cargo()
+            .args([
+                "build",
+                "-p",
+                "observer",
+                "--profile",
+                profile,
+                "--target",
+                MUSL,
+            ])
+            .env("CC_x86_64_unknown_linux_musl", "musl-gcc"),
+    )?;
     let dir = if profile == "dev" { "debug" } else { profile };
     let binary = util::workspace_root()
         .join("target")

@@ -36,9 +36,12 @@ struct Cli {
 enum Task {
     /// Install what building and testing need, when missing: Debian packages
     /// (LLVM 22 dev files, iproute2, iptables, ipset, nftables, tcpdump, ping,
-    /// bpftool; prometheus for promtool, prometheus-node-exporter and bird2,
-    /// with their services kept from running), kubernetes-validate from PyPI, the
-    /// nightly's rust-src, and bpf-linker 0.13.0; for `vm-test`, qemu,
+    /// bpftool; skopeo, umoci, crun and musl-tools for the image; prometheus
+    /// for promtool, prometheus-node-exporter, bird2 and podman, with their
+    /// services kept from running), kubernetes-validate from PyPI, the
+    /// nightly's rust-src, the musl target, and bpf-linker 0.13.0; moves
+    /// cgroup2's controllers to v1 on a hybrid layout (crun refuses them);
+    /// for `vm-test`, qemu,
     /// kmod, busybox-static, wireguard-tools and file (no recommends) and
     /// virtme-ng 1.42 from PyPI. Checks that the nightly's LLVM is 22, like
     /// bpf-linker's. Needs root.
@@ -50,8 +53,9 @@ enum Task {
     /// alert rules, the PrometheusRule and the privileged DaemonSet in sync,
     /// kubernetes-validate --strict of the manifests), `cargo fuzz check`
     /// of every fuzz target (type-checked, not run), that
-    /// observer/src imports only downwards and without cycles (`layers`), and
-    /// `cargo test --workspace`, then `vm-test --kernel 5.10,6.1,6.12` (the kernel
+    /// observer/src imports only downwards and without cycles (`layers`), the
+    /// OCI image (`image --profile dev`, which observer/tests/image.rs
+    /// inspects and runs with podman), and `cargo test --workspace`, then `vm-test --kernel 5.10,6.1,6.12` (the kernel
     /// suite in VMs; the host's run is part of `cargo test`). The
     /// integration tests load eBPF programs and create network namespaces,
     /// so they need root; with CI=true in the environment they fail instead
@@ -200,7 +204,7 @@ fn test(fail_fast: bool, only: &[String]) -> Result<()> {
         Err(_) => println!("xtask: CI is not set (tests needing root skip without it)"),
     }
     type Step = (&'static str, fn() -> Result<()>);
-    let steps: [Step; 11] = [
+    let steps: [Step; 12] = [
         ("setup", setup::setup),
         ("fmt", || {
             util::run(util::cargo().args(["fmt", "--all", "--", "--check"]))
@@ -237,6 +241,15 @@ fn test(fail_fast: bool, only: &[String]) -> Result<()> {
         ("manifests", validate_manifests),
         // observer/src imports only downwards, without cycles (ARCHITECTURE.md).
         ("layers", layers::check),
+        // The OCI image (dev profile: faster; the release image is the same
+        // recipe) that observer/tests/image.rs inspects and runs.
+        ("image", || {
+            image::image(&image::ImageArgs {
+                source: None,
+                profile: "dev".to_string(),
+            })
+            .map(|_| ())
+        }),
         ("test", || {
             util::run(util::cargo().args(["test", "--workspace"]))
         }),

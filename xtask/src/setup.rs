@@ -34,6 +34,8 @@ const DEB_PACKAGES: &[&str] = &[
     "skopeo",
     "umoci",
     "crun",
+    // ring's C for the static musl binary of `cargo xtask image`.
+    "musl-tools",
 ];
 
 /// Debian packages that ship a service which must not run here, with its
@@ -91,6 +93,8 @@ pub fn setup() -> Result<()> {
     rust_src()?;
     nightly_llvm()?;
     bpf_linker()?;
+    musl_target()?;
+    container_cgroups()?;
     // `cargo xtask test` ends with `vm-test`: qemu, virtme-ng and the rest.
     crate::vm::setup()?;
     println!("setup: done in {}", secs(start.elapsed()));
@@ -357,6 +361,57 @@ fn python_externally_managed() -> bool {
         ])
         .status()
         .is_ok_and(|status| status.success())
+}
+
+/// The Rust standard library for musl: `cargo xtask image` builds the
+/// static binary with it.
+fn musl_target() -> Result<()> {
+    let name = "rust target x86_64-unknown-linux-musl";
+    let installed = util::output(Command::new("rustup").args(["target", "list", "--installed"]))?;
+    if String::from_utf8_lossy(&installed.stdout)
+        .lines()
+        .any(|l| l.trim() == crate::image::MUSL)
+    {
+        item(name, "present");
+        return Ok(());
+    }
+    util::run(Command::new("rustup").args(["target", "add", crate::image::MUSL]))?;
+    item(name, "installed");
+    Ok(())
+}
+
+/// crun (podman's runtime, the image test's) refuses to start containers
+/// on a hybrid cgroup layout whose cgroup2 hierarchy holds a controller
+/// ("cgroups in hybrid mode not supported, drop all controllers from
+/// cgroupv2"), as machines of this kind have with hugetlb. Mounting each
+/// such controller's v1 hierarchy beside the others moves it off cgroup2;
+/// nothing else on the machine uses it.
+fn container_cgroups() -> Result<()> {
+    let name = "cgroup2 controllers (crun)";
+    let unified = Path::new("/sys/fs/cgroup/unified/cgroup.controllers");
+    let Ok(controllers) = fs::read_to_string(unified) else {
+        item(name, "no hybrid layout");
+        return Ok(());
+    };
+    let controllers: Vec<&str> = controllers.split_whitespace().collect();
+    if controllers.is_empty() {
+        item(name, "none on cgroup2");
+        return Ok(());
+    }
+    for controller in &controllers {
+        let dir = Path::new("/sys/fs/cgroup").join(controller);
+        fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        util::run(
+            Command::new("mount")
+                .args(["-t", "cgroup", "-o", controller, "cgroup"])
+                .arg(&dir),
+        )?;
+    }
+    item(
+        name,
+        &format!("moved to cgroup v1: {}", controllers.join(", ")),
+    );
+    Ok(())
 }
 
 fn rust_src() -> Result<()> {

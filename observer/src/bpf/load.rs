@@ -43,13 +43,14 @@ pub enum LoadError {
     /// The kernel refused for lack of privileges: nothing else will load
     /// either. `program`: the program whose load failed before it reached
     /// the verifier, named in front of the message.
-    #[error(
-        "{}permission denied loading eBPF programs: run as root, or grant CAP_BPF, CAP_NET_ADMIN and CAP_PERFMON (CAP_SYS_ADMIN on kernels before 5.8; this is {release})",
-        loading(*.program)
-    )]
+    #[error("{}{}", loading(*.program), denied(release, *.capabilities_granted))]
     PermissionDenied {
         release: String,
         program: Option<&'static str>,
+        /// Whether the process holds the capabilities: then a seccomp
+        /// profile or an LSM refused bpf(), not the kernel's capability
+        /// check.
+        capabilities_granted: bool,
         #[source]
         source: Box<AyaError>,
     },
@@ -667,14 +668,38 @@ fn explain_program_error(e: ProgramError, name: &'static str, release: &str) -> 
     }
 }
 
-/// Turns permission errors into the capabilities to grant; `program`: the
-/// program whose load failed before the verifier, if it was one.
+/// What a refused load needs: the capabilities, or, when they are held,
+/// a seccomp profile or LSM policy that lets bpf() through.
+fn denied(release: &str, capabilities_granted: bool) -> String {
+    if capabilities_granted {
+        format!(
+            "permission denied loading eBPF programs although CAP_BPF, CAP_NET_ADMIN and \
+             CAP_PERFMON are held: a seccomp profile or an LSM (AppArmor, SELinux) refuses \
+             bpf(). The default seccomp profiles of older container runtimes (Debian 12's \
+             podman, containerd before 1.7) allow bpf() and perf_event_open() only with \
+             CAP_SYS_ADMIN: run with a profile that allows them (Kubernetes: a Localhost \
+             seccompProfile or Unconfined; podman: --security-opt seccomp=unconfined), or \
+             use deploy/daemonset-privileged.yaml (this is {release})"
+        )
+    } else {
+        format!(
+            "permission denied loading eBPF programs: run as root, or grant CAP_BPF, \
+             CAP_NET_ADMIN and CAP_PERFMON (CAP_SYS_ADMIN on kernels before 5.8; this is \
+             {release})"
+        )
+    }
+}
+
+/// Turns permission errors into the capabilities to grant (or the
+/// confinement to lift, when they are held); `program`: the program whose
+/// load failed before the verifier, if it was one.
 fn explain_load_error(e: AyaError, release: &str, program: Option<&'static str>) -> LoadError {
     let release = release.to_string();
     if e.errno() == Some(libc::EPERM) {
         return LoadError::PermissionDenied {
             release,
             program,
+            capabilities_granted: preflight::missing_privileges().is_empty(),
             source: Box::new(e),
         };
     }
@@ -736,6 +761,14 @@ mod tests {
                 ),
             "{text}"
         );
+    }
+
+    #[test]
+    fn a_refusal_despite_the_capabilities_names_seccomp_and_the_ways_out() {
+        let held = denied("6.18.0", true);
+        assert!(held.contains("although CAP_BPF, CAP_NET_ADMIN and CAP_PERFMON are held"));
+        assert!(held.contains("seccomp=unconfined") && held.contains("daemonset-privileged.yaml"));
+        assert!(denied("6.18.0", false).contains("run as root, or grant CAP_BPF"));
     }
 
     #[test]

@@ -75,6 +75,10 @@ fn ioctl(request: libc::c_ulong, req: &mut libc::ifreq) -> Result<()> {
     }
     // SAFETY: fd is a new descriptor we own.
     let socket = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
+    // glibc's ioctl takes the request as c_ulong, musl's (the static
+    // binary of the image) as c_int: `libc::Ioctl` is whichever it is.
+    #[allow(clippy::unnecessary_cast)]
+    let request = request as libc::Ioctl;
     // SAFETY: valid fd and ifreq; what ifreq points to outlives the call.
     if unsafe { libc::ioctl(socket.as_raw_fd(), request, req as *mut libc::ifreq) } < 0 {
         return Err(std::io::Error::last_os_error().into());

@@ -129,8 +129,11 @@ pub fn mac_of(name: &str) -> Option<MacAddr> {
     for (dst, &src) in req.ifr_name.iter_mut().zip(bytes) {
         *dst = src as libc::c_char;
     }
+    // c_ulong for glibc, c_int for musl (the image's static binary).
+    #[allow(clippy::unnecessary_cast)]
+    let request = libc::SIOCGIFHWADDR as libc::Ioctl;
     // SAFETY: req is a valid ifreq with a NUL-terminated name.
-    if unsafe { libc::ioctl(fd.as_raw_fd(), libc::SIOCGIFHWADDR, &mut req) } != 0 {
+    if unsafe { libc::ioctl(fd.as_raw_fd(), request, &mut req) } != 0 {
         return None;
     }
     // SAFETY: SIOCGIFHWADDR filled ifru_hwaddr.
