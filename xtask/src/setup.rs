@@ -95,6 +95,7 @@ pub fn setup() -> Result<()> {
     bpf_linker()?;
     musl_target()?;
     container_cgroups()?;
+    kubectl()?;
     // `cargo xtask test` ends with `vm-test`: qemu, virtme-ng and the rest.
     crate::vm::setup()?;
     println!("setup: done in {}", secs(start.elapsed()));
@@ -361,6 +362,33 @@ fn python_externally_managed() -> bool {
         ])
         .status()
         .is_ok_and(|status| status.success())
+}
+
+/// A kubectl with `kustomize` (the `manifests` step renders deploy/ with
+/// it): the machine's own, else Debian's kubernetes-client.
+fn kubectl() -> Result<()> {
+    let name = "kubectl kustomize";
+    let works = Command::new("kubectl")
+        .args(["kustomize", "--help"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if works {
+        item(name, "present");
+        return Ok(());
+    }
+    util::run(Command::new("apt-get").arg("update"))?;
+    util::run(
+        Command::new("apt-get")
+            .args([
+                "install",
+                "-y",
+                "--no-install-recommends",
+                "kubernetes-client",
+            ])
+            .env("DEBIAN_FRONTEND", "noninteractive"),
+    )?;
+    item(name, "installed (kubernetes-client)");
+    Ok(())
 }
 
 /// The Rust standard library for musl: `cargo xtask image` builds the

@@ -56,6 +56,19 @@ pub fn with_fast_alerts(rules: &str) -> String {
         .collect()
 }
 
+/// `text` as a URL query value: every byte but the unreserved ones
+/// percent-encoded.
+fn percent_encode(text: &str) -> String {
+    text.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
 /// The running stack.
 pub struct Stack {
     // Dropped first: the processes go before their namespace.
@@ -177,6 +190,22 @@ impl Stack {
         let (head, body) = response.split_once("\r\n\r\n")?;
         let status = head.split_whitespace().nth(1)?.parse().ok()?;
         Some((status, body.to_string()))
+    }
+
+    /// `/api/v1/query_range` of `promql` from `start` to `end` (Unix
+    /// seconds), one point a second: the series that have any point.
+    pub fn query_range(&self, promql: &str, start: f64, end: f64) -> Vec<Value> {
+        let path = format!(
+            "/api/v1/query_range?query={}&start={start:.3}&end={end:.3}&step=1",
+            percent_encode(promql)
+        );
+        let (status, body) = self.get(&path).expect("prometheus answers");
+        assert_eq!(status, 200, "{promql}: {body}");
+        let answer: Value = serde_json::from_str(&body).unwrap();
+        answer["data"]["result"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
     }
 
     /// The alerts API's alerts (`/api/v1/alerts`).
