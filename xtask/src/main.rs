@@ -14,7 +14,7 @@ mod vm;
 
 use std::{process::Command, time::Instant};
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 
 use crate::util::secs;
