@@ -962,6 +962,55 @@ fn config_file_and_sighup_reload() {
 /// the last complete version behind (with its timestamp, for staleness
 /// alerts), but no temporary file.
 #[test]
+fn metrics_listen_serves_what_the_textfile_holds() {
+    let test = "metrics_listen_serves_what_the_textfile_holds";
+    if !support::have_root(test) || !have_tool(test, PROMTOOL, "prometheus") {
+        return;
+    }
+    const N: u32 = 12;
+    let pair = Pair::new("ml");
+    pair.vxlan(Lower::Route);
+    let dir = TempDir::new("ml");
+    let file = dir.join(TEXTFILE);
+    let port = pair.a.run(|| {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port()
+    });
+    let listen = format!("127.0.0.1:{port}");
+    let observer = observer_exporting(&pair, dir.path(), &["--metrics-listen", &listen]);
+    ping(&pair, N);
+    let n = f64::from(N);
+    let written = wait_for_file(&file, "showing the pings", |e| {
+        packets(e, "rx", "vxlan", B_IP) == Some(n) && packets(e, "tx", "vxlan", B_IP) == Some(n)
+    });
+    // What /metrics serves is an interval's export: the same counts, the
+    // same families, valid for promtool.
+    let served = pair.a.run(move || {
+        use std::io::{Read, Write};
+        let mut stream = std::net::TcpStream::connect(&listen).expect("connect to /metrics");
+        write!(stream, "GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+        let mut response = String::new();
+        stream.read_to_string(&mut response).unwrap();
+        response
+    });
+    let (head, body) = served.split_once("\r\n\r\n").unwrap();
+    assert!(head.starts_with("HTTP/1.1 200 OK"), "{head}");
+    let exposition = Exposition::parse(body);
+    assert_eq!(packets(&exposition, "rx", "vxlan", B_IP), Some(n));
+    assert_eq!(packets(&exposition, "tx", "vxlan", B_IP), Some(n));
+    let names =
+        |e: &Exposition| -> BTreeSet<String> { e.samples.iter().map(|s| s.name.clone()).collect() };
+    assert_eq!(names(&exposition), names(&written));
+    let (status, printed) = promtool_check_metrics(body);
+    assert!(status.success(), "{printed}");
+    let run = observer.stop_with(libc::SIGTERM);
+    assert!(run.status.success(), "{}: {}", run.status, run.stderr);
+}
+
+#[test]
 fn clean_exit_removes_the_textfile_kill9_leaves_it() {
     let test = "clean_exit_removes_the_textfile_kill9_leaves_it";
     if !support::have_root(test) {

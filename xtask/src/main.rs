@@ -320,28 +320,44 @@ fn deploy_command(program: &str) -> Command {
 /// `deploy-sync` step checks it is the rule file wrapped, and the `rules`
 /// steps run promtool on its groups.
 fn validate_manifests() -> Result<()> {
-    let rendered = util::output(deploy_command("kubectl").args(["kustomize", "deploy"]))
-        .context("`kubectl kustomize deploy` (setup installs kubectl when missing)")?;
-    let path = util::workspace_root().join("target/deploy-rendered.yaml");
-    std::fs::write(&path, &rendered.stdout)?;
-    let objects = String::from_utf8_lossy(&rendered.stdout)
-        .lines()
-        .filter(|l| l.starts_with("kind: "))
-        .count();
-    if objects == 0 {
-        bail!("`kubectl kustomize deploy` rendered no object");
+    let root = util::workspace_root();
+    // The base with the optional ServiceMonitor component, as a user who
+    // adds `components: [servicemonitor]` renders it.
+    let with_component = root.join("target/deploy-servicemonitor");
+    std::fs::create_dir_all(&with_component)?;
+    std::fs::write(
+        with_component.join("kustomization.yaml"),
+        "resources:\n  - ../../deploy\ncomponents:\n  - ../../deploy/servicemonitor\n",
+    )?;
+    let mut rendered = Vec::new();
+    for (name, dir) in [
+        ("deploy", "deploy"),
+        ("deploy-servicemonitor", "target/deploy-servicemonitor"),
+    ] {
+        let out = util::output(deploy_command("kubectl").args(["kustomize", dir]))
+            .with_context(|| format!("`kubectl kustomize {dir}` (kubectl 1.22+ for components)"))?;
+        let objects = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|l| l.starts_with("kind: "))
+            .count();
+        if objects == 0 {
+            bail!("`kubectl kustomize {dir}` rendered no object");
+        }
+        let path = root.join(format!("target/{name}-rendered.yaml"));
+        std::fs::write(&path, &out.stdout)?;
+        println!("kubectl kustomize {dir}: {objects} objects");
+        rendered.push(path);
     }
     for version in KUBE_VERSIONS {
         util::run(
             deploy_command("python3")
                 .args(["-m", "kubernetes_validate", "--strict", "--quiet", "-k"])
                 .arg(version)
-                .arg(&path)
+                .args(&rendered)
                 .arg("deploy/daemonset-privileged.yaml"),
         )?;
         println!(
-            "kubectl kustomize deploy/ ({objects} objects) and deploy/daemonset-privileged.yaml \
-             valid for Kubernetes {version}"
+            "the renderings and deploy/daemonset-privileged.yaml are valid for Kubernetes {version}"
         );
     }
     Ok(())

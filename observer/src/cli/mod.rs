@@ -469,6 +469,13 @@ pub struct AttachArgs {
     #[arg(long, value_name = "NAME")]
     pub node_name: Option<String>,
 
+    /// Also serve the textfile's metrics on http://ADDR/metrics (e.g.
+    /// 0.0.0.0:9477), for Prometheus to scrape the observer directly (a
+    /// ServiceMonitor) instead of through node_exporter's textfile
+    /// collector. Bound before the capabilities are dropped. [default: off]
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_listen: Option<std::net::SocketAddr>,
+
     /// Peers that get their own `peer` label value in the textfile (the
     /// top ones by packets and drops); the rest are summed as peer="other".
     /// [default: 200]

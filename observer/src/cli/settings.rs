@@ -53,6 +53,7 @@ pub struct FileConfig {
     bgp_flap_window: Option<String>,
     probe_interval: Option<String>,
     node_name: Option<String>,
+    metrics_listen: Option<String>,
 }
 
 impl FileConfig {
@@ -103,6 +104,8 @@ pub struct Settings {
     pub probe_interval: Option<Duration>,
     /// The `node` label of every exported series.
     pub node_name: String,
+    /// Where to serve the metrics on /metrics (fixed at start).
+    pub metrics_listen: Option<std::net::SocketAddr>,
 }
 
 impl PortArgs {
@@ -232,6 +235,15 @@ impl Settings {
                 Some(name) => name,
                 None => hostname(),
             },
+            metrics_listen: match (args.metrics_listen, file.metrics_listen) {
+                (Some(addr), _) => Some(addr),
+                (None, Some(text)) => Some(text.parse().map_err(|_| {
+                    anyhow::anyhow!(
+                        "metrics_listen = {text:?}: give ADDRESS:PORT, e.g. \"0.0.0.0:9477\""
+                    )
+                })?),
+                (None, None) => None,
+            },
             thresholds: {
                 let defaults = Thresholds::default();
                 Thresholds {
@@ -304,6 +316,10 @@ impl Settings {
         // So is the probing thread.
         if self.probe_interval != new.probe_interval {
             changed.push("probe_interval");
+        }
+        // The socket is bound before the capabilities are dropped.
+        if self.metrics_listen != new.metrics_listen {
+            changed.push("metrics_listen");
         }
         if new.interfaces.iter().any(|i| !self.interfaces.contains(i))
             || self.interfaces.iter().any(|i| !new.interfaces.contains(i))

@@ -11,6 +11,7 @@ pub mod bgp;
 pub mod probe;
 pub mod probing;
 pub mod refresher;
+pub mod serve;
 
 use std::{
     collections::{BTreeSet, HashMap},
@@ -237,6 +238,8 @@ pub struct Monitor<'a> {
     exporter: Exporter,
     /// Interface names by index, old indexes included (rows keep them).
     ifaces: HashMap<u32, String>,
+    /// The text `--metrics-listen` serves, when it does.
+    served: Option<serve::Latest>,
     /// Where the textfile was last written, to remove it on exit.
     written: Option<PathBuf>,
     /// The textfile directory last checked for other users' write
@@ -319,6 +322,7 @@ impl<'a> Monitor<'a> {
                 hangup: signal(SignalKind::hangup()).context("installing the SIGHUP handler")?,
             }
         };
+        let metrics_listener = settings.metrics_listen.map(serve::bind).transpose()?;
         for iface in &interfaces {
             observer.attach(iface, settings.xdp_mode)?;
             let program_ids = observer.program_ids()?;
@@ -344,6 +348,15 @@ impl<'a> Monitor<'a> {
                 .as_deref()
                 .is_some_and(privileges::needs_dac_override),
         })?;
+
+        let served = match metrics_listener {
+            Some(listener) => {
+                let latest = serve::Latest::default();
+                serve::serve(listener, latest.clone())?;
+                Some(latest)
+            }
+            None => None,
+        };
 
         let max_rows = (settings.max_flows as usize).saturating_mul(ROWS_PER_FLOW);
         let settings_thresholds = settings.thresholds;
@@ -381,6 +394,7 @@ impl<'a> Monitor<'a> {
             checks,
             ifaces,
             written: None,
+            served,
             checked_dir: None,
             engine: Engine::new(settings_thresholds, 0.0),
             started: Instant::now(),
@@ -810,13 +824,16 @@ impl<'a> Monitor<'a> {
         Ok(rows)
     }
 
-    /// Writes the textfile; a failure is counted and logged, never fatal.
+    /// Writes the textfile and hands the text to `--metrics-listen`; a
+    /// failed write is counted and logged, never fatal.
     fn export(&mut self, read: &Read<'_>, stats: KernelStats, at: SystemTime) {
-        let Some(dir) = self.settings.textfile_dir.clone() else {
+        let dir = self.settings.textfile_dir.clone();
+        if dir.is_none() && self.served.is_none() {
             return;
-        };
-        if self.checked_dir.as_ref() != Some(&dir)
-            && let Ok(warning) = textfile::shared_dir_warning(&dir)
+        }
+        if let Some(dir) = &dir
+            && self.checked_dir.as_ref() != Some(dir)
+            && let Ok(warning) = textfile::shared_dir_warning(dir)
         {
             if let Some(warning) = warning {
                 tracing::warn!("{warning}");
@@ -845,8 +862,19 @@ impl<'a> Monitor<'a> {
             node: &self.node,
         };
         let families = self.exporter.families(&input);
-        let result = textfile::encode(&families)
-            .and_then(|text| textfile::write_atomic(&dir, TEXTFILE_NAME, &text));
+        let text = match textfile::encode(&families) {
+            Ok(text) => text,
+            Err(e) => {
+                self.exporter.errors += 1;
+                tracing::error!(error = %e, "cannot encode the metrics");
+                return;
+            }
+        };
+        if let Some(served) = &self.served {
+            served.set(text.clone());
+        }
+        let Some(dir) = dir else { return };
+        let result = textfile::write_atomic(&dir, TEXTFILE_NAME, &text);
         match result {
             Ok(path) => self.written = Some(path),
             Err(e) => {
