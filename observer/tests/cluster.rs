@@ -13,6 +13,7 @@ use std::{
     time::Duration,
 };
 
+use observer_core::report::mesh::{self, Mesh};
 use serde_json::Value;
 use support::{
     lab::{n, path, ping, run_lab_with},
@@ -325,4 +326,111 @@ fn only_the_pair_alerts_lose_their_wait_in_the_test_rules() {
         with_fast_alerts(rules),
         "      - alert: ObserverOneWayPair\n        for: 3s\n      - alert: ObserverTextfileStale\n        for: 5m\n"
     );
+}
+
+/// The simulated mesh loaded into Prometheus, samples 4 and 1 minutes
+/// ago.
+fn mesh_stack(mesh: &Mesh) -> Stack {
+    let now = unix_now() as i64;
+    Stack::with_blocks(&mesh.openmetrics(now - 240, now - 60))
+}
+
+#[test]
+fn a_300_node_mesh_with_one_broken_pair_names_that_pair_and_no_other() {
+    let test = "a_300_node_mesh_with_one_broken_pair_names_that_pair_and_no_other";
+    if !support::have_root(test) {
+        return;
+    }
+    let mesh = Mesh {
+        nodes: 300,
+        broken: (17, 242),
+    };
+    let stack = mesh_stack(&mesh);
+    let (code, pairs, summary) = cluster_json(&stack);
+    assert_eq!(code, 1, "{summary}");
+    assert_eq!(summary["nodes"], 300, "{summary}");
+    assert_eq!(pairs.len(), 300 * 299, "{summary}");
+    let problems: Vec<(&(String, String, String), &Value)> = pairs
+        .iter()
+        .filter(|(_, p)| p["verdict"] != "healthy")
+        .collect();
+    assert_eq!(problems.len(), 1, "{summary}");
+    let (pair, line) = problems[0];
+    assert_eq!(pair, &key(&mesh::name(17), &mesh::name(242), "vxlan"));
+    assert_eq!(line["verdict"], "one_way", "{line}");
+    assert_eq!(n(line, "sent"), mesh::PACKETS, "{line}");
+    assert_eq!(n(line, "received"), 0, "{line}");
+    for (_, p) in pairs.iter().filter(|(k, _)| *k != pair) {
+        assert_eq!(n(p, "sent"), mesh::PACKETS, "{p}");
+        assert_eq!(n(p, "received"), mesh::PACKETS, "{p}");
+    }
+}
+
+/// `cargo xtask bench` runs it (not CI): `observer cluster`'s wall time
+/// and peak RSS over a mesh of 300 and of 1,000 nodes, the rules'
+/// evaluation time as Prometheus reports it, Prometheus's RSS, and the
+/// series one node exports, as `bench NAME VALUE UNIT` lines.
+#[test]
+#[ignore = "a bench: cargo xtask bench runs it"]
+fn cluster_scale_bench() {
+    for nodes in [300, 1_000] {
+        let mesh = Mesh {
+            nodes,
+            broken: (1, 2),
+        };
+        let started = std::time::Instant::now();
+        let stack = mesh_stack(&mesh);
+        let loaded = started.elapsed().as_secs_f64();
+        // The rules run every second; let a few evaluations pass.
+        std::thread::sleep(Duration::from_secs(15));
+        let own = stack.own_metrics();
+        let rules_s: f64 = own
+            .lines()
+            .filter(|l| l.starts_with("prometheus_rule_group_last_duration_seconds{"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum();
+        let (wall, rss_kib, code) = timed_cluster(&stack);
+        assert_eq!(code, 1);
+        println!(
+            "bench cluster_series_per_node_{nodes} {} series",
+            mesh.series_per_node()
+        );
+        println!("bench cluster_load_{nodes} {loaded:.1} s");
+        println!("bench cluster_rules_eval_{nodes} {rules_s:.3} s");
+        println!("bench cluster_wall_{nodes} {wall:.2} s");
+        println!("bench cluster_rss_{nodes} {} MiB", rss_kib / 1024);
+        println!(
+            "bench cluster_prometheus_rss_{nodes} {} MiB",
+            support::exporter::rss_kib(stack.pid()) / 1024
+        );
+    }
+}
+
+/// `observer cluster --output json` in the stack's namespace: wall time,
+/// peak RSS (KiB, from wait4) and exit code.
+fn timed_cluster(stack: &Stack) -> (f64, u64, i32) {
+    let started = std::time::Instant::now();
+    let child = std::process::Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            stack.netns_name(),
+            env!("CARGO_BIN_EXE_observer"),
+        ])
+        .args(["cluster", "--prometheus", &stack.url(), "--output", "json"])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut status = 0;
+    // SAFETY: wait4 on our own child, with buffers it fills.
+    let usage = unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        libc::wait4(child.id() as libc::pid_t, &mut status, 0, &mut usage);
+        usage
+    };
+    (
+        started.elapsed().as_secs_f64(),
+        usage.ru_maxrss as u64,
+        libc::WEXITSTATUS(status),
+    )
 }

@@ -97,7 +97,9 @@ enum Task {
     /// Nanoseconds per packet of the XDP program, measured in the kernel with
     /// BPF_PROG_TEST_RUN (1,000,000 runs, 15 rounds, paired medians) on hand-built VXLAN,
     /// IPIP, Geneve, plain UDP and truncated frames, against a program that
-    /// only returns XDP_PASS.
+    /// only returns XDP_PASS; then `observer cluster` and the node-pair
+    /// rules over simulated meshes of 300 and 1,000 nodes in a real
+    /// Prometheus (wall time, RSS, rule evaluation time, series per node).
     Bench,
     /// Not in CI: the release observer for N minutes (--minutes, default 10)
     /// against VXLAN pings plus a stream of new outer sources that churns
@@ -163,7 +165,21 @@ fn run(task: Task) -> Result<()> {
         }
         Task::Bench => {
             setup::setup()?;
-            util::run(util::cargo().args(["bench", "-p", "observer", "--bench", "ns_per_packet"]))
+            util::run(util::cargo().args(["bench", "-p", "observer", "--bench", "ns_per_packet"]))?;
+            // `observer cluster` and the node-pair rules over simulated
+            // meshes of 300 and 1,000 nodes in a real Prometheus.
+            util::run(util::cargo().args([
+                "test",
+                "--release",
+                "-p",
+                "observer",
+                "--test",
+                "cluster",
+                "cluster_scale_bench",
+                "--",
+                "--ignored",
+                "--nocapture",
+            ]))
         }
         Task::Soak(args) => {
             setup::setup()?;

@@ -8,6 +8,8 @@ pub mod cluster;
 pub mod diagnosis;
 pub mod lab;
 pub mod lines;
+#[cfg(feature = "testing")]
+pub mod mesh;
 pub mod probe;
 pub mod replay;
 pub mod table;

@@ -82,11 +82,38 @@ pub struct Stack {
 impl Stack {
     /// Starts a node_exporter per node in `nodes` and Prometheus.
     pub fn start(nodes: &[&str]) -> Stack {
+        Stack::start_with(nodes, None)
+    }
+
+    /// Starts Prometheus (no exporter) on the blocks `promtool tsdb
+    /// create-blocks-from openmetrics` makes of `openmetrics`.
+    pub fn with_blocks(openmetrics: &str) -> Stack {
+        Stack::start_with(&[], Some(openmetrics))
+    }
+
+    fn start_with(nodes: &[&str], openmetrics: Option<&str>) -> Stack {
         let netns = Netns::new("obsprom");
         let dir = tempfile::Builder::new()
             .prefix("observer-cluster-")
             .tempdir()
             .unwrap();
+        if let Some(text) = openmetrics {
+            let input = dir.path().join("series.om");
+            std::fs::write(&input, text).unwrap();
+            let out = Command::new(super::exporter::PROMTOOL)
+                .args(["tsdb", "create-blocks-from", "openmetrics"])
+                .arg(&input)
+                .arg(dir.path().join("data"))
+                .output()
+                .expect("running promtool");
+            assert!(
+                out.status.success(),
+                "promtool: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            std::fs::remove_file(&input).unwrap();
+        }
         let mut exporters = Vec::new();
         for node in nodes {
             let textfiles = dir.path().join("textfiles").join(node);
@@ -164,6 +191,11 @@ impl Stack {
         self.dir.path().join("textfiles")
     }
 
+    /// The namespace Prometheus listens in.
+    pub fn netns_name(&self) -> &str {
+        self.netns.name()
+    }
+
     /// Prometheus's base URL (inside the stack's namespace).
     pub fn url(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
@@ -206,6 +238,18 @@ impl Stack {
             .as_array()
             .cloned()
             .unwrap_or_default()
+    }
+
+    /// Prometheus' own metrics (`/metrics`).
+    pub fn own_metrics(&self) -> String {
+        let (status, body) = self.get("/metrics").expect("prometheus answers");
+        assert_eq!(status, 200, "{body}");
+        body
+    }
+
+    /// The process id of Prometheus (its RSS for the bench).
+    pub fn pid(&self) -> u32 {
+        self.prometheus.id()
     }
 
     /// The alerts API's alerts (`/api/v1/alerts`).
