@@ -410,6 +410,8 @@ fn cluster_scale_bench() {
 /// peak RSS (KiB, from wait4) and exit code.
 fn timed_cluster(stack: &Stack) -> (f64, u64, i32) {
     let started = std::time::Instant::now();
+    // Reaped by wait4 below, which also gives its peak RSS.
+    #[allow(clippy::zombie_processes)]
     let child = std::process::Command::new("ip")
         .args([
             "netns",

@@ -108,14 +108,14 @@ impl Mesh {
             let kind = if counter { "counter" } else { "gauge" };
             writeln!(out, "# TYPE {base} {kind}").unwrap();
             for families in &per_node {
-                let Some(f) = families.iter().find(|f| f.get_name() == family) else {
+                let Some(f) = families.iter().find(|f| f.name() == family) else {
                     continue;
                 };
                 for metric in f.get_metric() {
                     let labels: Vec<String> = metric
                         .get_label()
                         .iter()
-                        .map(|l| format!("{}=\"{}\"", l.get_name(), l.get_value()))
+                        .map(|l| format!("{}=\"{}\"", l.name(), l.value()))
                         .collect();
                     let value = if counter {
                         metric.get_counter().get_value()
