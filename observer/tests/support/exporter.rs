@@ -20,7 +20,7 @@ use std::{
 
 use observer_testkit::storm::Storm;
 
-use super::netns::{Netns, WAIT, in_netns, run, temp_path, try_run, wait_timeout};
+use super::netns::{Netns, WAIT, in_netns, run, temp_path, terminate, try_run};
 
 /// Debian's node_exporter (package prometheus-node-exporter).
 pub const NODE_EXPORTER: &str = "/usr/bin/prometheus-node-exporter";
@@ -480,14 +480,7 @@ impl NodeExporter {
 
 impl Drop for NodeExporter {
     fn drop(&mut self) {
-        if matches!(self.child.try_wait(), Ok(None)) {
-            // SAFETY: kill(2) of our own, unreaped child.
-            unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
-            if wait_timeout(&mut self.child, Duration::from_secs(5)).is_none() {
-                let _ = self.child.kill();
-                let _ = self.child.wait();
-            }
-        }
+        terminate(&mut self.child, Duration::from_secs(5));
         let _ = std::fs::remove_file(&self.log);
     }
 }

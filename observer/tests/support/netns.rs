@@ -45,6 +45,19 @@ pub fn signal(pid: u32, sig: libc::c_int) {
     );
 }
 
+/// Stops a child that may still run: SIGTERM, then SIGKILL after
+/// `grace`; reaps it either way.
+pub fn terminate(child: &mut Child, grace: Duration) {
+    if matches!(child.try_wait(), Ok(None)) {
+        // SAFETY: kill(2) of our own, unreaped child.
+        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+        if wait_timeout(child, grace).is_none() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
 /// Waits for `child` to exit, at most `timeout`.
 pub fn wait_timeout(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
     let deadline = Instant::now() + timeout;

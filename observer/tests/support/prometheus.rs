@@ -17,7 +17,7 @@ use serde_json::Value;
 
 use super::{
     exporter::NodeExporter,
-    netns::{Netns, WAIT, in_netns, wait_timeout},
+    netns::{Netns, WAIT, in_netns, terminate},
 };
 
 /// Debian's Prometheus server.
@@ -300,13 +300,6 @@ impl Stack {
 
 impl Drop for Stack {
     fn drop(&mut self) {
-        if matches!(self.prometheus.try_wait(), Ok(None)) {
-            // SAFETY: kill(2) of our own, unreaped child.
-            unsafe { libc::kill(self.prometheus.id() as libc::pid_t, libc::SIGTERM) };
-            if wait_timeout(&mut self.prometheus, Duration::from_secs(10)).is_none() {
-                let _ = self.prometheus.kill();
-                let _ = self.prometheus.wait();
-            }
-        }
+        terminate(&mut self.prometheus, Duration::from_secs(10));
     }
 }
