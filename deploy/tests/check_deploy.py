@@ -73,7 +73,7 @@ CONFIG_KEYS = {
     "xdp_mode",
 }
 # Capabilities the unprivileged DaemonSet may add (see its comments).
-ALLOWED_CAPS = {"BPF", "NET_ADMIN", "PERFMON", "NET_RAW"}
+ALLOWED_CAPS = {"BPF", "NET_ADMIN", "PERFMON", "NET_RAW", "SYS_CHROOT"}
 # What loading and attaching need (the observer's preflight asks for them).
 START_CAPS = {"BPF", "NET_ADMIN", "PERFMON"}
 

@@ -137,6 +137,17 @@ fn bpf_needs_sys_admin_in_podmans_profile() -> bool {
 /// `podman run` of the image in namespace `netns`, with the DaemonSet's
 /// capabilities and nothing else, and (`unconfined`) without seccomp.
 fn podman(archive: &Path, netns: &str, unconfined: bool, args: &[&str]) -> Command {
+    podman_with(archive, netns, unconfined, &[], args)
+}
+
+/// [`podman`] with more `podman run` options.
+fn podman_with(
+    archive: &Path,
+    netns: &str,
+    unconfined: bool,
+    options: &[&str],
+    args: &[&str],
+) -> Command {
     let hard = |resource| {
         // SAFETY: getrlimit fills the struct it is given.
         unsafe {
@@ -157,6 +168,7 @@ fn podman(archive: &Path, netns: &str, unconfined: bool, args: &[&str]) -> Comma
         .arg(format!("--ulimit=nofile={nofile}:{nofile}"))
         .arg(format!("--ulimit=nproc={nproc}:{nproc}"))
         .args(unconfined.then_some("--security-opt=seccomp=unconfined"))
+        .args(options)
         .arg(format!("oci-archive:{}", archive.display()))
         .args(args)
         .stdin(Stdio::null());
@@ -274,4 +286,49 @@ fn podman_runs_check_and_attach_counts_vxlan_as_tcpdump_does() {
     );
     assert_eq!(run.counts("va", "tx", "vxlan", Some(B_IP), VNI), tx);
     assert_eq!(run.counts("va", "rx", "vxlan", Some(B_IP), VNI), rx);
+}
+
+#[test]
+fn the_image_reads_calicos_allow_set_with_the_hosts_ipset() {
+    let test = "the_image_reads_calicos_allow_set_with_the_hosts_ipset";
+    if !support::have_root(test) {
+        return;
+    }
+    let Some(archive) = archive(test) else { return };
+    let pair = Pair::new("imh");
+    support::calico::ipset_create(&pair.a, "cali40all-vxlan-net", &[B_IP, "198.51.100.0/24"]);
+    let attach = |options: &[&str], extra: &[&str]| -> Vec<Value> {
+        let mut args = vec!["attach", "va", "--output", "json", "--duration", "3s"];
+        args.extend_from_slice(extra);
+        let out = podman_with(&archive, pair.a.name(), true, options, &args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    };
+    // The image has no ipset: the set is not found.
+    let alone = attach(&[], &[]);
+    let line = support::calico::allow_set(&alone, "vxlan").expect("an allow_set line");
+    assert_eq!(line["active"], false, "{line}");
+    // With the host's / mounted read-only and --host-root, the host's own
+    // ipset reads it (chrooted there, in the pod's network namespace).
+    let hosted = attach(
+        &["--volume=/:/host:ro", "--cap-add=SYS_CHROOT"],
+        &["--host-root", "/host"],
+    );
+    let line = support::calico::allow_set(&hosted, "vxlan").expect("an allow_set line");
+    assert_eq!(line["active"], true, "{line}");
+    assert_eq!(line["prefixes"], 2, "{line}");
+    assert_eq!(
+        line["sources"],
+        serde_json::json!(["ipset cali40all-vxlan-net"]),
+        "{line}"
+    );
 }

@@ -469,6 +469,14 @@ pub struct AttachArgs {
     #[arg(long, value_name = "NAME")]
     pub node_name: Option<String>,
 
+    /// Run the node's tools (ipset, nft, iptables-save) from the host's
+    /// root filesystem mounted at DIR (chrooted into it), for an image
+    /// that holds nothing but the observer: the host's own binaries, in
+    /// the host's iptables mode. Needs CAP_SYS_CHROOT, kept for them.
+    /// [default: the tools on PATH]
+    #[arg(long, value_name = "DIR")]
+    pub host_root: Option<PathBuf>,
+
     /// Also serve the textfile's metrics on http://ADDR/metrics (e.g.
     /// 0.0.0.0:9477), for Prometheus to scrape the observer directly (a
     /// ServiceMonitor) instead of through node_exporter's textfile

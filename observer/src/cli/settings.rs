@@ -54,6 +54,7 @@ pub struct FileConfig {
     probe_interval: Option<String>,
     node_name: Option<String>,
     metrics_listen: Option<String>,
+    host_root: Option<PathBuf>,
 }
 
 impl FileConfig {
@@ -106,6 +107,8 @@ pub struct Settings {
     pub node_name: String,
     /// Where to serve the metrics on /metrics (fixed at start).
     pub metrics_listen: Option<std::net::SocketAddr>,
+    /// The host's root filesystem the node's tools run in (fixed at start).
+    pub host_root: Option<PathBuf>,
 }
 
 impl PortArgs {
@@ -244,6 +247,7 @@ impl Settings {
                 })?),
                 (None, None) => None,
             },
+            host_root: args.host_root.clone().or(file.host_root),
             thresholds: {
                 let defaults = Thresholds::default();
                 Thresholds {
@@ -320,6 +324,10 @@ impl Settings {
         // The socket is bound before the capabilities are dropped.
         if self.metrics_listen != new.metrics_listen {
             changed.push("metrics_listen");
+        }
+        // So is CAP_SYS_CHROOT kept, or not.
+        if self.host_root != new.host_root {
+            changed.push("host_root");
         }
         if new.interfaces.iter().any(|i| !self.interfaces.contains(i))
             || self.interfaces.iter().any(|i| !new.interfaces.contains(i))

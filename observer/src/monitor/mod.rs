@@ -341,7 +341,11 @@ impl<'a> Monitor<'a> {
         }
         // Loaded and attached: from here on the run needs only a few
         // capabilities. Before the threads below start, which inherit them.
+        if let Some(root) = &settings.host_root {
+            crate::node::tools::run_in_host_root(root)?;
+        }
         privileges::drop_to_steady_state(privileges::Needs {
+            host_root: settings.host_root.is_some(),
             may_load: observer.may_load_on_reattach(),
             foreign_textfile_dir: settings
                 .textfile_dir

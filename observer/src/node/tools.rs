@@ -1,10 +1,16 @@
 //! Runs the node's own tools (ipset, nft, iptables-save, ip) whose output
 //! the observer reads, with typed errors that say whether the tool is
-//! missing, failed or hung.
+//! missing, failed or hung; with `--host-root DIR`, the host's own tools,
+//! run chrooted into the host's root filesystem mounted at DIR (an image
+//! that holds nothing but the observer, in the host's iptables mode).
 
 use std::{
+    ffi::CString,
     io::Read,
+    os::unix::{ffi::OsStrExt, process::CommandExt},
+    path::Path,
     process::{Command, Stdio},
+    sync::OnceLock,
     thread,
     time::{Duration, Instant},
 };
@@ -23,6 +29,30 @@ pub const MAX_OUTPUT: u64 = 32 << 20;
 
 /// The most standard error kept for a message.
 const MAX_STDERR: u64 = 16 << 10;
+
+/// The host root the tools run in (`--host-root`), set once at start.
+static HOST_ROOT: OnceLock<(String, CString)> = OnceLock::new();
+
+/// The PATH tools are looked up in inside the host root (the image's own
+/// PATH names only /usr/bin).
+const HOST_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// From now on, runs every tool chrooted into `root` (the host's root
+/// filesystem, e.g. a hostPath of `/` mounted at `/host`); needs
+/// CAP_SYS_CHROOT. Fails when `root` is no directory, or a root was set
+/// already.
+pub fn run_in_host_root(root: &Path) -> anyhow::Result<()> {
+    if !root.is_dir() {
+        anyhow::bail!(
+            "--host-root {}: no such directory (mount the host's / there, read-only)",
+            root.display()
+        );
+    }
+    let c = CString::new(root.as_os_str().as_bytes())?;
+    HOST_ROOT
+        .set((root.display().to_string(), c))
+        .map_err(|_| anyhow::anyhow!("--host-root is set once"))
+}
 
 /// Why a tool's output could not be had. Callers branch on the kind: a
 /// tool that is not installed is not asked again within the same read;
@@ -101,22 +131,41 @@ fn output_within(
         tool: tool.to_string(),
         message: e.to_string(),
     };
-    let mut child = Command::new(tool)
-        .args(args)
+    let mut cmd = Command::new(tool);
+    cmd.args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| {
-            if e.kind() == std::io::ErrorKind::NotFound {
-                ToolError::NotInstalled {
-                    tool: tool.to_string(),
-                    what: what.to_string(),
+        .stderr(Stdio::piped());
+    let host_root = HOST_ROOT.get();
+    if let Some((_, root)) = host_root {
+        cmd.env("PATH", HOST_PATH);
+        let root = root.clone();
+        // SAFETY: between fork and exec only chroot(2) and chdir(2), which
+        // are async-signal-safe, on memory prepared before the fork.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::chroot(root.as_ptr()) != 0 || libc::chdir(c"/".as_ptr()) != 0 {
+                    return Err(std::io::Error::last_os_error());
                 }
-            } else {
-                io(e)
-            }
-        })?;
+                Ok(())
+            });
+        }
+    }
+    let mut child = cmd.spawn().map_err(|e| match (e.kind(), host_root) {
+        (std::io::ErrorKind::NotFound, None) => ToolError::NotInstalled {
+            tool: tool.to_string(),
+            what: what.to_string(),
+        },
+        (std::io::ErrorKind::NotFound, Some((shown, _))) => ToolError::NotInstalled {
+            tool: format!("{tool} (looked for in --host-root {shown})"),
+            what: what.to_string(),
+        },
+        (_, Some((shown, _))) => ToolError::Io {
+            tool: format!("{tool} in --host-root {shown} (entering it needs CAP_SYS_CHROOT)"),
+            message: e.to_string(),
+        },
+        (_, None) => io(e),
+    })?;
     // Both pipes are drained while waiting: a tool writing more than a
     // pipe holds would otherwise never exit. Past `limit` bytes the rest is
     // read and dropped (memory stays bounded, the tool still finishes);

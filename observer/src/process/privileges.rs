@@ -36,6 +36,8 @@ pub struct Needs {
     /// The textfile directory grants this user no write access by its
     /// mode (see [`needs_dac_override`]).
     pub foreign_textfile_dir: bool,
+    /// The tools run chrooted into the host's root (`--host-root`).
+    pub host_root: bool,
 }
 
 /// Whether writing into `dir` rests on CAP_DAC_OVERRIDE: its mode gives
@@ -91,6 +93,12 @@ impl SteadyState {
         // (the file is created there every interval); never for the tools.
         if needs.foreign_textfile_dir && held.contains(&Capability::CAP_DAC_OVERRIDE) {
             process.insert(Capability::CAP_DAC_OVERRIDE);
+        }
+        // chroot(2) into the host's root happens in the forked child
+        // before exec, with the process's effective set; the tool itself
+        // does not get it.
+        if needs.host_root && held.contains(&Capability::CAP_SYS_CHROOT) {
+            process.insert(Capability::CAP_SYS_CHROOT);
         }
         SteadyState { process, tools }
     }
@@ -196,6 +204,7 @@ mod tests {
     const LOADING: Needs = Needs {
         may_load: true,
         foreign_textfile_dir: false,
+        host_root: false,
     };
 
     fn set_of(caps: &[Capability]) -> CapsHashSet {
@@ -267,6 +276,19 @@ mod tests {
         assert!(!keep.tools.contains(&Capability::CAP_DAC_OVERRIDE));
         let root = SteadyState::of(&caps::all(), Needs::default());
         assert!(!root.process.contains(&Capability::CAP_DAC_OVERRIDE));
+    }
+
+    #[test]
+    fn sys_chroot_stays_only_with_a_host_root_and_never_for_the_tools() {
+        let needs = Needs {
+            host_root: true,
+            ..Needs::default()
+        };
+        let keep = SteadyState::of(&caps::all(), needs);
+        assert!(keep.process.contains(&Capability::CAP_SYS_CHROOT));
+        assert!(!keep.tools.contains(&Capability::CAP_SYS_CHROOT));
+        let plain = SteadyState::of(&caps::all(), Needs::default());
+        assert!(!plain.process.contains(&Capability::CAP_SYS_CHROOT));
     }
 
     #[test]
