@@ -436,3 +436,58 @@ fn timed_cluster(stack: &Stack) -> (f64, u64, i32) {
         libc::WEXITSTATUS(status),
     )
 }
+
+#[test]
+fn a_store_behind_tls_and_basic_auth_is_read_with_the_ca_and_credential_files() {
+    let test = "a_store_behind_tls_and_basic_auth_is_read_with_the_ca_and_credential_files";
+    if !support::have_root(test) {
+        return;
+    }
+    let mesh = Mesh {
+        nodes: 3,
+        broken: (2, 0),
+    };
+    let now = unix_now() as i64;
+    let stack = Stack::secured_with_blocks(&mesh.openmetrics(now - 240, now - 60));
+    let ca = stack.dir().join("ca.pem");
+    let auth = stack.dir().join("auth");
+    std::fs::write(&auth, "observer:s3cret\n").unwrap();
+    let (ca, auth) = (ca.to_str().unwrap(), auth.to_str().unwrap());
+    let run = |args: &[&str]| {
+        let out = stack.cluster(args);
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    // CA and password: the broken pair, named.
+    let (code, stdout, stderr) = run(&[
+        "--ca-file",
+        ca,
+        "--basic-auth-file",
+        auth,
+        "--output",
+        "json",
+    ]);
+    assert_eq!(code, Some(1), "{stdout}{stderr}");
+    assert!(
+        stdout.contains(r#""from":"n0002","to":"n0000","#)
+            && stdout.contains(r#""verdict":"one_way""#),
+        "{stdout}"
+    );
+    // Without the CA the certificate is not trusted; without the password
+    // the store says 401: both named, exit 2.
+    let (code, _, stderr) = run(&["--basic-auth-file", auth]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(
+        stderr.contains("cannot reach https://127.0.0.1:"),
+        "{stderr}"
+    );
+    let (code, _, stderr) = run(&["--ca-file", ca]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(
+        stderr.contains("answered HTTP 401 (check --basic-auth-file / --bearer-token-file)"),
+        "{stderr}"
+    );
+}

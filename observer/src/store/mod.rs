@@ -203,3 +203,60 @@ impl Store {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn options(url: &str) -> Options {
+        Options {
+            url: url.to_string(),
+            timeout: Duration::from_secs(1),
+            ..Options::default()
+        }
+    }
+
+    #[test]
+    fn credentials_come_from_files_as_headers() {
+        let dir = tempfile::tempdir().unwrap();
+        let token = dir.path().join("token");
+        std::fs::write(&token, "abc.def\n").unwrap();
+        let store = Store::new(&Options {
+            bearer_token_file: Some(token),
+            ..options("https://thanos.example/")
+        })
+        .unwrap();
+        assert_eq!(store.authorization.as_deref(), Some("Bearer abc.def"));
+        assert_eq!(store.url(), "https://thanos.example");
+        let basic = dir.path().join("basic");
+        std::fs::write(&basic, "observer:s3cret\n").unwrap();
+        let store = Store::new(&Options {
+            basic_auth_file: Some(basic),
+            ..options("http://prometheus:9090")
+        })
+        .unwrap();
+        // base64("observer:s3cret")
+        assert_eq!(
+            store.authorization.as_deref(),
+            Some("Basic b2JzZXJ2ZXI6czNjcmV0")
+        );
+    }
+
+    #[test]
+    fn bad_urls_and_missing_files_are_named() {
+        assert!(matches!(
+            Store::new(&options("prometheus:9090")),
+            Err(StoreError::BadUrl(_))
+        ));
+        let e = Store::new(&Options {
+            ca_file: Some("/nonexistent/ca.pem".into()),
+            ..options("https://p")
+        })
+        .err()
+        .unwrap();
+        assert!(
+            e.to_string().starts_with("--ca-file /nonexistent/ca.pem: "),
+            "{e}"
+        );
+    }
+}

@@ -69,6 +69,89 @@ fn percent_encode(text: &str) -> String {
         .collect()
 }
 
+/// Writes a CA, a certificate it signs for 127.0.0.1 and a web config
+/// with TLS and basic auth (`observer` / `s3cret`, bcrypt) into `dir`;
+/// returns the web config's path.
+fn secure(dir: &Path) -> PathBuf {
+    let openssl = |args: &[&str]| {
+        let out = Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .expect("running openssl");
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    openssl(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+        "-days",
+        "1",
+        "-subj",
+        "/CN=observer test CA",
+    ]);
+    openssl(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+        "-subj",
+        "/CN=127.0.0.1",
+    ]);
+    std::fs::write(dir.join("san.ext"), "subjectAltName=IP:127.0.0.1\n").unwrap();
+    openssl(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "server.pem",
+        "-days",
+        "1",
+        "-extfile",
+        "san.ext",
+    ]);
+    let hash = Command::new("python3")
+        .args([
+            "-c",
+            "import crypt; print(crypt.crypt('s3cret', crypt.mksalt(crypt.METHOD_BLOWFISH)))",
+        ])
+        .output()
+        .expect("hashing the password");
+    let hash = String::from_utf8_lossy(&hash.stdout).trim().to_string();
+    assert!(hash.starts_with("$2"), "no bcrypt hash: {hash:?}");
+    let config = dir.join("web.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "tls_server_config:\n  cert_file: {}\n  key_file: {}\nbasic_auth_users:\n  observer: '{hash}'\n",
+            dir.join("server.pem").display(),
+            dir.join("server.key").display()
+        ),
+    )
+    .unwrap();
+    config
+}
+
 /// The running stack.
 pub struct Stack {
     // Dropped first: the processes go before their namespace.
@@ -77,26 +160,40 @@ pub struct Stack {
     netns: Netns,
     port: u16,
     dir: tempfile::TempDir,
+    scheme: &'static str,
 }
 
 impl Stack {
     /// Starts a node_exporter per node in `nodes` and Prometheus.
     pub fn start(nodes: &[&str]) -> Stack {
-        Stack::start_with(nodes, None)
+        Stack::start_with(nodes, None, false)
     }
 
     /// Starts Prometheus (no exporter) on the blocks `promtool tsdb
     /// create-blocks-from openmetrics` makes of `openmetrics`.
     pub fn with_blocks(openmetrics: &str) -> Stack {
-        Stack::start_with(&[], Some(openmetrics))
+        Stack::start_with(&[], Some(openmetrics), false)
     }
 
-    fn start_with(nodes: &[&str], openmetrics: Option<&str>) -> Stack {
+    /// [`Stack::with_blocks`] behind TLS (a certificate for 127.0.0.1 from
+    /// a CA of the test's, `ca.pem` in [`Stack::dir`]) and basic auth
+    /// (user `observer`, password `s3cret`).
+    pub fn secured_with_blocks(openmetrics: &str) -> Stack {
+        Stack::start_with(&[], Some(openmetrics), true)
+    }
+
+    /// The stack's folder (certificates, logs).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    fn start_with(nodes: &[&str], openmetrics: Option<&str>, secured: bool) -> Stack {
         let netns = Netns::new("obsprom");
         let dir = tempfile::Builder::new()
             .prefix("observer-cluster-")
             .tempdir()
             .unwrap();
+        let web_config = secured.then(|| secure(dir.path()));
         if let Some(text) = openmetrics {
             let input = dir.path().join("series.om");
             std::fs::write(&input, text).unwrap();
@@ -155,6 +252,7 @@ impl Stack {
                 dir.path().join("data").display()
             ))
             .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .args(web_config.map(|c| format!("--web.config.file={}", c.display())))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)
@@ -166,12 +264,22 @@ impl Stack {
             netns,
             port,
             dir,
+            scheme: if secured { "https" } else { "http" },
         };
         let deadline = Instant::now() + WAIT;
-        while stack
-            .get("/-/ready")
-            .is_none_or(|(status, _)| status != 200)
-        {
+        // Behind TLS the plain readiness GET cannot work: a connection
+        // accepted says as much.
+        let ready = |stack: &Stack| {
+            if secured {
+                let addr = format!("127.0.0.1:{}", stack.port);
+                in_netns(stack.netns.name(), move || TcpStream::connect(addr).is_ok())
+            } else {
+                stack
+                    .get("/-/ready")
+                    .is_some_and(|(status, _)| status == 200)
+            }
+        };
+        while !ready(&stack) {
             if let Ok(Some(status)) = stack.prometheus.try_wait() {
                 panic!("prometheus exited ({status}): {}", stack.log());
             }
@@ -198,7 +306,7 @@ impl Stack {
 
     /// Prometheus's base URL (inside the stack's namespace).
     pub fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
+        format!("{}://127.0.0.1:{}", self.scheme, self.port)
     }
 
     /// What Prometheus logged.
