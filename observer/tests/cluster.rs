@@ -476,6 +476,15 @@ fn a_store_behind_tls_and_basic_auth_is_read_with_the_ca_and_credential_files() 
             && stdout.contains(r#""verdict":"one_way""#),
         "{stdout}"
     );
+    // An hour earlier (--at, Unix seconds) no observer had exported yet:
+    // named, exit 2.
+    let earlier = (now - 3600).to_string();
+    let (code, _, stderr) = run(&["--ca-file", ca, "--basic-auth-file", auth, "--at", &earlier]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(
+        stderr.contains("holds no observer_node_info in the 5m up to"),
+        "{stderr}"
+    );
     // Without the CA the certificate is not trusted; without the password
     // the store says 401: both named, exit 2.
     let (code, _, stderr) = run(&["--basic-auth-file", auth]);
