@@ -161,20 +161,25 @@ pub fn image(args: &ImageArgs) -> Result<Image> {
 fn build_static(profile: &str) -> Result<PathBuf> {
     util::run(Command::new("rustup").args(["target", "add", MUSL]))?;
     // ring (rustls' cryptography) compiles C for the target: musl-gcc
-    // (Debian's musl-tools) is that compiler.
-    util::run(
-        util::cargo()
-            .args([
-                "build",
-                "-p",
-                "observer",
-                "--profile",
-                profile,
-                "--target",
-                MUSL,
-            ])
-            .env("CC_x86_64_unknown_linux_musl", "musl-gcc"),
-    )?;
+    // (Debian's musl-tools) is that compiler. The dev image (CI's) goes
+    // without debug info: it builds faster and its layer is smaller; build
+    // scripts and proc macros never have it.
+    let mut cargo = util::cargo();
+    cargo
+        .args([
+            "build",
+            "-p",
+            "observer",
+            "--profile",
+            profile,
+            "--target",
+            MUSL,
+        ])
+        .env("CC_x86_64_unknown_linux_musl", "musl-gcc");
+    if profile == "dev" {
+        cargo.env("CARGO_PROFILE_DEV_DEBUG", "0");
+    }
+    util::run(&mut cargo)?;
     let dir = if profile == "dev" { "debug" } else { profile };
     let binary = util::workspace_root()
         .join("target")
