@@ -284,8 +284,15 @@ fn podman_runs_check_and_attach_counts_vxlan_as_tcpdump_does() {
         (u64::from(PINGS), u64::from(PINGS)),
         "tcpdump saw the pings"
     );
-    assert_eq!(run.counts("va", "tx", "vxlan", Some(B_IP), VNI), tx);
-    assert_eq!(run.counts("va", "rx", "vxlan", Some(B_IP), VNI), rx);
+    let counted = (
+        run.counts("va", "tx", "vxlan", Some(B_IP), VNI),
+        run.counts("va", "rx", "vxlan", Some(B_IP), VNI),
+    );
+    eprintln!(
+        "podman: observer check {}; attach tx {:?} rx {:?}, tcpdump tx {tx:?} rx {rx:?} (packets, bytes)",
+        report["verdict"], counted.0, counted.1
+    );
+    assert_eq!(counted, (tx, rx));
 }
 
 #[test]
