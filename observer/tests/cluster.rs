@@ -381,16 +381,26 @@ fn cluster_scale_bench() {
         let started = std::time::Instant::now();
         let stack = mesh_stack(&mesh);
         let loaded = started.elapsed().as_secs_f64();
-        // The rules run every second; let a few evaluations pass.
-        std::thread::sleep(Duration::from_secs(15));
-        let own = stack.own_metrics();
-        let rules_s: f64 = own
-            .lines()
-            .filter(|l| l.starts_with("prometheus_rule_group_last_duration_seconds{"))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum();
+        // The rules run every second, one evaluation after the other: wait
+        // for the first to end (at most 5 minutes).
+        let deadline = std::time::Instant::now() + Duration::from_secs(300);
+        let rules_s = loop {
+            let own = stack.own_metrics();
+            let seconds: f64 = own
+                .lines()
+                .filter(|l| l.starts_with("prometheus_rule_group_last_duration_seconds{"))
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum();
+            if seconds > 0.0 || std::time::Instant::now() >= deadline {
+                break seconds;
+            }
+            std::thread::sleep(Duration::from_secs(1));
+        };
         let (wall, rss_kib, code) = timed_cluster(&stack);
-        assert_eq!(code, 1);
+        assert_eq!(
+            code, 1,
+            "observer cluster over {nodes} nodes (its stderr is above)"
+        );
         println!(
             "bench cluster_series_per_node_{nodes} {} series",
             mesh.series_per_node()
@@ -399,10 +409,10 @@ fn cluster_scale_bench() {
         println!("bench cluster_rules_eval_{nodes} {rules_s:.3} s");
         println!("bench cluster_wall_{nodes} {wall:.2} s");
         println!("bench cluster_rss_{nodes} {} MiB", rss_kib / 1024);
-        println!(
-            "bench cluster_prometheus_rss_{nodes} {} MiB",
-            support::exporter::rss_kib(stack.pid()) / 1024
-        );
+        match support::exporter::try_rss_kib(stack.pid()) {
+            Some(kib) => println!("bench cluster_prometheus_rss_{nodes} {} MiB", kib / 1024),
+            None => println!("bench cluster_prometheus_rss_{nodes} exited -"),
+        }
     }
 }
 
@@ -420,6 +430,7 @@ fn timed_cluster(stack: &Stack) -> (f64, u64, i32) {
             env!("CARGO_BIN_EXE_observer"),
         ])
         .args(["cluster", "--prometheus", &stack.url(), "--output", "json"])
+        .args(["--timeout", "600s"])
         .stdout(std::process::Stdio::null())
         .spawn()
         .unwrap();
