@@ -463,9 +463,18 @@ pub fn pairs(window: &Window, options: Options) -> Cluster {
         }
     }
 
+    // Each pair reads only its two nodes' anomalies, not every node's.
+    let mut raised_by: BTreeMap<&str, Vec<&Reported>> = BTreeMap::new();
+    for a in &window.anomalies {
+        raised_by.entry(a.node.as_str()).or_default().push(a);
+    }
     let mut pairs: Vec<Pair> = building.0.into_values().collect();
     for p in &mut pairs {
-        judge(p, window, options);
+        let raised = [p.to.as_str(), p.from.as_str()]
+            .into_iter()
+            .flat_map(|node| raised_by.get(node).into_iter().flatten().copied());
+        let raised: Vec<&Reported> = raised.collect();
+        judge(p, &raised, &window.nodes, options);
     }
     pairs.sort_by(|a, b| {
         a.verdict
@@ -507,13 +516,15 @@ impl Building {
 }
 
 /// Sets the pair's loss, anomalies, verdict and next step.
-fn judge(p: &mut Pair, window: &Window, options: Options) {
+/// `raised`: the anomalies its two nodes raised; `nodes`: node name by
+/// underlay address.
+fn judge(p: &mut Pair, raised: &[&Reported], nodes: &BTreeMap<IpAddr, String>, options: Options) {
     let delivered = p.received.saturating_sub(p.dropped);
     p.loss = (p.sent > 0).then(|| (p.sent.saturating_sub(delivered)) as f64 / p.sent as f64);
-    let is = |address: &IpAddr, node: &str| window.nodes.get(address).is_some_and(|n| n == node);
+    let is = |address: &IpAddr, node: &str| nodes.get(address).is_some_and(|n| n == node);
     let mut decisive = Verdict::Healthy;
     let mut listed = BTreeSet::new();
-    for a in &window.anomalies {
+    for a in raised {
         if a.proto != p.proto && !any_proto(a.kind) {
             continue;
         }
@@ -539,7 +550,7 @@ fn judge(p: &mut Pair, window: &Window, options: Options) {
     } else if p.sent >= options.min_packets && p.loss.is_some_and(|loss| loss > options.loss_target)
     {
         decisive = decisive.min(if p.dropped > 0 {
-            Verdict::PolicyDrop.max(kernel_drop_verdict(p))
+            kernel_drop_verdict(p)
         } else {
             Verdict::Loss
         });

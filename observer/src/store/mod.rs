@@ -162,22 +162,20 @@ impl Store {
             request = request.header("Authorization", auth);
         }
         let time = format!("{at:.3}");
+        let unreachable = |e| StoreError::Unreachable {
+            url: self.url.clone(),
+            source: Box::new(e),
+        };
         let mut response = request
             .send_form([("query", promql), ("time", time.as_str())])
-            .map_err(|e| StoreError::Unreachable {
-                url: self.url.clone(),
-                source: Box::new(e),
-            })?;
+            .map_err(unreachable)?;
         let status = response.status().as_u16();
         let body = response
             .body_mut()
             .with_config()
             .limit(1 << 30)
             .read_to_vec()
-            .map_err(|e| StoreError::Unreachable {
-                url: self.url.clone(),
-                source: Box::new(e),
-            })?;
+            .map_err(unreachable)?;
         // The API answers 400/422/503 with its JSON error: its words are
         // better than the status.
         match prometheus::instant_vector(&body) {
