@@ -139,93 +139,85 @@ struct Reported {
 }
 
 impl Window {
-    /// Adds the answer to [`Queries::nodes`].
-    pub fn add_nodes(&mut self, series: &[Series]) {
-        for s in series {
-            match (s.label("node"), s.address("address")) {
-                (Some(node), Some(address)) if !node.is_empty() => {
-                    self.names.insert(node.to_string());
-                    self.nodes
-                        .entry(address)
-                        .or_insert_with(|| node.to_string());
-                }
-                _ => self.skipped += 1,
+    /// Adds a series of the answer to [`Queries::nodes`].
+    pub fn add_node(&mut self, s: &Series) {
+        match (s.label("node"), s.address("address")) {
+            (Some(node), Some(address)) if !node.is_empty() => {
+                self.names.insert(node.to_string());
+                self.nodes
+                    .entry(address)
+                    .or_insert_with(|| node.to_string());
             }
+            _ => self.skipped += 1,
         }
     }
 
-    /// Adds the answer to [`Queries::packets`].
-    pub fn add_packets(&mut self, series: &[Series]) {
-        for s in series {
-            let (Some(node), Some(peer), Some(proto), Some(direction)) = (
-                s.label("node"),
-                s.address("peer"),
-                s.label("proto"),
-                s.label("direction"),
-            ) else {
-                self.skipped += 1;
-                continue;
-            };
-            let entry = self
-                .packets
-                .entry((node.to_string(), peer, proto.to_string()))
-                .or_default();
-            match direction {
-                "tx" => entry.0 += s.packets(),
-                "rx" => entry.1 += s.packets(),
-                _ => self.skipped += 1,
-            }
+    /// Adds a series of the answer to [`Queries::packets`].
+    pub fn add_packet(&mut self, s: &Series) {
+        let (Some(node), Some(peer), Some(proto), Some(direction)) = (
+            s.label("node"),
+            s.address("peer"),
+            s.label("proto"),
+            s.label("direction"),
+        ) else {
+            self.skipped += 1;
+            return;
+        };
+        let entry = self
+            .packets
+            .entry((node.to_string(), peer, proto.to_string()))
+            .or_default();
+        match direction {
+            "tx" => entry.0 += s.packets(),
+            "rx" => entry.1 += s.packets(),
+            _ => self.skipped += 1,
         }
     }
 
-    /// Adds the answer to [`Queries::drops`].
-    pub fn add_drops(&mut self, series: &[Series]) {
-        for s in series {
-            let (Some(node), Some(peer), Some(proto), Some(reason)) = (
-                s.label("node"),
-                s.address("peer"),
-                s.label("proto"),
-                s.label("reason"),
-            ) else {
-                self.skipped += 1;
-                continue;
-            };
-            *self
-                .drops
-                .entry((
-                    node.to_string(),
-                    peer,
-                    proto.to_string(),
-                    reason.to_string(),
-                ))
-                .or_default() += s.packets();
-        }
-    }
-
-    /// Adds the answer to [`Queries::anomalies`].
-    pub fn add_anomalies(&mut self, series: &[Series]) {
-        for s in series {
-            let kind = s
-                .label("kind")
-                .and_then(|k| Kind::ALL.into_iter().find(|kind| kind.name() == k));
-            let (Some(node), Some(kind), Some(proto), Some(peer), Some(about)) = (
-                s.label("node"),
-                kind,
-                s.label("proto"),
-                s.address("peer"),
-                s.address("about"),
-            ) else {
-                self.skipped += 1;
-                continue;
-            };
-            self.anomalies.push(Reported {
-                node: node.to_string(),
-                kind,
-                proto: proto.to_string(),
+    /// Adds a series of the answer to [`Queries::drops`].
+    pub fn add_drop(&mut self, s: &Series) {
+        let (Some(node), Some(peer), Some(proto), Some(reason)) = (
+            s.label("node"),
+            s.address("peer"),
+            s.label("proto"),
+            s.label("reason"),
+        ) else {
+            self.skipped += 1;
+            return;
+        };
+        *self
+            .drops
+            .entry((
+                node.to_string(),
                 peer,
-                about,
-            });
-        }
+                proto.to_string(),
+                reason.to_string(),
+            ))
+            .or_default() += s.packets();
+    }
+
+    /// Adds a series of the answer to [`Queries::anomalies`].
+    pub fn add_anomaly(&mut self, s: &Series) {
+        let kind = s
+            .label("kind")
+            .and_then(|k| Kind::ALL.into_iter().find(|kind| kind.name() == k));
+        let (Some(node), Some(kind), Some(proto), Some(peer), Some(about)) = (
+            s.label("node"),
+            kind,
+            s.label("proto"),
+            s.address("peer"),
+            s.address("about"),
+        ) else {
+            self.skipped += 1;
+            return;
+        };
+        self.anomalies.push(Reported {
+            node: node.to_string(),
+            kind,
+            proto: proto.to_string(),
+            peer,
+            about,
+        });
     }
 
     /// The nodes that exported their identity.
@@ -651,6 +643,14 @@ pub fn join(addrs: &[IpAddr]) -> String {
 mod tests {
     use super::*;
 
+    /// Adds each of `series` to `w` as the command adds the series of an
+    /// answer.
+    fn add(w: &mut Window, adder: fn(&mut Window, &Series), series: &[Series]) {
+        for s in series {
+            adder(w, s);
+        }
+    }
+
     fn series(labels: &[(&str, &str)], value: f64) -> Series {
         Series {
             labels: labels
@@ -683,44 +683,56 @@ mod tests {
     /// by the allow-set; IPIP works both ways; cp1 and cp2 are fine.
     fn incident() -> Window {
         let mut w = Window::default();
-        w.add_nodes(&[
-            series(&[("node", "gpu"), ("address", GPU)], 1.0),
-            series(&[("node", "cp1"), ("address", CP1)], 1.0),
-            series(&[("node", "cp2"), ("address", CP2)], 1.0),
-        ]);
-        w.add_packets(&[
-            packets("gpu", CP1, "vxlan", "tx", 80.0),
-            packets("cp1", GPU, "vxlan", "tx", 78.0),
-            packets("gpu", ROUTER, "vxlan", "rx", 78.0),
-            packets("gpu", CP1, "ipip", "tx", 40.0),
-            packets("cp1", GPU, "ipip", "rx", 40.0),
-            packets("cp1", GPU, "ipip", "tx", 40.0),
-            packets("gpu", CP1, "ipip", "rx", 40.0),
-            packets("cp1", CP2, "vxlan", "tx", 40.0),
-            packets("cp2", CP1, "vxlan", "rx", 40.0),
-            packets("cp2", CP1, "vxlan", "tx", 40.0),
-            packets("cp1", CP2, "vxlan", "rx", 40.0),
-        ]);
-        w.add_drops(&[
-            series(
-                &[
-                    ("node", "gpu"),
-                    ("peer", ROUTER),
-                    ("proto", "vxlan"),
-                    ("reason", "calico_allow_set"),
-                ],
-                78.0,
-            ),
-            series(
-                &[
-                    ("node", "gpu"),
-                    ("peer", ROUTER),
-                    ("proto", "vxlan"),
-                    ("reason", "NETFILTER_DROP"),
-                ],
-                78.0,
-            ),
-        ]);
+        add(
+            &mut w,
+            Window::add_node,
+            &[
+                series(&[("node", "gpu"), ("address", GPU)], 1.0),
+                series(&[("node", "cp1"), ("address", CP1)], 1.0),
+                series(&[("node", "cp2"), ("address", CP2)], 1.0),
+            ],
+        );
+        add(
+            &mut w,
+            Window::add_packet,
+            &[
+                packets("gpu", CP1, "vxlan", "tx", 80.0),
+                packets("cp1", GPU, "vxlan", "tx", 78.0),
+                packets("gpu", ROUTER, "vxlan", "rx", 78.0),
+                packets("gpu", CP1, "ipip", "tx", 40.0),
+                packets("cp1", GPU, "ipip", "rx", 40.0),
+                packets("cp1", GPU, "ipip", "tx", 40.0),
+                packets("gpu", CP1, "ipip", "rx", 40.0),
+                packets("cp1", CP2, "vxlan", "tx", 40.0),
+                packets("cp2", CP1, "vxlan", "rx", 40.0),
+                packets("cp2", CP1, "vxlan", "tx", 40.0),
+                packets("cp1", CP2, "vxlan", "rx", 40.0),
+            ],
+        );
+        add(
+            &mut w,
+            Window::add_drop,
+            &[
+                series(
+                    &[
+                        ("node", "gpu"),
+                        ("peer", ROUTER),
+                        ("proto", "vxlan"),
+                        ("reason", "calico_allow_set"),
+                    ],
+                    78.0,
+                ),
+                series(
+                    &[
+                        ("node", "gpu"),
+                        ("peer", ROUTER),
+                        ("proto", "vxlan"),
+                        ("reason", "NETFILTER_DROP"),
+                    ],
+                    78.0,
+                ),
+            ],
+        );
         let anomaly = |node: &str, kind: &str, peer: &str, about: &str| {
             series(
                 &[
@@ -733,12 +745,16 @@ mod tests {
                 1.0,
             )
         };
-        w.add_anomalies(&[
-            anomaly("gpu", "snat_suspected", ROUTER, CP1),
-            anomaly("gpu", "allow_set_drop", ROUTER, ROUTER),
-            anomaly("gpu", "one_way", CP1, CP1),
-            anomaly("cp1", "one_way", GPU, GPU),
-        ]);
+        add(
+            &mut w,
+            Window::add_anomaly,
+            &[
+                anomaly("gpu", "snat_suspected", ROUTER, CP1),
+                anomaly("gpu", "allow_set_drop", ROUTER, ROUTER),
+                anomaly("gpu", "one_way", CP1, CP1),
+                anomaly("cp1", "one_way", GPU, GPU),
+            ],
+        );
         w
     }
 
@@ -804,30 +820,42 @@ mod tests {
     #[test]
     fn loss_on_the_path_and_drops_at_the_receiver_are_told_apart() {
         let mut w = Window::default();
-        w.add_nodes(&[
-            series(&[("node", "a"), ("address", "10.0.0.1")], 1.0),
-            series(&[("node", "b"), ("address", "10.0.0.2")], 1.0),
-        ]);
-        w.add_packets(&[
-            packets("a", "10.0.0.2", "geneve", "tx", 10_000.0),
-            packets("b", "10.0.0.1", "geneve", "rx", 9_990.0),
-            packets("b", "10.0.0.1", "geneve", "tx", 10_000.0),
-            packets("a", "10.0.0.2", "geneve", "rx", 10_000.0),
-            // Within the target: 4 of 10,000 (0.04 %).
-            packets("a", "10.0.0.2", "vxlan", "tx", 10_000.0),
-            packets("b", "10.0.0.1", "vxlan", "rx", 9_996.0),
-            // A foreign source nobody attributes.
-            packets("b", "192.0.2.9", "vxlan", "rx", 7.0),
-        ]);
-        w.add_drops(&[series(
+        add(
+            &mut w,
+            Window::add_node,
             &[
-                ("node", "a"),
-                ("peer", "10.0.0.2"),
-                ("proto", "geneve"),
-                ("reason", "IP_RPFILTER"),
+                series(&[("node", "a"), ("address", "10.0.0.1")], 1.0),
+                series(&[("node", "b"), ("address", "10.0.0.2")], 1.0),
             ],
-            30.0,
-        )]);
+        );
+        add(
+            &mut w,
+            Window::add_packet,
+            &[
+                packets("a", "10.0.0.2", "geneve", "tx", 10_000.0),
+                packets("b", "10.0.0.1", "geneve", "rx", 9_990.0),
+                packets("b", "10.0.0.1", "geneve", "tx", 10_000.0),
+                packets("a", "10.0.0.2", "geneve", "rx", 10_000.0),
+                // Within the target: 4 of 10,000 (0.04 %).
+                packets("a", "10.0.0.2", "vxlan", "tx", 10_000.0),
+                packets("b", "10.0.0.1", "vxlan", "rx", 9_996.0),
+                // A foreign source nobody attributes.
+                packets("b", "192.0.2.9", "vxlan", "rx", 7.0),
+            ],
+        );
+        add(
+            &mut w,
+            Window::add_drop,
+            &[series(
+                &[
+                    ("node", "a"),
+                    ("peer", "10.0.0.2"),
+                    ("proto", "geneve"),
+                    ("reason", "IP_RPFILTER"),
+                ],
+                30.0,
+            )],
+        );
         let cluster = pairs(&w, Options::default());
         let by = |from: &str, proto: &str| {
             cluster
@@ -857,28 +885,40 @@ mod tests {
     #[test]
     fn route_and_bgp_findings_speak_for_their_side_and_every_encapsulation() {
         let mut w = Window::default();
-        w.add_nodes(&[
-            series(&[("node", "n1"), ("address", "10.0.0.1")], 1.0),
-            series(&[("node", "n2"), ("address", "10.0.0.2")], 1.0),
-        ]);
-        w.add_packets(&[
-            packets("n1", "10.0.0.2", "ipip", "tx", 10.0),
-            packets("n2", "10.0.0.1", "ipip", "rx", 10.0),
-            packets("n2", "10.0.0.1", "ipip", "tx", 10.0),
-            packets("n1", "10.0.0.2", "ipip", "rx", 10.0),
-        ]);
+        add(
+            &mut w,
+            Window::add_node,
+            &[
+                series(&[("node", "n1"), ("address", "10.0.0.1")], 1.0),
+                series(&[("node", "n2"), ("address", "10.0.0.2")], 1.0),
+            ],
+        );
+        add(
+            &mut w,
+            Window::add_packet,
+            &[
+                packets("n1", "10.0.0.2", "ipip", "tx", 10.0),
+                packets("n2", "10.0.0.1", "ipip", "rx", 10.0),
+                packets("n2", "10.0.0.1", "ipip", "tx", 10.0),
+                packets("n1", "10.0.0.2", "ipip", "rx", 10.0),
+            ],
+        );
         // n1 lost its route to n2's block: n1 -> n2 is route loss, the
         // other way is fine.
-        w.add_anomalies(&[series(
-            &[
-                ("node", "n1"),
-                ("kind", "route_missing"),
-                ("proto", "other"),
-                ("peer", "10.0.0.2"),
-                ("about", "10.0.0.2"),
-            ],
-            1.0,
-        )]);
+        add(
+            &mut w,
+            Window::add_anomaly,
+            &[series(
+                &[
+                    ("node", "n1"),
+                    ("kind", "route_missing"),
+                    ("proto", "other"),
+                    ("peer", "10.0.0.2"),
+                    ("about", "10.0.0.2"),
+                ],
+                1.0,
+            )],
+        );
         let cluster = pairs(&w, Options::default());
         let lines: Vec<String> = cluster.pairs.iter().map(line).collect();
         assert_eq!(
@@ -893,9 +933,17 @@ mod tests {
     #[test]
     fn series_without_their_labels_are_skipped_and_counted() {
         let mut w = Window::default();
-        w.add_nodes(&[series(&[("node", "a")], 1.0)]);
-        w.add_packets(&[packets("a", "not-an-address", "vxlan", "tx", 1.0)]);
-        w.add_anomalies(&[series(&[("node", "a"), ("kind", "no_such_kind")], 1.0)]);
+        add(&mut w, Window::add_node, &[series(&[("node", "a")], 1.0)]);
+        add(
+            &mut w,
+            Window::add_packet,
+            &[packets("a", "not-an-address", "vxlan", "tx", 1.0)],
+        );
+        add(
+            &mut w,
+            Window::add_anomaly,
+            &[series(&[("node", "a"), ("kind", "no_such_kind")], 1.0)],
+        );
         assert_eq!(w.skipped, 3);
         assert!(pairs(&w, Options::default()).pairs.is_empty());
     }

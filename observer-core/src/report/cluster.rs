@@ -75,8 +75,13 @@ fn problems(cluster: &Cluster) -> usize {
         .count()
 }
 
-/// Writes the pairs as a table, worst first, then the next step of each
-/// pair with a problem and what fits no pair.
+/// Healthy pairs the table shows at most (a full mesh of 1,000 nodes has a
+/// million); every pair with a problem is shown.
+const TABLE_HEALTHY_ROWS: usize = 50;
+
+/// Writes the pairs as a table, worst first (every pair with a problem,
+/// then at most [`TABLE_HEALTHY_ROWS`] healthy ones), then the next step
+/// of each pair with a problem and what fits no pair.
 pub fn write_table(out: &mut impl Write, span: &Span<'_>, cluster: &Cluster) -> io::Result<()> {
     writeln!(
         out,
@@ -106,7 +111,12 @@ pub fn write_table(out: &mut impl Write, span: &Span<'_>, cluster: &Cluster) -> 
         "{:<w_from$}  {:<w_to$}  {:<9} {:>10} {:>10} {:>7}  {:<11}  DROPS AT RECEIVER / ANOMALIES",
         "FROM", "TO", "PROTO", "SENT", "RECEIVED", "LOSS", "VERDICT"
     )?;
-    for p in &cluster.pairs {
+    let mut healthy_rows = 0;
+    let shown = cluster.pairs.iter().filter(|p| {
+        healthy_rows += usize::from(p.verdict == Verdict::Healthy);
+        p.verdict != Verdict::Healthy || healthy_rows <= TABLE_HEALTHY_ROWS
+    });
+    for p in shown {
         let mut notes: Vec<String> = p.drops.iter().map(|(r, n)| format!("{r} {n}")).collect();
         if !p.arrived_from.is_empty() {
             notes.insert(0, format!("arrives from {}", join(&p.arrived_from)));
@@ -128,6 +138,13 @@ pub fn write_table(out: &mut impl Write, span: &Span<'_>, cluster: &Cluster) -> 
             notes.join(", ")
         );
         writeln!(out, "{}", row.trim_end())?;
+    }
+    let hidden = healthy_rows.saturating_sub(TABLE_HEALTHY_ROWS);
+    if hidden > 0 {
+        writeln!(
+            out,
+            "... and {hidden} more healthy pairs (--output json lists every pair)"
+        )?;
     }
     let steps: Vec<&Pair> = cluster
         .pairs
@@ -171,5 +188,72 @@ fn percent(share: f64) -> String {
         0.0 => "0%".to_string(),
         s if s >= 0.1 => format!("{:.0}%", s * 100.0),
         s => format!("{:.2}%", s * 100.0),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pair(from: usize, to: usize, verdict: Verdict) -> Pair {
+        Pair {
+            from: format!("n{from}"),
+            to: format!("n{to}"),
+            from_address: [10, 0, 0, from as u8].into(),
+            to_address: [10, 0, 0, to as u8].into(),
+            proto: "vxlan".to_string(),
+            sent: 10,
+            received: if verdict == Verdict::Healthy { 10 } else { 0 },
+            arrived_from: Vec::new(),
+            dropped: 0,
+            drops: BTreeMap::new(),
+            loss: Some(if verdict == Verdict::Healthy {
+                0.0
+            } else {
+                1.0
+            }),
+            anomalies: Vec::new(),
+            verdict,
+            next_step: String::new(),
+        }
+    }
+
+    #[test]
+    fn the_table_shows_every_problem_and_at_most_fifty_healthy_pairs() {
+        let mut pairs = vec![pair(1, 2, Verdict::OneWay)];
+        pairs.extend((3..63).map(|to| pair(1, to, Verdict::Healthy)));
+        let cluster = Cluster {
+            nodes: 62,
+            pairs,
+            ..Cluster::default()
+        };
+        let span = Span {
+            store: "http://prometheus:9090",
+            at: "2026-12-06T15:00:00Z",
+            window: "5m",
+        };
+        let mut out = Vec::new();
+        write_table(&mut out, &span, &cluster).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        let rows: Vec<&str> = text.lines().filter(|l| l.starts_with("n1 ")).collect();
+        assert_eq!(rows.len(), 1 + TABLE_HEALTHY_ROWS, "{text}");
+        assert!(rows[0].contains("one-way"), "{text}");
+        assert!(
+            text.contains("... and 10 more healthy pairs (--output json lists every pair)"),
+            "{text}"
+        );
+        assert!(
+            text.starts_with("62 nodes, 61 node pairs with tunnel traffic"),
+            "{text}"
+        );
+
+        let mut json = Vec::new();
+        write_json(&mut json, &span, &cluster).unwrap();
+        let pair_lines = String::from_utf8(json)
+            .unwrap()
+            .lines()
+            .filter(|l| l.contains(r#""type":"pair""#))
+            .count();
+        assert_eq!(pair_lines, 61);
     }
 }

@@ -42,7 +42,7 @@ pub fn run(args: ClusterArgs) -> Result<bool> {
         .as_secs_f64();
     let queries = Queries::new(args.window);
     let mut window = Window::default();
-    window.add_nodes(&store.query(&queries.nodes, unix)?);
+    store.query(&queries.nodes, unix, |s| window.add_node(&s))?;
     if window.node_names().is_empty() {
         bail!(
             "{} holds no observer_node_info in the {} up to {}: no observer exported its identity \
@@ -53,9 +53,9 @@ pub fn run(args: ClusterArgs) -> Result<bool> {
             timestamp(at)
         );
     }
-    window.add_packets(&store.query(&queries.packets, unix)?);
-    window.add_drops(&store.query(&queries.drops, unix)?);
-    window.add_anomalies(&store.query(&queries.anomalies, unix)?);
+    store.query(&queries.packets, unix, |s| window.add_packet(&s))?;
+    store.query(&queries.drops, unix, |s| window.add_drop(&s))?;
+    store.query(&queries.anomalies, unix, |s| window.add_anomaly(&s))?;
     if window.skipped > 0 {
         tracing::warn!(
             series = window.skipped,

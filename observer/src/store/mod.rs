@@ -152,8 +152,9 @@ impl Store {
         &self.url
     }
 
-    /// Evaluates `promql` at `at` (Unix seconds) as an instant query.
-    pub fn query(&self, promql: &str, at: f64) -> Result<Vec<Series>, StoreError> {
+    /// Evaluates `promql` at `at` (Unix seconds) as an instant query and
+    /// hands each series of the answer to `each` as it is read.
+    pub fn query(&self, promql: &str, at: f64, each: impl FnMut(Series)) -> Result<(), StoreError> {
         let mut request = self
             .agent
             .post(format!("{}/api/v1/query", self.url))
@@ -170,24 +171,24 @@ impl Store {
             .send_form([("query", promql), ("time", time.as_str())])
             .map_err(unreachable)?;
         let status = response.status().as_u16();
+        let answer = |source| StoreError::Answer {
+            url: self.url.clone(),
+            source,
+        };
+        if status == 200 {
+            let body = response.body_mut().with_config().reader();
+            return prometheus::instant_vector(body, each).map_err(answer);
+        }
         let body = response
             .body_mut()
             .with_config()
-            .limit(1 << 30)
+            .limit(1 << 20)
             .read_to_vec()
             .map_err(unreachable)?;
         // The API answers 400/422/503 with its JSON error: its words are
         // better than the status.
-        match prometheus::instant_vector(&body) {
-            Ok(series) if status == 200 => Ok(series),
-            Err(source @ AnswerError::Refused { .. }) => Err(StoreError::Answer {
-                url: self.url.clone(),
-                source,
-            }),
-            Err(source) if status == 200 => Err(StoreError::Answer {
-                url: self.url.clone(),
-                source,
-            }),
+        match prometheus::instant_vector(body.as_slice(), |_| ()) {
+            Err(source @ AnswerError::Refused { .. }) => Err(answer(source)),
             _ => Err(StoreError::Http {
                 url: self.url.clone(),
                 status,
