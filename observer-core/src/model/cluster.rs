@@ -7,7 +7,7 @@
 //! answers come in as [`Series`], the window's end is an input.
 
 use std::{
-    collections::{BTreeMap, BTreeSet},
+    collections::{BTreeMap, BTreeSet, HashMap},
     net::IpAddr,
     time::Duration,
 };
@@ -460,7 +460,7 @@ pub fn pairs(window: &Window, options: Options) -> Cluster {
     for a in &window.anomalies {
         raised_by.entry(a.node.as_str()).or_default().push(a);
     }
-    let mut pairs: Vec<Pair> = building.0.into_values().collect();
+    let mut pairs = building.pairs;
     for p in &mut pairs {
         let raised = [p.to.as_str(), p.from.as_str()]
             .into_iter()
@@ -468,7 +468,8 @@ pub fn pairs(window: &Window, options: Options) -> Cluster {
         let raised: Vec<&Reported> = raised.collect();
         judge(p, &raised, &window.nodes, options);
     }
-    pairs.sort_by(|a, b| {
+    // (from, to, proto) is unique: an unstable sort orders the same.
+    pairs.sort_unstable_by(|a, b| {
         a.verdict
             .cmp(&b.verdict)
             .then(b.loss.unwrap_or(0.0).total_cmp(&a.loss.unwrap_or(0.0)))
@@ -478,17 +479,28 @@ pub fn pairs(window: &Window, options: Options) -> Cluster {
     cluster
 }
 
-/// The pairs under construction, by (from node, to node, proto).
+/// The pairs under construction, and where each (from node, to node,
+/// proto) is among them, keyed by the window's own strings: a full mesh
+/// of 1,000 nodes has a million pairs, which a B-tree of pairs holds in
+/// twice their size.
 #[derive(Default)]
-struct Building(BTreeMap<(String, String, String), Pair>);
+struct Building<'w> {
+    index: HashMap<(&'w str, &'w str, &'w str), usize>,
+    pairs: Vec<Pair>,
+}
 
-impl Building {
+impl<'w> Building<'w> {
     /// The pair of `from` and `to` (node name and address) for `proto`,
     /// created on first use.
-    fn pair(&mut self, from: (&str, IpAddr), to: (&str, IpAddr), proto: &str) -> &mut Pair {
-        self.0
-            .entry((from.0.to_string(), to.0.to_string(), proto.to_string()))
-            .or_insert_with(|| Pair {
+    fn pair(
+        &mut self,
+        from: (&'w str, IpAddr),
+        to: (&'w str, IpAddr),
+        proto: &'w str,
+    ) -> &mut Pair {
+        let pairs = &mut self.pairs;
+        let at = *self.index.entry((from.0, to.0, proto)).or_insert_with(|| {
+            pairs.push(Pair {
                 from: from.0.to_string(),
                 to: to.0.to_string(),
                 from_address: from.1,
@@ -503,7 +515,10 @@ impl Building {
                 anomalies: Vec::new(),
                 verdict: Verdict::Healthy,
                 next_step: String::new(),
-            })
+            });
+            pairs.len() - 1
+        });
+        &mut pairs[at]
     }
 }
 

@@ -4,7 +4,7 @@
 //! auth or a bearer token read from files and TLS verified against the
 //! system's roots or a CA file.
 
-use std::{fs, path::Path, time::Duration};
+use std::{fs, io::BufReader, path::Path, time::Duration};
 
 use base64::Engine;
 use observer_core::{
@@ -176,7 +176,9 @@ impl Store {
             source,
         };
         if status == 200 {
-            let body = response.body_mut().with_config().reader();
+            // serde_json reads a reader byte by byte: buffer it.
+            let body =
+                BufReader::with_capacity(1 << 16, response.body_mut().with_config().reader());
             return prometheus::instant_vector(body, each).map_err(answer);
         }
         let body = response
