@@ -450,21 +450,28 @@ fn cluster_scale_bench() {
         let started = std::time::Instant::now();
         let stack = mesh_stack(&mesh);
         let loaded = started.elapsed().as_secs_f64();
-        // The rules run every second, one evaluation after the other: wait
-        // for the first to end (at most 5 minutes).
-        let deadline = std::time::Instant::now() + Duration::from_secs(300);
-        let rules_s = loop {
-            let own = stack.own_metrics();
-            let seconds: f64 = own
+        // Each group runs every second, one evaluation after the other:
+        // wait for the node-pair group's first to end (at most 5 minutes).
+        let group_seconds = |group: &str| -> f64 {
+            stack
+                .own_metrics()
                 .lines()
                 .filter(|l| l.starts_with("prometheus_rule_group_last_duration_seconds{"))
+                .filter(|l| l.contains(&format!(";{group}\"")))
                 .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-                .sum();
+                .sum()
+        };
+        let deadline = std::time::Instant::now() + Duration::from_secs(300);
+        let pair_rules_s = loop {
+            let seconds = group_seconds("observer-node-pairs");
             if seconds > 0.0 || std::time::Instant::now() >= deadline {
                 break seconds;
             }
             std::thread::sleep(Duration::from_secs(1));
         };
+        let node_rules_s = group_seconds("observer");
+        let now = unix_now();
+        let recorded = recorded_pairs(&stack, "observer:pair_loss:ratio5m", now - 30.0, now);
         let (wall, rss_kib, code) = timed_cluster(&stack);
         assert_eq!(
             code, 1,
@@ -475,7 +482,12 @@ fn cluster_scale_bench() {
             mesh.series_per_node()
         );
         println!("bench cluster_load_{nodes} {loaded:.1} s");
-        println!("bench cluster_rules_eval_{nodes} {rules_s:.3} s");
+        println!("bench cluster_pair_rules_eval_{nodes} {pair_rules_s:.3} s");
+        println!("bench cluster_node_rules_eval_{nodes} {node_rules_s:.3} s");
+        println!(
+            "bench cluster_recorded_pairs_{nodes} {} pairs",
+            recorded.len()
+        );
         println!("bench cluster_wall_{nodes} {wall:.2} s");
         println!("bench cluster_rss_{nodes} {} MiB", rss_kib / 1024);
         match support::exporter::try_rss_kib(stack.pid()) {
