@@ -36,6 +36,9 @@ const DEB_PACKAGES: &[&str] = &[
     "crun",
     // ring's C for the static musl binary of `cargo xtask image`.
     "musl-tools",
+    // GNU time: the cluster bench's peak RSS of `observer cluster` alone
+    // (a child forked from the bench starts with the bench's own).
+    "time",
 ];
 
 /// Debian packages that ship a service which must not run here, with its
