@@ -246,10 +246,22 @@ fn the_incident_lab_seen_from_prometheus_names_each_pair_exactly() {
         assert_eq!(received.get(&pair), Some(&0.0), "{pair:?}: {received:?}");
     }
 
-    // Every panel of the Grafana dashboard shows data over the lab's run,
-    // with the variables at "All": each of its queries runs, and one at
-    // least returns series (the BGP panel's sessions need a BIRD, which
-    // the incident lab's nodes do not run; its sockets query answers).
+    // Every panel of the Grafana dashboard shows data over the lab's run
+    // (the BGP panel's sessions need a BIRD, which the incident lab's
+    // nodes do not run: the BGP lab below fills them; its sockets query
+    // answers here).
+    let (empty_panels, empty_queries) = without_data(&stack, started, unix_now());
+    assert_eq!(empty_panels, Vec::<String>::new());
+    assert_eq!(
+        empty_queries,
+        [r#"observer_bgp_session_established{cluster=~".*", node=~".*"}"#]
+    );
+}
+
+/// Runs every query of every panel of the Grafana dashboard over `start`
+/// to `end` with the variables at "All": the titles of the panels that
+/// show no series, and the queries that return none.
+fn without_data(stack: &Stack, start: f64, end: f64) -> (Vec<String>, Vec<String>) {
     let dashboard: Value = serde_json::from_str(
         &std::fs::read_to_string(
             Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/grafana/observer-dashboard.json"),
@@ -266,6 +278,7 @@ fn the_incident_lab_seen_from_prometheus_names_each_pair_exactly() {
         .collect();
     assert_eq!(variables, ["datasource", "cluster", "node"]);
     let mut empty = Vec::new();
+    let mut empty_panels = Vec::new();
     for panel in dashboard["panels"].as_array().unwrap() {
         let mut shown = 0;
         for target in panel["targets"].as_array().unwrap() {
@@ -274,19 +287,85 @@ fn the_incident_lab_seen_from_prometheus_names_each_pair_exactly() {
                 .unwrap()
                 .replace("$cluster", ".*")
                 .replace("$node", ".*")
-                .replace("$__range", &format!("{}s", (end - started).ceil()));
-            let series = stack.query_range(&expr, started, end);
+                .replace("$__range", &format!("{}s", (end - start).ceil()));
+            let series = stack.query_range(&expr, start, end);
             if series.is_empty() {
                 empty.push(expr);
             }
             shown += series.len();
         }
-        assert!(shown > 0, "panel {:?} shows nothing", panel["title"]);
+        if shown == 0 {
+            empty_panels.push(panel["title"].as_str().unwrap().to_string());
+        }
     }
-    assert_eq!(
-        empty,
-        [r#"observer_bgp_session_established{cluster=~".*", node=~".*"}"#]
+    (empty_panels, empty)
+}
+
+/// The BGP lab (n4's BIRD stops, its sessions and its block's route go
+/// and come back) through node_exporters into Prometheus: the
+/// dashboard's BGP and route panels show it, sessions down included.
+#[test]
+fn the_bgp_lab_fills_the_dashboards_bgp_and_route_panels() {
+    if !support::have_root("the_bgp_lab_fills_the_dashboards_bgp_and_route_panels") {
+        return;
+    }
+    let stack = Stack::start(&["n1", "n2", "n3", "n4"]);
+    let started = unix_now();
+    let root = stack.textfile_root();
+    let (output, _) = run_lab_with(
+        "bgp-down",
+        Duration::from_secs(6),
+        &["--textfile-dir", root.to_str().unwrap()],
     );
+    assert!(
+        output.status.success(),
+        "{}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let end = unix_now();
+    // The BGP and route panels show data, every query of theirs (the lab
+    // has no tunnel traffic between its nodes: the pair panels stay empty).
+    let (empty_panels, empty_queries) = without_data(&stack, started, end);
+    for panel in [
+        "BGP: BIRD control sockets answering, sessions established",
+        "Route outages: pod blocks without a route",
+    ] {
+        assert!(!empty_panels.iter().any(|p| p == panel), "{empty_panels:?}");
+    }
+    assert!(
+        !empty_queries
+            .iter()
+            .any(|q| q.contains("observer_bgp_") || q.contains("observer_route")),
+        "{empty_queries:?}"
+    );
+    // Each other node's session with n4 is seen established (1) and, while
+    // n4's BIRD is stopped, down (0).
+    let sessions = stack.query_range(
+        r#"max by (node) (observer_bgp_session_established{neighbor="10.99.0.4"})"#,
+        started,
+        end,
+    );
+    let seen: BTreeMap<&str, BTreeSet<&str>> = sessions
+        .iter()
+        .map(|s| {
+            let values = s["values"].as_array().unwrap();
+            (
+                s["metric"]["node"].as_str().unwrap(),
+                values
+                    .iter()
+                    .map(|point| point[1].as_str().unwrap())
+                    .collect(),
+            )
+        })
+        .collect();
+    for node in ["n1", "n2", "n3"] {
+        assert_eq!(
+            seen.get(node),
+            Some(&BTreeSet::from(["0", "1"])),
+            "{node}: {sessions:?}"
+        );
+    }
 }
 
 fn unix_now() -> f64 {
