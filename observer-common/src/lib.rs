@@ -150,11 +150,16 @@ pub enum Unclassified {
     /// Not IP: ARP, LLC/STP, more than two VLAN tags, an IPv6 extension chain
     /// longer than the parser follows.
     Unsupported = 6,
+    /// A header the parser needs lies past the first
+    /// [`HEADER_WINDOW`](crate::parse::HEADER_WINDOW) bytes, which are all it
+    /// reads: a long IPv6 extension header (a 2 KB destination-options
+    /// header before the tunnel). Not followed, not necessarily cut.
+    BeyondWindow = 7,
 }
 
 impl Unclassified {
     /// Every reason, in numeric order (including `None`).
-    pub const ALL: [Unclassified; 7] = [
+    pub const ALL: [Unclassified; 8] = [
         Unclassified::None,
         Unclassified::TruncatedL2,
         Unclassified::TruncatedL3,
@@ -162,6 +167,7 @@ impl Unclassified {
         Unclassified::TruncatedEncap,
         Unclassified::MalformedL3,
         Unclassified::Unsupported,
+        Unclassified::BeyondWindow,
     ];
 
     /// Decodes the byte stored in a [`FlowKey`]; unknown values map to `Unsupported`.
@@ -182,6 +188,7 @@ impl Unclassified {
             Unclassified::TruncatedEncap => "truncated_encap",
             Unclassified::MalformedL3 => "malformed_l3",
             Unclassified::Unsupported => "unsupported",
+            Unclassified::BeyondWindow => "beyond_window",
         }
     }
 }

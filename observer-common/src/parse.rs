@@ -923,6 +923,20 @@ enum Fragment {
     Later,
 }
 
+/// Why `size` bytes at `off` could not be read: the frame is `short`, or
+/// they lie past [`HEADER_WINDOW`], where the parser never reads
+/// ([`Unclassified::BeyondWindow`]: a frame with a long IPv6 extension
+/// header is whole, and tcpdump follows it). Decided on the offset alone,
+/// so that every hook and replay agree whatever length each one sees.
+#[inline(always)]
+fn missing(off: usize, size: usize, short: Unclassified) -> Unclassified {
+    if off + size > HEADER_WINDOW {
+        Unclassified::BeyondWindow
+    } else {
+        short
+    }
+}
+
 /// Follows IPv6 extension headers to the upper-layer protocol.
 #[inline(always)]
 fn ipv6_payload<F: Frame>(
@@ -935,7 +949,7 @@ fn ipv6_payload<F: Frame>(
         match next {
             IPPROTO_HOPOPTS | IPPROTO_ROUTING | IPPROTO_DSTOPTS | IPPROTO_AH => {
                 let Some(ext) = f.read::<[u8; 2]>(off) else {
-                    return Err(Unclassified::TruncatedL3);
+                    return Err(missing(off, 2, Unclassified::TruncatedL3));
                 };
                 off += if next == IPPROTO_AH {
                     (ext[1] as usize + 2) * 4
@@ -945,13 +959,13 @@ fn ipv6_payload<F: Frame>(
                 // The whole header must be present (two-byte probe, as for
                 // IPv4 options).
                 if f.read::<[u8; 2]>(off - 2).is_none() {
-                    return Err(Unclassified::TruncatedL3);
+                    return Err(missing(off - 2, 2, Unclassified::TruncatedL3));
                 }
                 next = ext[0];
             }
             IPPROTO_FRAGMENT => {
                 let Some(ext) = f.read::<[u16; 4]>(off) else {
-                    return Err(Unclassified::TruncatedL3);
+                    return Err(missing(off, 8, Unclassified::TruncatedL3));
                 };
                 next = ext[0].to_ne_bytes()[0];
                 off += 8;
@@ -989,7 +1003,7 @@ fn udp_proto<P: PortTable>(source: u16, destination: u16, table: &P) -> Proto {
 #[inline(always)]
 fn udp<F: Frame, P: PortTable>(f: &F, off: usize, table: &P) -> Result<Encap, Unclassified> {
     let Some(ports) = f.read::<[u16; 4]>(off) else {
-        return Err(Unclassified::TruncatedL4);
+        return Err(missing(off, UDP_HLEN, Unclassified::TruncatedL4));
     };
     let proto = udp_proto(ports[0], ports[1], table);
     let hdr_off = off + UDP_HLEN;
@@ -998,7 +1012,7 @@ fn udp<F: Frame, P: PortTable>(f: &F, off: usize, table: &P) -> Result<Encap, Un
         Proto::Wireguard => {
             // Message type and reserved bytes.
             if f.read::<[u8; 4]>(hdr_off).is_none() {
-                return Err(Unclassified::TruncatedEncap);
+                return Err(missing(hdr_off, 4, Unclassified::TruncatedEncap));
             }
             return Ok(Encap {
                 proto,
@@ -1011,7 +1025,11 @@ fn udp<F: Frame, P: PortTable>(f: &F, off: usize, table: &P) -> Result<Encap, Un
         _ => (Inner::None, hdr_off + VXLAN_HLEN),
     };
     let Some(h) = f.read::<EncapHdr>(hdr_off) else {
-        return Err(Unclassified::TruncatedEncap);
+        return Err(missing(
+            hdr_off,
+            core::mem::size_of::<EncapHdr>(),
+            Unclassified::TruncatedEncap,
+        ));
     };
     let vni = u32::from_be(h.vni_reserved) >> 8;
     let (inner, inner_off) = match proto {
@@ -1054,7 +1072,7 @@ fn inner_of_ethertype(eth_type: u16) -> Inner {
 #[inline(always)]
 fn gre<F: Frame>(f: &F, off: usize) -> Result<Encap, Unclassified> {
     let Some(h) = f.read::<[u8; GRE_HLEN]>(off) else {
-        return Err(Unclassified::TruncatedEncap);
+        return Err(missing(off, GRE_HLEN, Unclassified::TruncatedEncap));
     };
     let mut encap = Encap {
         proto: Proto::Gre,

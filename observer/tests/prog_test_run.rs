@@ -1117,6 +1117,54 @@ fn malformed_cases() -> Vec<Case> {
         frame,
         Expect::unclassified(Unclassified::Unsupported),
     ));
+
+    // Extension headers reaching past the 512 bytes the programs read: a
+    // class of their own, not a cut frame (tcpdump follows them), whether
+    // what lies beyond is IPIP or VXLAN; a 400-byte header still ends
+    // inside the window, and the tunnel behind it is counted.
+    let i = pair("10.3.0.1", "10.3.0.2");
+    let inner = icmp_packet(i.0, i.1);
+    let o = pair("2001:db8:2::3", "2001:db8:2::4");
+    for (name, options, expect) in [
+        (
+            "ipip behind 2 KB of ipv6 destination options",
+            255,
+            Expect::unclassified(Unclassified::BeyondWindow),
+        ),
+        (
+            "ipip behind 400 bytes of ipv6 destination options",
+            49,
+            Expect::tunnel(Proto::Ipip, o, 0, Some(i)),
+        ),
+    ] {
+        let frame = eth(
+            ETH_P_IPV6,
+            &ipv6_ext(
+                v6(o.0),
+                v6(o.1),
+                &[Ipv6Ext::DestOpts(options)],
+                IPPROTO_IPIP,
+                &inner,
+            ),
+        );
+        cases.push(case(name, frame, expect));
+    }
+    let vx = udp(o6.0, o6.1, ENTROPY_PORT, VXLAN_PORT, &vxlan_header(1));
+    let frame = eth(
+        ETH_P_IPV6,
+        &ipv6_ext(
+            v6(o6.0),
+            v6(o6.1),
+            &[Ipv6Ext::HopByHop(0), Ipv6Ext::DestOpts(74)],
+            IPPROTO_UDP,
+            &vx,
+        ),
+    );
+    cases.push(case(
+        "vxlan behind 608 bytes of ipv6 extension headers",
+        frame,
+        Expect::unclassified(Unclassified::BeyondWindow),
+    ));
     cases
 }
 

@@ -636,6 +636,81 @@ fn long_frames_count_every_captured_byte() {
     }
 }
 
+/// IPv6 frames whose extension headers reach past the 512 bytes the
+/// parser reads (a 2 KB destination-options header before IPIP; 608 bytes
+/// of them before VXLAN) replay as `beyond_window`, not as cut frames,
+/// with the native classifier and the loaded programs alike; one whose
+/// 400-byte header ends inside the window replays as the IPIP it is.
+#[test]
+fn long_ipv6_extension_headers_are_beyond_the_window_in_both_engines() {
+    if !support::have_root("long_ipv6_extension_headers_are_beyond_the_window_in_both_engines") {
+        return;
+    }
+    use frames::{Ipv6Ext, addr, addr6, eth, icmp_packet, ipv6_ext, udp, vxlan_header};
+    let (a, b) = ("2001:db8:7::1", "2001:db8:7::2");
+    let inner = icmp_packet(addr("10.3.0.1"), addr("10.3.0.2"));
+    let ipip = |options: u8| {
+        eth(
+            0x86dd,
+            &ipv6_ext(
+                addr6(a),
+                addr6(b),
+                &[Ipv6Ext::DestOpts(options)],
+                4,
+                &inner,
+            ),
+        )
+    };
+    let vxlan = eth(
+        0x86dd,
+        &ipv6_ext(
+            addr6(a),
+            addr6(b),
+            &[Ipv6Ext::HopByHop(0), Ipv6Ext::DestOpts(74)],
+            17,
+            &udp(addr(a), addr(b), 40_000, 4789, &vxlan_header(1)),
+        ),
+    );
+    let frames = [ipip(255), vxlan, ipip(49)];
+    let path = temp_path("ext", "pcap");
+    let files = TempFiles(vec![path.clone()]);
+    let mut writer = PcapWriter::with_header(
+        fs::File::create(&path).unwrap(),
+        PcapHeader {
+            snaplen: 65_535,
+            ..PcapHeader::default()
+        },
+    )
+    .unwrap();
+    for (i, frame) in frames.iter().enumerate() {
+        writer
+            .write_raw_packet(&RawPcapPacket {
+                ts_sec: 1_700_000_000 + i as u32,
+                ts_frac: 0,
+                incl_len: frame.len() as u32,
+                orig_len: frame.len() as u32,
+                data: frame.as_slice().into(),
+            })
+            .unwrap();
+    }
+    drop(writer);
+    let ns = Netns::new("rplx");
+    let file = files.0[0].to_str().unwrap();
+    let run = replay_both(&ns, &[file]);
+    let beyond: u64 = run
+        .lines
+        .iter()
+        .filter(|l| l["type"] == "unclassified" && l["reason"] == "beyond_window")
+        .map(|l| l["packets"].as_u64().unwrap())
+        .sum();
+    assert_eq!(beyond, 2, "{:#?}", run.lines);
+    assert_eq!(
+        run.counts(file, "rx", "ipip", Some(a), 0),
+        (1, frames[2].len() as u64)
+    );
+    assert_eq!(all_packets(&run, file), 3);
+}
+
 // ---------------------------------------------------------------------------
 // Damaged and foreign files.
 
