@@ -652,13 +652,7 @@ fn long_ipv6_extension_headers_are_beyond_the_window_in_both_engines() {
     let ipip = |options: u8| {
         eth(
             0x86dd,
-            &ipv6_ext(
-                addr6(a),
-                addr6(b),
-                &[Ipv6Ext::DestOpts(options)],
-                4,
-                &inner,
-            ),
+            &ipv6_ext(addr6(a), addr6(b), &[Ipv6Ext::DestOpts(options)], 4, &inner),
         )
     };
     let vxlan = eth(

@@ -51,7 +51,7 @@ enum Task {
     /// Everything CI checks: rustfmt, clippy (-D warnings, all targets, eBPF
     /// crate included), the deploy/ files (promtool check and test of the
     /// alert rules, the PrometheusRule and the privileged DaemonSet in sync,
-    /// kubernetes-validate --strict of the manifests), `cargo fuzz check`
+    /// kubernetes-validate --strict of the manifests), a `cargo check`
     /// of every fuzz target (type-checked, not run), that
     /// observer/src imports only downwards and without cycles (`layers`), the
     /// OCI image (`image --profile dev`, which observer/tests/image.rs
