@@ -609,6 +609,55 @@ fn timed_cluster(stack: &Stack) -> (f64, u64, i32) {
     (wall, kib, status.code().unwrap_or(-1))
 }
 
+/// A store behind a gateway that wants a bearer token (nginx in front of
+/// Prometheus): read with `--bearer-token-file`; a wrong token or none is
+/// the gateway's 401, named, exit 2.
+#[test]
+fn a_store_behind_a_bearer_token_gateway_is_read_with_the_token_file() {
+    let test = "a_store_behind_a_bearer_token_gateway_is_read_with_the_token_file";
+    if !support::have_root(test) {
+        return;
+    }
+    let mesh = Mesh {
+        nodes: 3,
+        broken: (0, 1),
+    };
+    let stack = mesh_stack(&mesh);
+    let proxy = stack.behind_bearer_proxy("t0ken-of-the-gateway");
+    let good = stack.dir().join("token");
+    std::fs::write(&good, "t0ken-of-the-gateway\n").unwrap();
+    let bad = stack.dir().join("bad-token");
+    std::fs::write(&bad, "another\n").unwrap();
+    let run = |args: &[&str]| {
+        let out = stack.cluster_at(&proxy.url(), args);
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, stdout, stderr) = run(&[
+        "--bearer-token-file",
+        good.to_str().unwrap(),
+        "--output",
+        "json",
+    ]);
+    assert_eq!(code, Some(1), "{stdout}{stderr}{}", proxy.log());
+    assert!(
+        stdout.contains(r#""from":"n0000","to":"n0001","#)
+            && stdout.contains(r#""verdict":"one_way""#),
+        "{stdout}"
+    );
+    for args in [&["--bearer-token-file", bad.to_str().unwrap()][..], &[]] {
+        let (code, _, stderr) = run(args);
+        assert_eq!(code, Some(2), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains("answered HTTP 401 (check --basic-auth-file / --bearer-token-file)"),
+            "{args:?}: {stderr}"
+        );
+    }
+}
+
 #[test]
 fn a_store_behind_tls_and_basic_auth_is_read_with_the_ca_and_credential_files() {
     let test = "a_store_behind_tls_and_basic_auth_is_read_with_the_ca_and_credential_files";

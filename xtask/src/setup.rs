@@ -59,6 +59,10 @@ const SERVICE_PACKAGES: &[(&str, &str)] = &[
     // The image test runs the image with podman (crun); its API service
     // stays off.
     ("podman", "podman.service"),
+    // A reverse proxy that wants a bearer token in front of the cluster
+    // test's Prometheus (observer cluster --bearer-token-file), as gateways
+    // in front of Thanos or Mimir do; the test starts its own.
+    ("nginx-light", "nginx.service"),
 ];
 
 /// kubernetes-validate from PyPI validates deploy/'s manifests against the

@@ -391,6 +391,12 @@ impl Stack {
     /// Runs `observer cluster --prometheus <url> ARGS` in the stack's
     /// namespace.
     pub fn cluster(&self, args: &[&str]) -> Output {
+        self.cluster_at(&self.url(), args)
+    }
+
+    /// Runs `observer cluster --prometheus URL ARGS` in the stack's
+    /// namespace (`url`: a proxy in front of Prometheus).
+    pub fn cluster_at(&self, url: &str, args: &[&str]) -> Output {
         Command::new("ip")
             .args([
                 "netns",
@@ -398,11 +404,101 @@ impl Stack {
                 self.netns.name(),
                 env!("CARGO_BIN_EXE_observer"),
             ])
-            .args(["cluster", "--prometheus", &self.url()])
+            .args(["cluster", "--prometheus", url])
             .args(args)
             .stdin(Stdio::null())
             .output()
             .expect("running observer cluster")
+    }
+
+    /// Starts nginx in the stack's namespace as a reverse proxy to
+    /// Prometheus that answers 401 unless the request carries
+    /// `Authorization: Bearer <token>`, as a gateway in front of Thanos or
+    /// Mimir does.
+    pub fn behind_bearer_proxy(&self, token: &str) -> BearerProxy {
+        let dir = self.dir.path().join("nginx");
+        std::fs::create_dir_all(&dir).unwrap();
+        let port = self.netns.run(|| {
+            TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port()
+        });
+        let d = dir.display();
+        let config = format!(
+            "daemon off;\nmaster_process off;\npid {d}/nginx.pid;\nerror_log {d}/error.log;\n\
+             events {{}}\n\
+             http {{\n  access_log off;\n  client_body_temp_path {d}/body;\n  \
+             proxy_temp_path {d}/proxy;\n  fastcgi_temp_path {d}/fastcgi;\n  \
+             uwsgi_temp_path {d}/uwsgi;\n  scgi_temp_path {d}/scgi;\n  \
+             server {{\n    listen 127.0.0.1:{port};\n    location / {{\n      \
+             if ($http_authorization != \"Bearer {token}\") {{ return 401; }}\n      \
+             proxy_pass http://127.0.0.1:{};\n    }}\n  }}\n}}\n",
+            self.port
+        );
+        let config_path = dir.join("nginx.conf");
+        std::fs::write(&config_path, config).unwrap();
+        let child = Command::new("ip")
+            .args(["netns", "exec", self.netns.name(), NGINX])
+            .arg("-e")
+            .arg(dir.join("error.log"))
+            .arg("-p")
+            .arg(&dir)
+            .arg("-c")
+            .arg(&config_path)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawning nginx (cargo xtask setup installs nginx-light)");
+        let mut proxy = BearerProxy { child, port, dir };
+        let addr = format!("127.0.0.1:{port}");
+        let deadline = Instant::now() + WAIT;
+        while !in_netns(self.netns.name(), {
+            let addr = addr.clone();
+            move || TcpStream::connect(addr).is_ok()
+        }) {
+            if let Ok(Some(status)) = proxy.child.try_wait() {
+                panic!("nginx exited ({status}): {}", proxy.log());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "nginx not listening: {}",
+                proxy.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        proxy
+    }
+}
+
+/// Debian's nginx (nginx-light).
+const NGINX: &str = "/usr/sbin/nginx";
+
+/// nginx in front of a [`Stack`]'s Prometheus ([`Stack::behind_bearer_proxy`]);
+/// stopped on drop.
+pub struct BearerProxy {
+    child: Child,
+    port: u16,
+    dir: PathBuf,
+}
+
+impl BearerProxy {
+    /// The proxy's base URL (inside the stack's namespace).
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// What nginx logged.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("error.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for BearerProxy {
+    fn drop(&mut self) {
+        terminate(&mut self.child, Duration::from_secs(10));
     }
 }
 
