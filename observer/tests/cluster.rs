@@ -609,6 +609,15 @@ fn timed_cluster(stack: &Stack) -> (f64, u64, i32) {
     (wall, kib, status.code().unwrap_or(-1))
 }
 
+/// A command's exit code, stdout and stderr.
+fn outcome(out: std::process::Output) -> (Option<i32>, String, String) {
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
 /// A store behind a gateway that wants a bearer token (nginx in front of
 /// Prometheus): read with `--bearer-token-file`; a wrong token or none is
 /// the gateway's 401, named, exit 2.
@@ -628,14 +637,7 @@ fn a_store_behind_a_bearer_token_gateway_is_read_with_the_token_file() {
     std::fs::write(&good, "t0ken-of-the-gateway\n").unwrap();
     let bad = stack.dir().join("bad-token");
     std::fs::write(&bad, "another\n").unwrap();
-    let run = |args: &[&str]| {
-        let out = stack.cluster_at(&proxy.url(), args);
-        (
-            out.status.code(),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
-    };
+    let run = |args: &[&str]| outcome(stack.cluster_at(&proxy.url(), args));
     let (code, stdout, stderr) = run(&[
         "--bearer-token-file",
         good.to_str().unwrap(),
@@ -674,14 +676,7 @@ fn a_store_behind_tls_and_basic_auth_is_read_with_the_ca_and_credential_files() 
     let auth = stack.dir().join("auth");
     std::fs::write(&auth, "observer:s3cret\n").unwrap();
     let (ca, auth) = (ca.to_str().unwrap(), auth.to_str().unwrap());
-    let run = |args: &[&str]| {
-        let out = stack.cluster(args);
-        (
-            out.status.code(),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
-    };
+    let run = |args: &[&str]| outcome(stack.cluster(args));
     // CA and password: the broken pair, named.
     let (code, stdout, stderr) = run(&[
         "--ca-file",

@@ -553,6 +553,30 @@ fn recorded_vxlan_and_ipip_replay_as_tcpdump_counts_them() {
 // ---------------------------------------------------------------------------
 // Long frames.
 
+/// Writes `frames` whole as a little-endian pcap at `path` with snap
+/// length `snaplen`, a second apart.
+fn write_pcap<'a>(path: &Path, snaplen: u32, frames: impl IntoIterator<Item = &'a Vec<u8>>) {
+    let mut writer = PcapWriter::with_header(
+        fs::File::create(path).unwrap(),
+        PcapHeader {
+            snaplen,
+            ..PcapHeader::default()
+        },
+    )
+    .unwrap();
+    for (i, frame) in frames.into_iter().enumerate() {
+        writer
+            .write_raw_packet(&RawPcapPacket {
+                ts_sec: 1_700_000_000 + i as u32,
+                ts_frac: 0,
+                incl_len: frame.len() as u32,
+                orig_len: frame.len() as u32,
+                data: frame.as_slice().into(),
+            })
+            .unwrap();
+    }
+}
+
 /// A VXLAN frame from `src` to `dst` (VNI 42) of exactly `len` bytes: an
 /// ICMP inner frame padded with zeros.
 fn vxlan_of_len(src: &str, dst: &str, len: usize) -> Vec<u8> {
@@ -584,26 +608,7 @@ fn long_frames_count_every_captured_byte() {
     ];
     let path = temp_path("long", "pcap");
     let files = TempFiles(vec![path.clone()]);
-    let mut writer = PcapWriter::with_header(
-        fs::File::create(&path).unwrap(),
-        PcapHeader {
-            snaplen: 262_144,
-            ..PcapHeader::default()
-        },
-    )
-    .unwrap();
-    for (i, frame) in received.iter().chain(&sent).enumerate() {
-        writer
-            .write_raw_packet(&RawPcapPacket {
-                ts_sec: 1_700_000_000 + i as u32,
-                ts_frac: 0,
-                incl_len: frame.len() as u32,
-                orig_len: frame.len() as u32,
-                data: frame.as_slice().into(),
-            })
-            .unwrap();
-    }
-    drop(writer);
+    write_pcap(&path, 262_144, received.iter().chain(&sent));
     let ns = Netns::new("rpl");
     let file = files.0[0].to_str().unwrap();
     let total = |frames: &[Vec<u8>]| frames.iter().map(|f| f.len() as u64).sum::<u64>();
@@ -668,26 +673,7 @@ fn long_ipv6_extension_headers_are_beyond_the_window_in_both_engines() {
     let frames = [ipip(255), vxlan, ipip(49)];
     let path = temp_path("ext", "pcap");
     let files = TempFiles(vec![path.clone()]);
-    let mut writer = PcapWriter::with_header(
-        fs::File::create(&path).unwrap(),
-        PcapHeader {
-            snaplen: 65_535,
-            ..PcapHeader::default()
-        },
-    )
-    .unwrap();
-    for (i, frame) in frames.iter().enumerate() {
-        writer
-            .write_raw_packet(&RawPcapPacket {
-                ts_sec: 1_700_000_000 + i as u32,
-                ts_frac: 0,
-                incl_len: frame.len() as u32,
-                orig_len: frame.len() as u32,
-                data: frame.as_slice().into(),
-            })
-            .unwrap();
-    }
-    drop(writer);
+    write_pcap(&path, 65_535, &frames);
     let ns = Netns::new("rplx");
     let file = files.0[0].to_str().unwrap();
     let run = replay_both(&ns, &[file]);
