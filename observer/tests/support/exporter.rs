@@ -7,7 +7,7 @@
 use std::{
     collections::{BTreeMap, BTreeSet},
     io::{Read, Write},
-    net::{Ipv4Addr, TcpListener, TcpStream},
+    net::{Ipv4Addr, TcpStream},
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     sync::{
@@ -20,7 +20,9 @@ use std::{
 
 use observer_testkit::storm::Storm;
 
-use super::netns::{Netns, WAIT, in_netns, run, temp_path, terminate, try_run};
+use super::netns::{
+    Netns, WAIT, free_port, in_netns, run, temp_path, terminate, try_run, wait_listening,
+};
 
 /// Debian's node_exporter (package prometheus-node-exporter).
 pub const NODE_EXPORTER: &str = "/usr/bin/prometheus-node-exporter";
@@ -402,14 +404,7 @@ impl NodeExporter {
     /// Starts it on a free port of `ns`'s loopback, reading `dir`, and waits
     /// until it accepts connections.
     pub fn start(ns: &Netns, dir: &Path) -> NodeExporter {
-        // A free port: bind port 0 in the namespace and let it go again.
-        let port = ns.run(|| {
-            TcpListener::bind("127.0.0.1:0")
-                .expect("bind 127.0.0.1:0")
-                .local_addr()
-                .unwrap()
-                .port()
-        });
+        let port = free_port(ns);
         let log = temp_path("node-exporter", "log");
         let log_file = std::fs::File::create(&log).unwrap();
         let child = Command::new("ip")
@@ -431,20 +426,13 @@ impl NodeExporter {
             port,
             log,
         };
-        let deadline = Instant::now() + WAIT;
-        loop {
-            let addr = format!("127.0.0.1:{port}");
-            if in_netns(&exporter.netns, move || TcpStream::connect(addr).is_ok()) {
-                break;
-            }
-            if let Ok(Some(status)) = exporter.child.try_wait() {
-                panic!("node_exporter exited ({status}): {}", exporter.log_text());
-            }
-            if Instant::now() >= deadline {
-                panic!("node_exporter not listening: {}", exporter.log_text());
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        wait_listening(
+            ns.name(),
+            port,
+            "node_exporter",
+            &mut exporter.child,
+            || std::fs::read_to_string(&exporter.log).unwrap_or_default(),
+        );
         exporter
     }
 

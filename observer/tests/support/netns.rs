@@ -675,3 +675,38 @@ pub fn send_frames(ns: &Netns, iface: &str, frames: Vec<(Vec<u8>, u32)>) {
         }
     });
 }
+
+/// A free TCP port on `ns`'s loopback: port 0 bound there, and let go.
+pub fn free_port(ns: &Netns) -> u16 {
+    ns.run(|| {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .expect("bind 127.0.0.1:0")
+            .local_addr()
+            .unwrap()
+            .port()
+    })
+}
+
+/// Waits (at most [`WAIT`]) until `server`, started in the namespace
+/// `netns`, accepts TCP connections on its loopback `port`; fails naming
+/// `what` and its `log` when it exits or never listens.
+pub fn wait_listening(
+    netns: &str,
+    port: u16,
+    what: &str,
+    server: &mut Child,
+    log: impl Fn() -> String,
+) {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let addr = format!("127.0.0.1:{port}");
+        if in_netns(netns, move || std::net::TcpStream::connect(addr).is_ok()) {
+            return;
+        }
+        if let Ok(Some(status)) = server.try_wait() {
+            panic!("{what} exited ({status}): {}", log());
+        }
+        assert!(Instant::now() < deadline, "{what} not listening: {}", log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

@@ -7,7 +7,7 @@
 
 use std::{
     io::{Read, Write},
-    net::{TcpListener, TcpStream},
+    net::TcpStream,
     path::{Path, PathBuf},
     process::{Child, Command, Output, Stdio},
     time::{Duration, Instant},
@@ -17,7 +17,7 @@ use serde_json::Value;
 
 use super::{
     exporter::NodeExporter,
-    netns::{Netns, WAIT, in_netns, terminate},
+    netns::{Netns, WAIT, free_port, in_netns, terminate, wait_listening},
 };
 
 /// Debian's Prometheus server.
@@ -236,13 +236,7 @@ impl Stack {
         );
         let config_path = dir.path().join("prometheus.yml");
         std::fs::write(&config_path, config).unwrap();
-        let port = netns.run(|| {
-            TcpListener::bind("127.0.0.1:0")
-                .unwrap()
-                .local_addr()
-                .unwrap()
-                .port()
-        });
+        let port = free_port(&netns);
         let log = std::fs::File::create(dir.path().join("prometheus.log")).unwrap();
         let prometheus = Command::new("ip")
             .args(["netns", "exec", netns.name(), PROMETHEUS])
@@ -418,13 +412,7 @@ impl Stack {
     pub fn behind_bearer_proxy(&self, token: &str) -> BearerProxy {
         let dir = self.dir.path().join("nginx");
         std::fs::create_dir_all(&dir).unwrap();
-        let port = self.netns.run(|| {
-            TcpListener::bind("127.0.0.1:0")
-                .unwrap()
-                .local_addr()
-                .unwrap()
-                .port()
-        });
+        let port = free_port(&self.netns);
         let d = dir.display();
         let config = format!(
             "daemon off;\nmaster_process off;\npid {d}/nginx.pid;\nerror_log {d}/error.log;\n\
@@ -453,22 +441,10 @@ impl Stack {
             .spawn()
             .expect("spawning nginx (cargo xtask setup installs nginx-light)");
         let mut proxy = BearerProxy { child, port, dir };
-        let addr = format!("127.0.0.1:{port}");
-        let deadline = Instant::now() + WAIT;
-        while !in_netns(self.netns.name(), {
-            let addr = addr.clone();
-            move || TcpStream::connect(addr).is_ok()
-        }) {
-            if let Ok(Some(status)) = proxy.child.try_wait() {
-                panic!("nginx exited ({status}): {}", proxy.log());
-            }
-            assert!(
-                Instant::now() < deadline,
-                "nginx not listening: {}",
-                proxy.log()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        let log = proxy.dir.join("error.log");
+        wait_listening(self.netns.name(), port, "nginx", &mut proxy.child, || {
+            std::fs::read_to_string(&log).unwrap_or_default()
+        });
         proxy
     }
 }
