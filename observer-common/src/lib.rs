@@ -704,6 +704,18 @@ assert_no_padding!(
         origin,
         proto,
         peer_family,
+        stage,
+        direction,
+        _pad,
+        location
+    },
+    location
+);
+assert_no_padding!(
+    BlockPeer {
+        node,
+        node_family,
+        proto,
         _pad
     },
     _pad
@@ -747,6 +759,7 @@ assert_no_padding!(
         dev_ifindex,
         dev_nd_net,
         net_inum,
+        skb_network_header,
         valid
     },
     valid
@@ -767,6 +780,7 @@ mod pod {
     unsafe impl aya::Pod for super::BgpCounters {}
     unsafe impl aya::Pod for super::WatchedIface {}
     unsafe impl aya::Pod for super::SkbLayout {}
+    unsafe impl aya::Pod for super::BlockPeer {}
 }
 
 /// Name of the per-CPU LRU hash map of [`DropKey`] -> [`DropValue`]:
@@ -793,10 +807,57 @@ pub const LOCAL_VNIS_MAP: &str = "LOCAL_VNIS";
 pub const LOCAL_VNIS_MAX: u32 = 4096;
 /// Name of the map ifindex -> underlay MTU of watched interfaces.
 pub const IFACE_MTU_MAP: &str = "IFACE_MTU";
-/// Name of the hash set of [`WatchedIface`]s the kfree_skb program counts.
+/// Name of the hash map of [`WatchedIface`]s the kfree_skb program counts,
+/// each with its [`stage`].
 pub const WATCHED_MAP: &str = "WATCHED";
-/// Capacity of [`WATCHED_MAP`] and [`IFACE_MTU_MAP`].
-pub const WATCHED_MAX: u32 = 256;
+/// Capacity of [`WATCHED_MAP`] and [`IFACE_MTU_MAP`]: the attached
+/// interfaces, the tunnel devices and a node's pod-facing devices (a
+/// Kubernetes node runs at most a few hundred pods).
+pub const WATCHED_MAX: u32 = 1024;
+
+/// Where on the way into a pod a watched interface sits: the value of
+/// [`WATCHED_MAP`] and [`DropKey::stage`].
+pub mod stage {
+    /// An attached (underlay) interface: drops are parsed from the outer
+    /// Ethernet header.
+    pub const UNDERLAY: u8 = 0;
+    /// A tunnel device (vxlan.calico, tunl0, flannel.1): the packet is
+    /// decapsulated, drops are parsed from the inner IP header.
+    pub const TUNNEL: u8 = 1;
+    /// A pod-facing device (cali*, cni0, veth*): inner packets too.
+    pub const POD: u8 = 2;
+}
+
+/// Name of the LPM trie of pod blocks -> the node that owns them
+/// ([`BlockPeer`]), from the data-plane view: kfree_skb attributes a drop
+/// after decapsulation to the node of its inner source (or destination).
+/// Keys are sixteen bytes, IPv4 blocks as IPv4-mapped IPv6
+/// (`::ffff:a.b.c.d`, prefix length + 96).
+pub const BLOCKS_MAP: &str = "BLOCKS";
+/// Capacity of [`BLOCKS_MAP`]: a block per node of a 16,384-node cluster.
+pub const BLOCKS_MAX: u32 = 16_384;
+
+/// The IPv4-mapped IPv6 words (as in the packet) of an IPv4 address word,
+/// the key data of [`BLOCKS_MAP`].
+#[inline(always)]
+pub fn v4_mapped(addr: u32) -> [u32; 4] {
+    [0, 0, u32::from_be(0x0000_ffff), addr]
+}
+
+/// Value of [`BLOCKS_MAP`]: the node a pod block belongs to.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct BlockPeer {
+    /// The node's underlay address, as [`FlowKey::peer`].
+    pub node: [u32; 4],
+    /// [`family`] of `node`.
+    pub node_family: u8,
+    /// [`Proto`] of the tunnel the block is routed through (`Other`:
+    /// direct routing).
+    pub proto: u8,
+    /// Padding, always zero.
+    pub _pad: [u8; 2],
+}
 /// Name of the array of `u64` words whose bit `ifindex % WATCHED_BITS` is
 /// set for every watched interface: kfree_skb's first test, two reads into
 /// the skb, so that a drop on any other device costs almost nothing. A set
@@ -916,9 +977,13 @@ impl ClassifierDrop {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct DropKey {
     /// Outer source of the dropped packet (zero for `Other`); for
-    /// [`ClassifierDrop::PathMtu`] the destination of the quoted packet.
+    /// [`ClassifierDrop::PathMtu`] the destination of the quoted packet;
+    /// after decapsulation the node whose pod block holds the inner
+    /// source or destination ([`BLOCKS_MAP`], see `direction`), zero
+    /// when no block does.
     pub peer: [u32; 4],
-    /// Interface the packet arrived on.
+    /// Interface the packet arrived on (underlay), or was on when the
+    /// kernel freed it (tunnel and pod devices).
     pub ifindex: u32,
     /// VNI when the encapsulation has one; for [`ClassifierDrop::PathMtu`]
     /// the next-hop MTU the router reported (rows per MTU value stay few).
@@ -933,12 +998,24 @@ pub struct DropKey {
     pub proto: u8,
     /// [`family`] of `peer`.
     pub peer_family: u8,
+    /// [`stage`] of the interface.
+    pub stage: u8,
+    /// [`Direction`] as u8: after decapsulation, `Rx` when `peer` is the
+    /// node the inner source belongs to, `Tx` when it is the inner
+    /// destination's (the packet was on its way there); always `Rx` on
+    /// the underlay.
+    pub direction: u8,
     /// Padding, always zero.
-    pub _pad: u8,
+    pub _pad: [u8; 7],
+    /// Kernel drops: the address the skb was freed from (the
+    /// tracepoint's `location`), which userspace names through
+    /// `/proc/kallsyms`; 0 for the classifier.
+    pub location: u64,
 }
 
 impl DropKey {
-    /// The key of a drop of the classified frame `c` on `ifindex`.
+    /// The key of a drop of the classified frame `c` on underlay
+    /// interface `ifindex`.
     #[inline(always)]
     pub fn of(ifindex: u32, c: &parse::Classified, origin: u8, reason: u32) -> DropKey {
         DropKey {
@@ -949,7 +1026,10 @@ impl DropKey {
             origin,
             proto: c.proto as u8,
             peer_family: c.peer_family,
-            _pad: 0,
+            stage: stage::UNDERLAY,
+            direction: Direction::Rx as u8,
+            _pad: [0; 7],
+            location: 0,
         }
     }
 }
@@ -998,6 +1078,8 @@ pub struct SkbLayout {
     pub dev_nd_net: u32,
     /// `net.ns.inum`.
     pub net_inum: u32,
+    /// `sk_buff.network_header` (u16 offset from head).
+    pub skb_network_header: u32,
     /// Non-zero once userspace filled the offsets in.
     pub valid: u32,
 }

@@ -19,7 +19,12 @@ use crate::{
 /// Adds one packet to the drop counters of (ifindex, peer, origin, reason).
 #[inline(always)]
 pub fn record(ifindex: u32, c: &Classified, origin: u8, reason: u32, bytes: u64) {
-    let key = DropKey::of(ifindex, c, origin, reason);
+    record_key(DropKey::of(ifindex, c, origin, reason), bytes);
+}
+
+/// Adds one packet of `bytes` to the drop counters of `key`.
+#[inline(always)]
+pub fn record_key(key: DropKey, bytes: u64) {
     if let Some(value) = DROPS.get_ptr_mut(key) {
         // SAFETY: per-CPU value of this CPU.
         unsafe {

@@ -1,18 +1,25 @@
 //! skb:kfree_skb: counts packets the kernel drops on watched interfaces,
-//! per protocol, peer and kernel drop reason. The reason numbers are
-//! passed through; userspace names them from the running kernel's BTF.
-//! Field offsets come from `SKB_LAYOUT`, filled from BTF at load time, so
-//! the same object runs on kernels whose sk_buff differs.
+//! per protocol, peer, kernel drop reason and the code location that
+//! freed them. On the underlay the outer headers name the peer; on tunnel
+//! and pod devices (after decapsulation) the inner source's pod block
+//! does, or the inner destination's for a packet on its way out
+//! (`BLOCKS`). The reason numbers and locations are passed through;
+//! userspace names them from the running kernel's BTF and
+//! `/proc/kallsyms`. Field offsets come from `SKB_LAYOUT`, filled from BTF
+//! at load time, so the same object runs on kernels whose sk_buff differs.
 
 use aya_ebpf::{
     helpers::generated::bpf_probe_read_kernel as bpf_probe_read_kernel_buf, macros::btf_tracepoint,
-    programs::BtfTracePointContext,
+    maps::lpm_trie::Key, programs::BtfTracePointContext,
 };
-use observer_common::{Direction, REASON_NOT_REPORTED, WatchedIface, drop_origin};
+use observer_common::{
+    Direction, DropKey, Proto, REASON_NOT_REPORTED, WatchedIface, drop_origin, family, stage,
+    v4_mapped,
+};
 
 use crate::{
     drops,
-    maps::{MapPorts, SCRATCH, SCRATCH_DROPS, SKB_LAYOUT, WATCHED, is_watched_bit},
+    maps::{BLOCKS, MapPorts, SCRATCH, SCRATCH_DROPS, SKB_LAYOUT, WATCHED, is_watched_bit},
     parse,
 };
 
@@ -23,7 +30,7 @@ const MAC_HEADER_UNSET: u16 = 0xffff;
 /// typed arguments (skb, location, reason, ...).
 #[btf_tracepoint(function = "kfree_skb")]
 pub fn observer_kfree(ctx: BtfTracePointContext) -> i32 {
-    observe_drop(ctx.arg(0), ctx.arg(2));
+    observe_drop(ctx.arg(0), ctx.arg(1), ctx.arg(2));
     0
 }
 
@@ -32,7 +39,7 @@ pub fn observer_kfree(ctx: BtfTracePointContext) -> i32 {
 /// with reason [`REASON_NOT_REPORTED`].
 #[btf_tracepoint(function = "kfree_skb")]
 pub fn observer_kfree2(ctx: BtfTracePointContext) -> i32 {
-    observe_drop(ctx.arg(0), REASON_NOT_REPORTED);
+    observe_drop(ctx.arg(0), ctx.arg(1), REASON_NOT_REPORTED);
     0
 }
 
@@ -52,8 +59,8 @@ fn field<T: Copy>(base: usize, offset: u32) -> T {
 }
 
 #[inline(always)]
-fn observe_drop(skb: usize, reason: u32) {
-    let _ = try_observe_drop(skb, reason);
+fn observe_drop(skb: usize, location: u64, reason: u32) {
+    let _ = try_observe_drop(skb, location, reason);
 }
 
 /// The offset `field` of [`SKB_LAYOUT`] selects, read where it is needed:
@@ -66,7 +73,7 @@ macro_rules! offset {
 }
 
 #[inline(always)]
-fn try_observe_drop(skb: usize, reason: u32) -> Option<()> {
+fn try_observe_drop(skb: usize, location: u64, reason: u32) -> Option<()> {
     if offset!(valid) == 0 || skb == 0 {
         return None;
     }
@@ -82,7 +89,11 @@ fn try_observe_drop(skb: usize, reason: u32) -> Option<()> {
     }
     let net: usize = field(dev, offset!(dev_nd_net));
     let netns: u32 = field(net, offset!(net_inum));
-    WATCHED.get_ptr(WatchedIface { netns, ifindex })?;
+    // SAFETY: map value pointer from a successful lookup.
+    let stage = unsafe { *WATCHED.get_ptr(WatchedIface { netns, ifindex })? };
+    if stage != stage::UNDERLAY {
+        return observe_inner(skb, ifindex, stage, location, reason);
+    }
 
     let head: usize = field(skb, offset!(skb_head));
     let mac: u16 = field(skb, offset!(skb_mac_header));
@@ -107,6 +118,94 @@ fn try_observe_drop(skb: usize, reason: u32) -> Option<()> {
     // skb->len counts from skb->data, which has moved past the headers
     // already parsed by the stack; add them back for wire bytes.
     let bytes = len as u64 + data.saturating_sub(start) as u64;
-    drops::record(ifindex, &c, drop_origin::KERNEL, reason, bytes);
+    let mut key = DropKey::of(ifindex, &c, drop_origin::KERNEL, reason);
+    key.location = location;
+    drops::record_key(key, bytes);
     Some(())
+}
+
+/// Bytes of the inner IP header read after decapsulation: an IPv6 header
+/// (an IPv4 header's addresses end within it).
+const INNER_HEADER: usize = 40;
+
+/// A drop on a tunnel or pod device: the skb's network header is the
+/// inner IP header. Its source's pod block names the node the packet came
+/// from; else its destination's the node it was going to; else no peer.
+#[inline(always)]
+fn observe_inner(skb: usize, ifindex: u32, stage: u8, location: u64, reason: u32) -> Option<()> {
+    let head: usize = field(skb, offset!(skb_head));
+    let network: u16 = field(skb, offset!(skb_network_header));
+    let data: usize = field(skb, offset!(skb_data));
+    let len: u32 = field(skb, offset!(skb_len));
+    let start = head + network as usize;
+    let mut header = [0u8; INNER_HEADER];
+    // SAFETY: a probe read of INNER_HEADER bytes into a stack buffer of
+    // that size; a bad address makes it fail. Bytes past the packet's end
+    // (a short IPv4 packet) are the skb's buffer, never looked at.
+    let ret = unsafe {
+        bpf_probe_read_kernel_buf(
+            header.as_mut_ptr() as *mut _,
+            INNER_HEADER as u32,
+            start as *const _,
+        )
+    };
+    if ret != 0 {
+        return None;
+    }
+    let (src, dst, addr_family) = match header[0] >> 4 {
+        4 => (
+            v4_mapped(word(&header, 12)),
+            v4_mapped(word(&header, 16)),
+            family::V4,
+        ),
+        6 => (
+            [word(&header, 8), word(&header, 12), word(&header, 16), word(&header, 20)],
+            [word(&header, 24), word(&header, 28), word(&header, 32), word(&header, 36)],
+            family::V6,
+        ),
+        _ => ([0; 4], [0; 4], family::NONE),
+    };
+    let mut key = DropKey {
+        peer: [0; 4],
+        ifindex,
+        vni: 0,
+        reason,
+        origin: drop_origin::KERNEL,
+        proto: Proto::Other as u8,
+        peer_family: family::NONE,
+        stage,
+        direction: Direction::Rx as u8,
+        _pad: [0; 7],
+        location,
+    };
+    if addr_family != family::NONE {
+        let from = BLOCKS.get(&Key::new(128, src));
+        let block = match from {
+            Some(block) => Some(block),
+            None => {
+                key.direction = Direction::Tx as u8;
+                BLOCKS.get(&Key::new(128, dst))
+            }
+        };
+        match block {
+            Some(block) => {
+                key.peer = block.node;
+                key.peer_family = block.node_family;
+                key.proto = block.proto;
+            }
+            None => key.direction = Direction::Rx as u8,
+        }
+    }
+    // skb->len counts from skb->data; add back what lies between the
+    // inner IP header and it (nothing once the stack pulled to it).
+    let bytes = len as u64 + data.saturating_sub(start) as u64;
+    drops::record_key(key, bytes);
+    Some(())
+}
+
+/// The address word at `at` of `header`, in packet byte order as the
+/// maps hold addresses.
+#[inline(always)]
+fn word(header: &[u8; INNER_HEADER], at: usize) -> u32 {
+    u32::from_ne_bytes([header[at], header[at + 1], header[at + 2], header[at + 3]])
 }

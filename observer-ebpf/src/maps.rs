@@ -9,7 +9,7 @@ use aya_ebpf::{
 };
 use observer_common::parse::{self, Classified, PortTable, Scratch, clobbered};
 use observer_common::{
-    ALLOW_SET_MAX_PREFIXES, BGP_MAX_KEYS, BgpCounters, BgpKey, ConfigWords, DEFAULT_MAX_FLOWS,
+    ALLOW_SET_MAX_PREFIXES, BGP_MAX_KEYS, BLOCKS_MAX, BlockPeer, BgpCounters, BgpKey, ConfigWords, DEFAULT_MAX_FLOWS,
     DropKey, DropValue, FLOW_CACHE_SLOTS, FlowCacheSlot, FlowKey, FlowValue, LOCAL_VNIS_MAX,
     PLAIN_SLOTS, PlainCounters, Proto, STAT_COUNT, SkbLayout, Unclassified, WATCHED_BITS_WORDS,
     WATCHED_MAX, WatchedIface, config, watched_bit,
@@ -123,9 +123,15 @@ pub static LOCAL_VNIS: HashMap<u32, u8> = HashMap::with_max_entries(LOCAL_VNIS_M
 #[map(name = "IFACE_MTU")]
 pub static IFACE_MTU: HashMap<u32, u32> = HashMap::with_max_entries(WATCHED_MAX, 0);
 
-/// Interfaces whose kernel drops are counted.
+/// Interfaces whose kernel drops are counted, each with its
+/// `observer_common::stage`.
 #[map(name = "WATCHED")]
 pub static WATCHED: HashMap<WatchedIface, u8> = HashMap::with_max_entries(WATCHED_MAX, 0);
+
+/// Pod blocks -> the node that owns them (`observer_common::BLOCKS_MAP`).
+#[map(name = "BLOCKS")]
+pub static BLOCKS: LpmTrie<[u32; 4], BlockPeer> =
+    LpmTrie::with_max_entries(BLOCKS_MAX, BPF_F_NO_PREALLOC);
 
 /// Bit `ifindex % WATCHED_BITS` set for every watched interface, one `u64`
 /// per 64 bits: kfree_skb's cheap first test. A global in a data section
@@ -160,6 +166,7 @@ pub static SKB_LAYOUT: SkbLayout = SkbLayout {
     dev_ifindex: 0,
     dev_nd_net: 0,
     net_inum: 0,
+    skb_network_header: 0,
     valid: 0,
 };
 

@@ -2,6 +2,7 @@
 //! their aggregation into monotonic totals and rates, the anomaly engine,
 //! the port assignment.
 
+pub mod after_decap;
 pub mod aggregate;
 pub mod anomalies;
 pub mod bgp;

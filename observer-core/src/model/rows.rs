@@ -13,7 +13,7 @@ use std::{
 
 use observer_common::{
     ClassifierDrop, Direction, DropKey, FlowKey, FlowValue, Proto, REASON_NOT_REPORTED,
-    Unclassified, drop_origin, family,
+    Unclassified, drop_origin, family, stage,
 };
 
 /// One row as reported to the user.
@@ -175,15 +175,74 @@ impl Origin {
     }
 }
 
+/// Where on its way into (or out of) the node a packet was dropped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub enum Stage {
+    /// On an attached interface, still encapsulated.
+    #[default]
+    Underlay,
+    /// On a tunnel device, after decapsulation (or before encapsulation).
+    Tunnel,
+    /// On a pod-facing device (cali*, cni0, veth*).
+    Pod,
+}
+
+impl Stage {
+    /// Name in JSON and labels.
+    pub fn name(self) -> &'static str {
+        match self {
+            Stage::Underlay => "underlay",
+            Stage::Tunnel => "tunnel",
+            Stage::Pod => "pod",
+        }
+    }
+
+    /// The stage of a kernel key's `stage` byte.
+    pub fn from_u8(value: u8) -> Stage {
+        match value {
+            stage::TUNNEL => Stage::Tunnel,
+            stage::POD => Stage::Pod,
+            _ => Stage::Underlay,
+        }
+    }
+
+    /// The kernel's byte for it.
+    pub fn to_u8(self) -> u8 {
+        match self {
+            Stage::Underlay => stage::UNDERLAY,
+            Stage::Tunnel => stage::TUNNEL,
+            Stage::Pod => stage::POD,
+        }
+    }
+}
+
+impl fmt::Display for Stage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// Identity of one drop row.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct DropId {
-    /// Interface the packet arrived on.
+    /// Interface the packet arrived on (underlay) or was on when the
+    /// kernel freed it (tunnel and pod devices).
     pub ifindex: u32,
-    /// Outer protocol.
+    /// Outer protocol; after decapsulation the encapsulation the peer's
+    /// pod block is routed through.
     pub proto: Proto,
-    /// Outer source (`None` for the `other` aggregate).
+    /// Outer source (`None` for the `other` aggregate); after
+    /// decapsulation the node owning the inner source's pod block
+    /// (`direction` rx) or the inner destination's (tx).
     pub peer: Option<IpAddr>,
+    /// Where the packet was: underlay, tunnel or pod device.
+    pub stage: Stage,
+    /// After decapsulation, whether `peer` sent the packet (rx) or it was
+    /// on its way to `peer` (tx); rx on the underlay.
+    pub direction: Direction,
+    /// Kernel drops: the kernel address that freed the packet (named by
+    /// the `node` layer from `/proc/kallsyms`); 0 for the classifier.
+    pub location: u64,
     /// VNI when the encapsulation has one.
     pub vni: u32,
     /// For `path_mtu` rows, the next-hop MTU the router reported (the
@@ -212,6 +271,13 @@ impl DropId {
             mtu: path_mtu.then_some(key.vni),
             origin,
             reason: key.reason,
+            stage: Stage::from_u8(key.stage),
+            direction: if key.direction == Direction::Tx as u8 {
+                Direction::Tx
+            } else {
+                Direction::Rx
+            },
+            location: key.location,
         }
     }
 
@@ -290,18 +356,43 @@ fn classifier_meaning(reason: ClassifierDrop, mtu: u32, allow_sets: &str) -> Str
 }
 
 /// The sentence for a drop row, e.g. "579 VXLAN packets from 10.10.10.244
-/// dropped: source not in cali40all-vxlan-net". `allow_sets` names the sets
-/// of the row's protocol.
-pub fn message(id: &DropId, packets: u64, reason: &str, allow_sets: &str) -> String {
+/// dropped: source not in cali40all-vxlan-net", or after decapsulation
+/// "12 VXLAN packets from a pod of 10.99.0.1 dropped on vxlan.calico
+/// (tunnel) at nf_hook_slow: kernel drop reason NETFILTER_DROP".
+/// `allow_sets` names the sets of the row's protocol, `device` the
+/// interface, `location` the kernel function that freed the packets.
+pub fn message(
+    id: &DropId,
+    packets: u64,
+    reason: &str,
+    allow_sets: &str,
+    device: &str,
+    location: Option<&str>,
+) -> String {
     let what = match id.proto {
         Proto::Other => "non-tunnel".to_string(),
         proto => proto.name().to_uppercase(),
     };
     let path_mtu = id.origin == Origin::Classifier && id.reason == ClassifierDrop::PathMtu as u32;
-    // A path_mtu row counts packets this node sent: its peer is the destination.
+    // A path_mtu row counts packets this node sent: its peer is the
+    // destination; so does a drop after decapsulation on the way out.
+    let toward = path_mtu || id.direction == Direction::Tx;
+    let pod_of = if id.stage == Stage::Underlay { "" } else { "a pod of " };
     let from = id.peer.map_or(String::new(), |p| {
-        format!(" {} {p}", if path_mtu { "to" } else { "from" })
+        format!(" {} {pod_of}{p}", if toward { "to" } else { "from" })
     });
+    let at = location.map_or(String::new(), |l| format!(" at {l}"));
+    if id.stage != Stage::Underlay {
+        let plural = if packets == 1 { "packet" } else { "packets" };
+        let what = match id.peer {
+            Some(_) => what,
+            None => "inner".to_string(),
+        };
+        return format!(
+            "{packets} {what} {plural}{from} dropped on {device} ({}){at}: kernel drop reason {reason}",
+            id.stage
+        );
+    }
     let plural = if packets == 1 { "packet" } else { "packets" };
     let verb = match id.origin {
         Origin::Classifier if path_mtu => "dropped on the path",
@@ -312,7 +403,7 @@ pub fn message(id: &DropId, packets: u64, reason: &str, allow_sets: &str) -> Str
         (Origin::Classifier, Some(r)) => classifier_meaning(r, id.mtu.unwrap_or(0), allow_sets),
         _ => format!("kernel drop reason {reason}"),
     };
-    format!("{packets} {what} {plural}{from} {verb}: {why}")
+    format!("{packets} {what} {plural}{from} {verb}{at}: {why}")
 }
 
 impl fmt::Display for Origin {
@@ -328,6 +419,10 @@ pub struct DropRow {
     pub row: Row<DropId>,
     /// Reason name (`calico_allow_set`, `NETFILTER_DROP`, ...).
     pub reason: String,
+    /// The kernel function that freed the packets (`nf_hook_slow`,
+    /// `ip_rcv_finish_core`), from `/proc/kallsyms`; `None` for the
+    /// classifier or when the kernel hides its addresses.
+    pub location: Option<String>,
     /// One-line explanation.
     pub message: String,
 }
@@ -403,6 +498,9 @@ pub mod testing {
             mtu: None,
             origin,
             reason,
+            stage: super::Stage::Underlay,
+            direction: Direction::Rx,
+            location: 0,
         }
     }
 
@@ -424,6 +522,7 @@ pub mod testing {
         DropRow {
             row: row(id, packets),
             reason: reason.to_string(),
+            location: None,
             message: String::new(),
         }
     }
@@ -516,15 +615,7 @@ mod tests {
     }
 
     fn id(origin: Origin, reason: u32) -> DropId {
-        DropId {
-            ifindex: 2,
-            proto: Proto::Vxlan,
-            peer: Some("10.10.10.244".parse().unwrap()),
-            vni: 4096,
-            mtu: None,
-            origin,
-            reason,
-        }
+        testing::drop_id("10.10.10.244", origin, reason)
     }
 
     #[test]
@@ -534,6 +625,8 @@ mod tests {
             579,
             "calico_allow_set",
             "cali40all-vxlan-net",
+            "eth0",
+            None,
         );
         assert_eq!(
             msg,
@@ -543,11 +636,80 @@ mod tests {
 
     #[test]
     fn kernel_reasons_use_the_kernel_name() {
-        let msg = message(&id(Origin::Kernel, 12), 1, "NETFILTER_DROP", "");
+        let msg = message(
+            &id(Origin::Kernel, 12),
+            1,
+            "NETFILTER_DROP",
+            "",
+            "eth0",
+            Some("nf_hook_slow"),
+        );
         assert_eq!(
             msg,
-            "1 VXLAN packet from 10.10.10.244 dropped: kernel drop reason NETFILTER_DROP"
+            "1 VXLAN packet from 10.10.10.244 dropped at nf_hook_slow: kernel drop reason NETFILTER_DROP"
         );
+    }
+
+    #[test]
+    fn drops_after_decapsulation_name_device_stage_and_direction() {
+        let rx = DropId {
+            stage: Stage::Tunnel,
+            vni: 0,
+            ..id(Origin::Kernel, 12)
+        };
+        let msg = message(&rx, 12, "NETFILTER_DROP", "", "vxlan.calico", Some("nf_hook_slow"));
+        assert_eq!(
+            msg,
+            "12 VXLAN packets from a pod of 10.10.10.244 dropped on vxlan.calico (tunnel) at nf_hook_slow: kernel drop reason NETFILTER_DROP"
+        );
+        let tx = DropId {
+            stage: Stage::Pod,
+            direction: Direction::Tx,
+            ..rx
+        };
+        let msg = message(&tx, 1, "NETFILTER_DROP", "", "cali1", None);
+        assert_eq!(
+            msg,
+            "1 VXLAN packet to a pod of 10.10.10.244 dropped on cali1 (pod): kernel drop reason NETFILTER_DROP"
+        );
+        let nobody = DropId {
+            peer: None,
+            proto: Proto::Other,
+            ..rx
+        };
+        assert_eq!(
+            message(&nobody, 2, "IP_RPFILTER", "", "vxlan.calico", None),
+            "2 inner packets dropped on vxlan.calico (tunnel): kernel drop reason IP_RPFILTER"
+        );
+    }
+
+    #[test]
+    fn drop_keys_after_decapsulation_decode_stage_direction_and_location() {
+        let key = DropKey {
+            peer: [u32::from_ne_bytes([10, 99, 0, 1]), 0, 0, 0],
+            ifindex: 7,
+            vni: 0,
+            reason: 12,
+            origin: drop_origin::KERNEL,
+            proto: Proto::Vxlan as u8,
+            peer_family: family::V4,
+            stage: stage::POD,
+            direction: Direction::Tx as u8,
+            _pad: [0; 7],
+            location: 0xffff_ffff_8100_1234,
+        };
+        let id = DropId::from_key(&key);
+        assert_eq!(id.stage, Stage::Pod);
+        assert_eq!(id.direction, Direction::Tx);
+        assert_eq!(id.location, 0xffff_ffff_8100_1234);
+        assert_eq!(id.peer, Some("10.99.0.1".parse().unwrap()));
+        let odd = DropKey {
+            stage: 9,
+            direction: 9,
+            ..key
+        };
+        assert_eq!(DropId::from_key(&odd).stage, Stage::Underlay);
+        assert_eq!(DropId::from_key(&odd).direction, Direction::Rx);
     }
 
     #[test]
@@ -557,6 +719,8 @@ mod tests {
             3,
             "vni_unknown",
             "",
+            "eth0",
+            None,
         );
         assert_eq!(
             msg,
@@ -574,7 +738,10 @@ mod tests {
             origin: drop_origin::CLASSIFIER,
             proto: Proto::Ipip as u8,
             peer_family: family::NONE,
-            _pad: 0,
+            stage: stage::UNDERLAY,
+            direction: Direction::Rx as u8,
+            _pad: [0; 7],
+            location: 0,
         };
         let id = DropId::from_key(&key);
         assert_eq!((id.vni, id.mtu), (0, Some(1400)));

@@ -7,6 +7,7 @@
 
 pub mod bird;
 pub mod exposition;
+pub mod kallsyms;
 pub mod netfilter;
 pub mod netlink;
 pub mod prometheus;

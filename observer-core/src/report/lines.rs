@@ -110,6 +110,14 @@ pub struct DropLine<'a> {
     mtu: Option<u32>,
     origin: &'static str,
     reason: &'a str,
+    /// underlay, tunnel or pod.
+    stage: &'static str,
+    /// After decapsulation: rx when `peer` sent the packet, tx when it
+    /// was on its way to `peer`; rx on the underlay.
+    direction: &'static str,
+    /// Kernel drops: the kernel function that freed the packets.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    location: Option<&'a str>,
     packets: u64,
     bytes: u64,
     message: &'a str,
@@ -625,6 +633,9 @@ fn write_drop_lines(out: &mut impl Write, snap: &Snapshot<'_>, ts: &str) -> io::
             mtu: d.row.id.mtu,
             origin: d.row.id.origin.name(),
             reason: &d.reason,
+            stage: d.row.id.stage.name(),
+            direction: direction_name(d.row.id.direction),
+            location: d.location.as_deref(),
             packets: d.row.packets,
             bytes: d.row.bytes,
             message: &d.message,
@@ -882,6 +893,7 @@ mod tests {
                 )
             },
             reason: reason.to_string(),
+            location: None,
             message: format!("579 VXLAN packets from 10.10.10.244 dropped: {reason}"),
         };
         let drops = [

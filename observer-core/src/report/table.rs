@@ -186,7 +186,7 @@ fn write_drops(out: &mut impl Write, snap: &Snapshot<'_>) -> io::Result<()> {
     for d in drops.iter().take(TABLE_ROWS) {
         writeln!(
             out,
-            "  {:<10} {}",
+            "  {:<12} {}",
             iface_name(snap.ifaces, d.row.id.ifindex),
             d.message
         )?;

@@ -40,7 +40,7 @@ use crate::{
     model::routes::Outage,
     model::rows::DropRow,
     model::rows::Row,
-    model::rows::{KernelStats, direction_name},
+    model::rows::{KernelStats, Stage, direction_name},
 };
 
 /// Name of the file written in the textfile directory.
@@ -53,7 +53,7 @@ pub const OTHER_PEERS: &str = "other";
 /// hashed and compared per row per export.
 type EncapSeries = (IfaceId, Direction, Proto, Option<IpAddr>);
 /// Label key of a drop series: (iface, proto, peer, reason).
-type DropSeries = (IfaceId, Proto, Option<IpAddr>, String);
+type DropSeries = (IfaceId, Proto, Option<IpAddr>, String, Stage, Direction);
 
 /// An interface name's id in [`IfaceNames`].
 type IfaceId = u32;
@@ -122,17 +122,19 @@ impl SeriesKey for DropSeries {
     }
 
     fn labels(&self, peer: Option<String>, names: &IfaceNames) -> Labels {
-        let (iface, proto, own, reason) = self;
+        let (iface, proto, own, reason, stage, direction) = self;
         vec![
             ("iface", names.name(*iface)),
             ("proto", proto.name().to_string()),
             ("peer", peer.unwrap_or_else(|| peer_label(*own))),
             ("reason", reason.clone()),
+            ("stage", stage.name().to_string()),
+            ("direction", direction_name(*direction).to_string()),
         ]
     }
 
     fn without_peer(&self) -> Self {
-        (self.0, self.1, None, self.3.clone())
+        (self.0, self.1, None, self.3.clone(), self.4, self.5)
     }
 }
 
@@ -689,6 +691,8 @@ impl Exporter {
                 d.row.id.proto,
                 d.row.id.peer,
                 d.reason.clone(),
+                d.row.id.stage,
+                d.row.id.direction,
             );
             self.drop_splits.add(key, [d.row.packets]);
         }
@@ -746,7 +750,7 @@ impl Exporter {
             ),
             drops.family(
                 "observer_drops_total",
-                "Received packets dropped by the kernel (reason = kernel drop reason name) or flagged by the observer (calico_allow_set, vni_unknown, vxlan_no_i_flag, outer_fragment, over_mtu, path_mtu), by interface, encapsulation and peer.",
+                "Received packets dropped by the kernel (reason = kernel drop reason name) or flagged by the observer (calico_allow_set, vni_unknown, vxlan_no_i_flag, outer_fragment, over_mtu, path_mtu), by interface, encapsulation, peer, stage and direction (underlay: on an attached interface, peer the outer source, direction rx; tunnel or pod: after decapsulation on a tunnel or pod device, peer the node whose pod block holds the inner source (direction rx) or, for a packet on its way out, the inner destination (tx)).",
             ),
             family(
                 "observer_path_mtu_bytes",
@@ -1893,7 +1897,7 @@ mod tests {
         assert_eq!(
             value(
                 &text,
-                r#"observer_drops_total{iface="eth0",proto="vxlan",peer="10.10.10.244",reason="calico_allow_set"}"#
+                r#"observer_drops_total{iface="eth0",proto="vxlan",peer="10.10.10.244",reason="calico_allow_set",stage="underlay",direction="rx"}"#
             ),
             Some(579.0)
         );

@@ -143,7 +143,7 @@ pub(super) fn drop_summary(
 }
 
 /// The name of interface `ifindex`, `if<ifindex>` when `ifaces` lacks it.
-pub(super) fn iface_name(ifaces: &HashMap<u32, String>, ifindex: u32) -> String {
+pub fn iface_name(ifaces: &HashMap<u32, String>, ifindex: u32) -> String {
     ifaces
         .get(&ifindex)
         .cloned()

@@ -99,6 +99,7 @@ impl KernelBtf {
             // possible_net_t's only member is the `struct net *`.
             dev_nd_net: self.offset("net_device", "nd_net")?,
             net_inum: self.offset("net", "ns")? + self.offset("ns_common", "inum")?,
+            skb_network_header: self.offset("sk_buff", "network_header")?,
             valid: 1,
         })
     }

@@ -23,8 +23,9 @@ use observer_common::{
     BGP_MAP, BgpCounters, BgpKey, CONFIG_SECTION, ConfigWords, DROPS_MAP, DropKey, DropValue,
     FLOW_CACHE_MAP, FLOW_CACHE_SLOTS, FLOWS_MAP, FlowCacheSlot, FlowKey, FlowValue, IFACE_MTU_MAP,
     IPIP_ALLOW_V4_MAP, IPIP_ALLOW_V6_MAP, KeyFacts, LOCAL_VNIS_MAP, PLAIN_MAP, PLAIN_SLOTS,
-    PlainCounters, STATS_MAP, Stat, VXLAN_ALLOW_V4_MAP, VXLAN_ALLOW_V6_MAP, WATCHED_BITS_SECTION,
-    WATCHED_BITS_WORDS, WATCHED_MAP, WatchedIface, config, watched_bit,
+    PlainCounters, Proto, STATS_MAP, Stat, VXLAN_ALLOW_V4_MAP, VXLAN_ALLOW_V6_MAP,
+    WATCHED_BITS_SECTION, WATCHED_BITS_WORDS, WATCHED_MAP, WatchedIface, config, family, stage,
+    v4_mapped, watched_bit, BLOCKS_MAP, BlockPeer,
 };
 
 use super::{
@@ -70,6 +71,13 @@ pub enum MapsError {
         map: &'static str,
         #[source]
         source: io::Error,
+    },
+    /// Watching an interface's kernel drops failed (the map may be full).
+    #[error("watching the kernel drops of interface {ifindex} (more than {max} interfaces?)", max = observer_common::WATCHED_MAX)]
+    Watch {
+        ifindex: u32,
+        #[source]
+        source: MapError,
     },
     /// Adding an allow-set prefix failed (the trie may be full).
     #[error("adding a prefix to {map} (more than it holds?)")]
@@ -120,14 +128,7 @@ impl Observer {
     /// Registers `ifindex` of the current namespace for the kernel drop
     /// filter and the MTU check.
     pub(super) fn watch(&mut self, iface: &str, ifindex: u32) -> Result<(), MapsError> {
-        let netns = localnet::netns_inode().map_err(MapsError::Netns)?;
-        let mut watched: BpfHashMap<_, WatchedIface, u8> = BpfHashMap::try_from(
-            self.ebpf
-                .map_mut(WATCHED_MAP)
-                .ok_or_else(|| missing("WATCHED map missing"))?,
-        )?;
-        watched.insert(WatchedIface { netns, ifindex }, 1, 0)?;
-        self.sync_watched_bits(ifindex)?;
+        self.set_watched(ifindex, stage::UNDERLAY)?;
         match localnet::mtu(iface) {
             Ok(mtu) => self.set_mtu(ifindex, mtu)?,
             Err(e) => {
@@ -138,6 +139,26 @@ impl Observer {
     }
 
     pub(super) fn unwatch(&mut self, ifindex: u32) {
+        self.unwatch_after_decap(ifindex);
+        let removed = self
+            .ebpf
+            .map_mut(IFACE_MTU_MAP)
+            .and_then(|map| BpfHashMap::<_, u32, u32>::try_from(map).ok())
+            .is_some_and(|mut mtus| mtus.remove(&ifindex).is_ok());
+        if removed {
+            let _ = next_facts_generation(self);
+        }
+    }
+
+    /// Counts the kernel's drops on tunnel or pod device `ifindex` of the
+    /// current namespace as drops after decapsulation at `stage`
+    /// (`observer_common::stage`).
+    pub fn watch_after_decap(&mut self, ifindex: u32, stage: u8) -> Result<(), MapsError> {
+        self.set_watched(ifindex, stage)
+    }
+
+    /// Stops counting the kernel's drops on `ifindex`.
+    pub fn unwatch_after_decap(&mut self, ifindex: u32) {
         let Ok(netns) = localnet::netns_inode() else {
             return;
         };
@@ -147,14 +168,57 @@ impl Observer {
             let _ = watched.remove(&WatchedIface { netns, ifindex });
         }
         let _ = self.sync_watched_bits(ifindex);
-        let removed = self
-            .ebpf
-            .map_mut(IFACE_MTU_MAP)
-            .and_then(|map| BpfHashMap::<_, u32, u32>::try_from(map).ok())
-            .is_some_and(|mut mtus| mtus.remove(&ifindex).is_ok());
-        if removed {
-            let _ = next_facts_generation(self);
+    }
+
+    fn set_watched(&mut self, ifindex: u32, stage: u8) -> Result<(), MapsError> {
+        let netns = localnet::netns_inode().map_err(MapsError::Netns)?;
+        let mut watched: BpfHashMap<_, WatchedIface, u8> = BpfHashMap::try_from(
+            self.ebpf
+                .map_mut(WATCHED_MAP)
+                .ok_or_else(|| missing("WATCHED map missing"))?,
+        )?;
+        watched
+            .insert(WatchedIface { netns, ifindex }, stage, 0)
+            .map_err(|source| MapsError::Watch { ifindex, source })?;
+        self.sync_watched_bits(ifindex)
+    }
+
+    /// Makes the `BLOCKS` trie hold exactly `blocks`: each pod block with
+    /// the node that owns it and the encapsulation it is routed through,
+    /// by which kfree_skb names the peer of a drop after decapsulation.
+    pub fn set_block_peers(
+        &mut self,
+        blocks: &[(IpNet, IpAddr, Option<Proto>)],
+    ) -> Result<(), MapsError> {
+        let mut trie: LpmTrie<&mut MapData, [u32; 4], BlockPeer> = LpmTrie::try_from(
+            self.ebpf
+                .map_mut(BLOCKS_MAP)
+                .ok_or_else(|| missing("BLOCKS map missing"))?,
+        )?;
+        let wanted: FastMap<(u32, [u32; 4]), BlockPeer> = blocks
+            .iter()
+            .map(|(block, node, proto)| (block_key(*block), block_peer(*node, *proto)))
+            .collect();
+        let present: Vec<(u32, [u32; 4])> = trie
+            .keys()
+            .filter_map(|k| k.ok())
+            .map(|k| (k.prefix_len(), k.data()))
+            .collect();
+        for ((len, data), peer) in &wanted {
+            let key = Key::new(*len, *data);
+            if trie.get(&key, 0).ok() != Some(*peer) {
+                trie.insert(&key, *peer, 0).map_err(|source| MapsError::AddPrefix {
+                    map: BLOCKS_MAP,
+                    source,
+                })?;
+            }
         }
+        for (len, data) in present {
+            if !wanted.contains_key(&(len, data)) {
+                trie.remove(&Key::new(len, data))?;
+            }
+        }
+        Ok(())
     }
 
     /// Rewrites the word of the kfree_skb prefilter bitmap that holds
@@ -565,6 +629,31 @@ fn words(addr: IpAddr) -> [u32; 4] {
         *word = u32::from_ne_bytes([chunk[0], chunk[1], chunk[2], chunk[3]]);
     }
     out
+}
+
+/// The `BLOCKS` key of a pod block: IPv4 as IPv4-mapped IPv6.
+fn block_key(block: IpNet) -> (u32, [u32; 4]) {
+    match block {
+        IpNet::V4(v4) => (
+            u32::from(v4.prefix_len()) + 96,
+            v4_mapped(words(IpAddr::V4(v4.network()))[0]),
+        ),
+        IpNet::V6(v6) => (u32::from(v6.prefix_len()), words(IpAddr::V6(v6.network()))),
+    }
+}
+
+/// The `BLOCKS` value naming `node`, reached through `proto` (`None`:
+/// direct routing).
+fn block_peer(node: IpAddr, proto: Option<Proto>) -> BlockPeer {
+    BlockPeer {
+        node: words(node),
+        node_family: match node {
+            IpAddr::V4(_) => family::V4,
+            IpAddr::V6(_) => family::V6,
+        },
+        proto: proto.unwrap_or(Proto::Other) as u8,
+        _pad: [0; 2],
+    }
 }
 
 /// The programs' `CONFIG` words.

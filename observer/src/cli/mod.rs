@@ -572,6 +572,17 @@ pub struct AttachArgs {
     #[arg(long = "tunnel-device", value_name = "NAME=PROTO")]
     pub tunnel_devices: Vec<crate::model::dataplane::DeclaredTunnel>,
 
+    /// Devices whose kernel drops are counted after decapsulation, besides
+    /// the attached interfaces: `tunnels` (the data plane's tunnel devices:
+    /// vxlan.calico, tunl0, flannel.1, ...) and interface names, a trailing
+    /// `*` matching any rest; `none` for none. Each drop is attributed to
+    /// the node whose pod block holds the inner source (or, on the way
+    /// out, the inner destination), with stage tunnel or pod and the kernel
+    /// function that dropped it. Followed as devices come and go.
+    /// [default: tunnels,cali*,cni0,veth*]
+    #[arg(long, value_name = "DEVICES")]
+    pub after_decap: Option<crate::model::after_decap::DevicePatterns>,
+
     /// Drops per second of one peer that make a drop_spike. [default: 5]
     #[arg(long, value_name = "PER_SECOND")]
     pub drop_spike_rate: Option<f64>,

@@ -14,6 +14,7 @@ use crate::{
     bpf::XdpMode,
     cli::{AttachArgs, PortArgs, parse_duration},
     model::anomalies::Thresholds,
+    model::after_decap::DevicePatterns,
     model::dataplane::DeclaredTunnel,
     model::ports::PortConfig,
     node::allowsets::Tagged,
@@ -47,6 +48,7 @@ pub struct FileConfig {
     anomaly_window: Option<String>,
     anomaly_min_packets: Option<u64>,
     tunnel_devices: Option<Vec<String>>,
+    after_decap: Option<String>,
     drop_spike_rate: Option<f64>,
     bird_sockets: Option<Vec<PathBuf>>,
     bgp_flaps: Option<u32>,
@@ -99,6 +101,8 @@ pub struct Settings {
     pub thresholds: Thresholds,
     /// Devices declared to carry a tunnel.
     pub tunnel_devices: Vec<DeclaredTunnel>,
+    /// Devices whose drops are counted after decapsulation.
+    pub after_decap: DevicePatterns,
     /// BIRD control sockets whose BGP sessions are followed.
     pub bird_sockets: Vec<PathBuf>,
     /// How often to probe the peers (`None`: never).
@@ -218,6 +222,13 @@ impl Settings {
                 parse_all("tunnel_devices", file.tunnel_devices)?,
                 Vec::new(),
             ),
+            after_decap: match (&args.after_decap, file.after_decap) {
+                (Some(patterns), _) => patterns.clone(),
+                (None, Some(text)) => text
+                    .parse()
+                    .map_err(|e| anyhow::anyhow!("after_decap = {text:?}: {e}"))?,
+                (None, None) => DevicePatterns::default(),
+            },
             bird_sockets: pick(
                 &args.bird_sockets,
                 file.bird_sockets,

@@ -14,7 +14,7 @@ pub mod refresher;
 pub mod serve;
 
 use std::{
-    collections::{BTreeSet, HashMap},
+    collections::{BTreeMap, BTreeSet, HashMap},
     io::{self, IsTerminal, Write},
     path::PathBuf,
     time::{Duration, Instant, SystemTime},
@@ -30,6 +30,7 @@ use crate::{
     bpf::{self, InterfaceEvent, LoadConfig, Observer, maps::MapRead},
     cli::AttachArgs,
     cli::settings::Settings,
+    model::after_decap::{self, BlockOwners, WatchedDevice},
     model::aggregate::{Aggregator, DropAggregator},
     model::anomalies::{Anomaly, Engine, Event, Known},
     model::bgp_wire::{WireRow, WireTracker},
@@ -45,6 +46,7 @@ use crate::{
     monitor::refresher::FactsRefresher,
     node::allowsets::AllowSetConfig,
     node::dataplane::{ChangeWatcher, LiveView},
+    node::kallsyms::KernelSymbols,
     node::preflight,
     process::privileges,
     report::textfile::{self, ExportInput, Exporter, TEXTFILE_NAME},
@@ -265,6 +267,13 @@ pub struct Monitor<'a> {
     bgp: BgpFollower,
     /// The pod blocks' routes over time (from the data-plane view).
     routes: RouteTracker,
+    /// Which devices are watched after decapsulation (`--after-decap`),
+    /// by index, as written into the programs.
+    after_decap: BTreeMap<u32, WatchedDevice>,
+    /// The node of each pod block, as written into the programs.
+    block_owners: BlockOwners,
+    /// Names the kernel functions that dropped packets.
+    symbols: KernelSymbols,
     /// BGP at the wire (the programs' TCP/179 counters) over time.
     wire: WireTracker,
     /// The probing thread (`--probe-interval`, `diagnose --probe`).
@@ -339,6 +348,8 @@ impl<'a> Monitor<'a> {
                     .context("writing output")?;
             }
         }
+        // Opened while CAP_SYSLOG may still be held (see node::kallsyms).
+        let symbols = KernelSymbols::open();
         // Loaded and attached: from here on the run needs only a few
         // capabilities. Before the threads below start, which inherit them.
         if let Some(root) = &settings.host_root {
@@ -415,6 +426,9 @@ impl<'a> Monitor<'a> {
             netfilter: Vec::new(),
             bgp: BgpFollower::start(settings_bird_sockets, settings_interval),
             routes: RouteTracker::default(),
+            after_decap: BTreeMap::new(),
+            block_owners: BlockOwners::default(),
+            symbols,
             wire: WireTracker::default(),
             prober,
             probe_latest: None,
@@ -526,7 +540,43 @@ impl<'a> Monitor<'a> {
             self.observer.apply_local_vnis(&vnis)?;
             self.local_vnis = vnis;
         }
+        self.refresh_after_decap()?;
         self.refresh_routes(now).context("writing output")
+    }
+
+    /// Follows the devices watched after decapsulation and the owners of
+    /// the pod blocks in a new data-plane view, writing what changed into
+    /// the programs.
+    fn refresh_after_decap(&mut self) -> Result<()> {
+        let Some(view) = self.dataplane.view() else {
+            return Ok(());
+        };
+        let attached: BTreeSet<u32> = self
+            .observer
+            .attachments()
+            .iter()
+            .map(|a| a.ifindex)
+            .collect();
+        let wanted = after_decap::watched_devices(view, &self.settings.after_decap, &attached);
+        if self.block_owners.update(&view.blocks) {
+            self.observer
+                .set_block_peers(&self.block_owners.entries())?;
+        }
+        for (ifindex, device) in &self.after_decap {
+            if wanted.get(ifindex) != Some(device) {
+                self.observer.unwatch_after_decap(*ifindex);
+            }
+        }
+        for (ifindex, device) in &wanted {
+            if self.after_decap.get(ifindex) != Some(device) {
+                self.observer
+                    .watch_after_decap(*ifindex, device.stage.to_u8())?;
+                tracing::info!(device = %device.name, stage = %device.stage, "counting drops after decapsulation");
+            }
+            self.ifaces.insert(*ifindex, device.name.clone());
+        }
+        self.after_decap = wanted;
+        Ok(())
     }
 
     /// Takes the latest BGP readings into `known` (for `bgp_down`); prints
@@ -683,9 +733,15 @@ impl<'a> Monitor<'a> {
         self.drop_aggregator.update(&self.observer.read_drops()?);
         let bgp_wire = self.refresh_bgp_wire(now)?;
         let rows = self.aggregator.finish_interval(seconds);
+        let drop_rows = self.drop_aggregator.finish_interval(seconds);
+        self.symbols
+            .resolve(drop_rows.iter().map(|r| r.id.location));
+        let symbols = &self.symbols;
         let drop_rows = self.checks.drop_rows(
             self.observer.kernel_reasons(),
-            self.drop_aggregator.finish_interval(seconds),
+            drop_rows,
+            &self.ifaces,
+            |addr| symbols.name(addr),
         );
         // Netfilter lines are printed when the counters were read; the
         // table and the diagnosis keep the latest comparison.

@@ -11,6 +11,7 @@
 //! Calico holds) never delays an interval.
 
 use std::{
+    collections::HashMap,
     sync::mpsc::{self, Receiver, SyncSender, TryRecvError},
     time::{Duration, Instant},
 };
@@ -29,6 +30,7 @@ use crate::{
     node::allowsets::{self, AllowSetConfig},
     node::netfilter::{self, RuleLocator},
     report::lines::AllowSetLine,
+    report::view::iface_name,
 };
 
 /// Where allow-sets are mirrored: the programs' tries, or `observer
@@ -278,10 +280,16 @@ impl FactsRefresher {
         allow_set_names(self.allow.as_ref(), proto)
     }
 
-    /// Drop rows with their reason named (the kernel's names for kernel
-    /// reasons) and the sentence to act on.
-    pub fn drop_rows(&self, kernel: &KernelReasons, rows: Vec<Row<DropId>>) -> Vec<DropRow> {
-        drop_rows(kernel, rows, self.allow.as_ref())
+    /// Drop rows with their reason and location named (the kernel's
+    /// names) and the sentence to act on.
+    pub fn drop_rows(
+        &self,
+        kernel: &KernelReasons,
+        rows: Vec<Row<DropId>>,
+        ifaces: &HashMap<u32, String>,
+        location: impl Fn(u64) -> Option<String>,
+    ) -> Vec<DropRow> {
+        drop_rows(kernel, rows, self.allow.as_ref(), ifaces, location)
     }
 
     /// Calico's drop-rule counters since attach beside the observer's
@@ -399,24 +407,32 @@ fn allow_set_names(allow: Option<&AllowSets>, proto: Proto) -> String {
 }
 
 /// Drop rows with their reason named (the kernel's names for kernel
-/// reasons) and the sentence to act on, naming the sets of `allow`.
+/// reasons), the kernel function that freed them (`location`, see
+/// `node::kallsyms`) and the sentence to act on, naming the sets of
+/// `allow` and the interface from `ifaces`.
 pub fn drop_rows(
     kernel: &KernelReasons,
     rows: Vec<Row<DropId>>,
     allow: Option<&AllowSets>,
+    ifaces: &HashMap<u32, String>,
+    location: impl Fn(u64) -> Option<String>,
 ) -> Vec<DropRow> {
     rows.into_iter()
         .map(|row| {
             let reason = row.id.reason_name(kernel);
+            let location = location(row.id.location);
             let message = rows::message(
                 &row.id,
                 row.packets,
                 &reason,
                 &allow_set_names(allow, row.id.proto),
+                &iface_name(ifaces, row.id.ifindex),
+                location.as_deref(),
             );
             DropRow {
                 row,
                 reason,
+                location,
                 message,
             }
         })

@@ -1,10 +1,12 @@
 //! Facts read from the node the observer runs on: its data plane through
 //! netlink, Calico's allow-sets and rule counters through the node's tools,
-//! network namespaces, privileges, the kernel's tunnel device kinds.
+//! network namespaces, privileges, the kernel's tunnel device kinds and
+//! the names of its functions.
 
 pub mod allowsets;
 pub mod bird;
 pub mod dataplane;
+pub mod kallsyms;
 pub mod localnet;
 pub mod netfilter;
 pub mod netns;

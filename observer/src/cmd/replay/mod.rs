@@ -129,12 +129,19 @@ fn replay(args: &ReplayArgs) -> Result<u8> {
         replayed.push(one);
     }
 
-    let drops = refresher::drop_rows(engine.kernel_reasons(), drop_rows, Some(&allow_sets));
     let ifaces: HashMap<u32, String> = replayed
         .iter()
         .enumerate()
         .map(|(i, r)| (i as u32 + 1, r.name.clone()))
         .collect();
+    // Captures hold no kernel locations: every row's is 0.
+    let drops = refresher::drop_rows(
+        engine.kernel_reasons(),
+        drop_rows,
+        Some(&allow_sets),
+        &ifaces,
+        |_| None,
+    );
     let at = replayed
         .iter()
         .filter_map(|r| r.last)
