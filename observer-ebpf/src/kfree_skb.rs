@@ -159,8 +159,18 @@ fn observe_inner(skb: usize, ifindex: u32, stage: u8, location: u64, reason: u32
             family::V4,
         ),
         6 => (
-            [word(&header, 8), word(&header, 12), word(&header, 16), word(&header, 20)],
-            [word(&header, 24), word(&header, 28), word(&header, 32), word(&header, 36)],
+            [
+                word(&header, 8),
+                word(&header, 12),
+                word(&header, 16),
+                word(&header, 20),
+            ],
+            [
+                word(&header, 24),
+                word(&header, 28),
+                word(&header, 32),
+                word(&header, 36),
+            ],
             family::V6,
         ),
         _ => ([0; 4], [0; 4], family::NONE),

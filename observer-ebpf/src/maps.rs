@@ -9,10 +9,10 @@ use aya_ebpf::{
 };
 use observer_common::parse::{self, Classified, PortTable, Scratch, clobbered};
 use observer_common::{
-    ALLOW_SET_MAX_PREFIXES, BGP_MAX_KEYS, BLOCKS_MAX, BlockPeer, BgpCounters, BgpKey, ConfigWords, DEFAULT_MAX_FLOWS,
-    DropKey, DropValue, FLOW_CACHE_SLOTS, FlowCacheSlot, FlowKey, FlowValue, LOCAL_VNIS_MAX,
-    PLAIN_SLOTS, PlainCounters, Proto, STAT_COUNT, SkbLayout, Unclassified, WATCHED_BITS_WORDS,
-    WATCHED_MAX, WatchedIface, config, watched_bit,
+    ALLOW_SET_MAX_PREFIXES, BGP_MAX_KEYS, BLOCKS_MAX, BgpCounters, BgpKey, BlockPeer, ConfigWords,
+    DEFAULT_MAX_FLOWS, DropKey, DropValue, FLOW_CACHE_SLOTS, FlowCacheSlot, FlowKey, FlowValue,
+    LOCAL_VNIS_MAX, PLAIN_SLOTS, PlainCounters, Proto, STAT_COUNT, SkbLayout, Unclassified,
+    WATCHED_BITS_WORDS, WATCHED_MAX, WatchedIface, config, watched_bit,
 };
 
 /// Per (interface, direction, protocol, peer, VNI) packet and byte counters.

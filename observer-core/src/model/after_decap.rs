@@ -71,9 +71,7 @@ impl FromStr for DevicePatterns {
                     ));
                 }
                 name if name[..name.len() - 1].contains('*') => {
-                    return Err(format!(
-                        "{name:?}: `*` may only end a name (`cali*`)"
-                    ));
+                    return Err(format!("{name:?}: `*` may only end a name (`cali*`)"));
                 }
                 name => patterns.names.push(name.to_string()),
             }
@@ -207,25 +205,33 @@ mod tests {
 
     fn view() -> DataPlane {
         DataPlane {
-            links: ["lo", "eth0", "vxlan.calico", "cali1a2b", "veth9", "cni0", "docker0"]
-                .iter()
-                .enumerate()
-                .map(|(i, n)| link(n, i as u32 + 1))
-                .collect(),
+            links: [
+                "lo",
+                "eth0",
+                "vxlan.calico",
+                "cali1a2b",
+                "veth9",
+                "cni0",
+                "docker0",
+            ]
+            .iter()
+            .enumerate()
+            .map(|(i, n)| link(n, i as u32 + 1))
+            .collect(),
             addresses: Vec::new(),
             devices: vec![TunnelDevice {
-            name: "vxlan.calico".into(),
-            ifindex: 3,
-            proto: Proto::Vxlan,
-            kind: "vxlan".into(),
-            vni: Some(4096),
-            key: None,
-            port: Some(4789),
-            local: None,
-            remote: None,
-            lower: None,
-            mtu: 1450,
-            up: true,
+                name: "vxlan.calico".into(),
+                ifindex: 3,
+                proto: Proto::Vxlan,
+                kind: "vxlan".into(),
+                vni: Some(4096),
+                key: None,
+                port: Some(4789),
+                local: None,
+                remote: None,
+                lower: None,
+                mtu: 1450,
+                up: true,
             }],
             routes: Vec::new(),
             neighbours: Vec::new(),
@@ -261,13 +267,29 @@ mod tests {
     fn patterns_parse_print_and_refuse_nonsense() {
         let p: DevicePatterns = "tunnels, lxc*,eth1".parse().unwrap();
         assert_eq!(p.to_string(), "tunnels,lxc*,eth1");
-        assert_eq!("none".parse::<DevicePatterns>().unwrap(), DevicePatterns::none());
+        assert_eq!(
+            "none".parse::<DevicePatterns>().unwrap(),
+            DevicePatterns::none()
+        );
         assert_eq!(DevicePatterns::none().to_string(), "none");
         assert_eq!(DevicePatterns::default().to_string(), DEFAULT_DEVICES);
-        assert!("c*li".parse::<DevicePatterns>().unwrap_err().contains("may only end"));
-        assert!("a/b".parse::<DevicePatterns>().unwrap_err().contains("no interface name"));
+        assert!(
+            "c*li"
+                .parse::<DevicePatterns>()
+                .unwrap_err()
+                .contains("may only end")
+        );
+        assert!(
+            "a/b"
+                .parse::<DevicePatterns>()
+                .unwrap_err()
+                .contains("no interface name")
+        );
         let only: DevicePatterns = "cali*".parse().unwrap();
-        assert_eq!(watched(&only, &[]), vec![(4, "cali1a2b".into(), Stage::Pod)]);
+        assert_eq!(
+            watched(&only, &[]),
+            vec![(4, "cali1a2b".into(), Stage::Pod)]
+        );
     }
 
     fn block(text: &str, node: Option<&str>, blackhole: bool) -> BlockRoute {
@@ -306,7 +328,10 @@ mod tests {
         assert_eq!(owners.entries(), vec![cp1]);
         // The block moved to another node; then this node took it.
         assert!(owners.update(&[block("10.244.1.0/26", Some("10.99.0.3"), false)]));
-        assert_eq!(owners.entries()[0].1, "10.99.0.3".parse::<IpAddr>().unwrap());
+        assert_eq!(
+            owners.entries()[0].1,
+            "10.99.0.3".parse::<IpAddr>().unwrap()
+        );
         assert!(owners.update(&[block("10.244.1.0/26", None, true)]));
         assert!(owners.entries().is_empty());
     }

@@ -377,7 +377,11 @@ pub fn message(
     // A path_mtu row counts packets this node sent: its peer is the
     // destination; so does a drop after decapsulation on the way out.
     let toward = path_mtu || id.direction == Direction::Tx;
-    let pod_of = if id.stage == Stage::Underlay { "" } else { "a pod of " };
+    let pod_of = if id.stage == Stage::Underlay {
+        ""
+    } else {
+        "a pod of "
+    };
     let from = id.peer.map_or(String::new(), |p| {
         format!(" {} {pod_of}{p}", if toward { "to" } else { "from" })
     });
@@ -657,7 +661,14 @@ mod tests {
             vni: 0,
             ..id(Origin::Kernel, 12)
         };
-        let msg = message(&rx, 12, "NETFILTER_DROP", "", "vxlan.calico", Some("nf_hook_slow"));
+        let msg = message(
+            &rx,
+            12,
+            "NETFILTER_DROP",
+            "",
+            "vxlan.calico",
+            Some("nf_hook_slow"),
+        );
         assert_eq!(
             msg,
             "12 VXLAN packets from a pod of 10.10.10.244 dropped on vxlan.calico (tunnel) at nf_hook_slow: kernel drop reason NETFILTER_DROP"

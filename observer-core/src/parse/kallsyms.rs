@@ -99,7 +99,12 @@ garbage
     #[test]
     fn addresses_are_named_by_the_function_they_lie_in() {
         let got = names(
-            &[0xffffffff81a2b3c0 + 0x9c, 0xffffffff81b00010, 0xffffffffc0a01050, 0],
+            &[
+                0xffffffff81a2b3c0 + 0x9c,
+                0xffffffff81b00010,
+                0xffffffffc0a01050,
+                0,
+            ],
             FILE,
         );
         assert_eq!(
@@ -117,7 +122,10 @@ garbage
         assert_eq!(text_symbol("ffffffff82000000 D some_data"), None);
         assert_eq!(text_symbol("nonsense"), None);
         let hidden = "0000000000000000 T _stext\n0000000000000000 T nf_hook_slow\n";
-        assert_eq!(names(&[0xffffffff81a2b45c], hidden), vec![(0xffffffff81a2b45c, None)]);
+        assert_eq!(
+            names(&[0xffffffff81a2b45c], hidden),
+            vec![(0xffffffff81a2b45c, None)]
+        );
         assert_eq!(names(&[0x10], FILE), vec![(0x10, None)]);
     }
 }

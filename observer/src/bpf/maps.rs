@@ -20,12 +20,12 @@ use aya::{
 use foldhash::HashMap as FastMap;
 use ipnet::IpNet;
 use observer_common::{
-    BGP_MAP, BgpCounters, BgpKey, CONFIG_SECTION, ConfigWords, DROPS_MAP, DropKey, DropValue,
-    FLOW_CACHE_MAP, FLOW_CACHE_SLOTS, FLOWS_MAP, FlowCacheSlot, FlowKey, FlowValue, IFACE_MTU_MAP,
-    IPIP_ALLOW_V4_MAP, IPIP_ALLOW_V6_MAP, KeyFacts, LOCAL_VNIS_MAP, PLAIN_MAP, PLAIN_SLOTS,
-    PlainCounters, Proto, STATS_MAP, Stat, VXLAN_ALLOW_V4_MAP, VXLAN_ALLOW_V6_MAP,
-    WATCHED_BITS_SECTION, WATCHED_BITS_WORDS, WATCHED_MAP, WatchedIface, config, family, stage,
-    v4_mapped, watched_bit, BLOCKS_MAP, BlockPeer,
+    BGP_MAP, BLOCKS_MAP, BgpCounters, BgpKey, BlockPeer, CONFIG_SECTION, ConfigWords, DROPS_MAP,
+    DropKey, DropValue, FLOW_CACHE_MAP, FLOW_CACHE_SLOTS, FLOWS_MAP, FlowCacheSlot, FlowKey,
+    FlowValue, IFACE_MTU_MAP, IPIP_ALLOW_V4_MAP, IPIP_ALLOW_V6_MAP, KeyFacts, LOCAL_VNIS_MAP,
+    PLAIN_MAP, PLAIN_SLOTS, PlainCounters, Proto, STATS_MAP, Stat, VXLAN_ALLOW_V4_MAP,
+    VXLAN_ALLOW_V6_MAP, WATCHED_BITS_SECTION, WATCHED_BITS_WORDS, WATCHED_MAP, WatchedIface,
+    config, family, stage, v4_mapped, watched_bit,
 };
 
 use super::{
@@ -207,10 +207,11 @@ impl Observer {
         for ((len, data), peer) in &wanted {
             let key = Key::new(*len, *data);
             if trie.get(&key, 0).ok() != Some(*peer) {
-                trie.insert(&key, *peer, 0).map_err(|source| MapsError::AddPrefix {
-                    map: BLOCKS_MAP,
-                    source,
-                })?;
+                trie.insert(&key, *peer, 0)
+                    .map_err(|source| MapsError::AddPrefix {
+                        map: BLOCKS_MAP,
+                        source,
+                    })?;
             }
         }
         for (len, data) in present {
@@ -1032,7 +1033,10 @@ mod tests {
             origin: observer_common::drop_origin::CLASSIFIER,
             proto: Proto::Vxlan as u8,
             peer_family: observer_common::family::V4,
-            _pad: 0,
+            stage: observer_common::stage::UNDERLAY,
+            direction: 0,
+            _pad: [0; 7],
+            location: 0,
         };
         let (a, b, c) = (key(1), key(2), key(3));
         let read = |listing: Vec<(DropKey, u64)>| {

@@ -13,8 +13,8 @@ use serde::Deserialize;
 use crate::{
     bpf::XdpMode,
     cli::{AttachArgs, PortArgs, parse_duration},
-    model::anomalies::Thresholds,
     model::after_decap::DevicePatterns,
+    model::anomalies::Thresholds,
     model::dataplane::DeclaredTunnel,
     model::ports::PortConfig,
     node::allowsets::Tagged,
