@@ -130,7 +130,8 @@ const INNER_HEADER: usize = 40;
 
 /// A drop on a tunnel or pod device: the skb's network header is the
 /// inner IP header. Its source's pod block names the node the packet came
-/// from; else its destination's the node it was going to; else no peer.
+/// from; else its destination's the node it was going to; else no peer
+/// (counted on tunnel devices only).
 #[inline(always)]
 fn observe_inner(skb: usize, ifindex: u32, stage: u8, location: u64, reason: u32) -> Option<()> {
     let head: usize = field(skb, offset!(skb_head));
@@ -188,13 +189,14 @@ fn observe_inner(skb: usize, ifindex: u32, stage: u8, location: u64, reason: u32
         _pad: [0; 7],
         location,
     };
+    let mut attributed = false;
     if addr_family != family::NONE {
-        let from = BLOCKS.get(&Key::new(128, src));
+        let from = BLOCKS.get(Key::new(128, src));
         let block = match from {
             Some(block) => Some(block),
             None => {
                 key.direction = Direction::Tx as u8;
-                BLOCKS.get(&Key::new(128, dst))
+                BLOCKS.get(Key::new(128, dst))
             }
         };
         match block {
@@ -202,9 +204,16 @@ fn observe_inner(skb: usize, ifindex: u32, stage: u8, location: u64, reason: u32
                 key.peer = block.node;
                 key.peer_family = block.node_family;
                 key.proto = block.proto;
+                attributed = true;
             }
             None => key.direction = Direction::Rx as u8,
         }
+    }
+    // A pod-facing device also carries the node's own traffic (pod to
+    // pod, pod to host): its drops count only when they involve another
+    // node. A tunnel device carries nothing else: all of its count.
+    if !attributed && stage == stage::POD {
+        return None;
     }
     // skb->len counts from skb->data; add back what lies between the
     // inner IP header and it (nothing once the stack pulled to it).

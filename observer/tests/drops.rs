@@ -118,6 +118,16 @@ impl Lab {
     }
 }
 
+/// The observer on R's vr with `args`. Drops after decapsulation are not
+/// counted: these tests count the underlay, whose inner frames (to no
+/// MAC of vx0's) vx0 drops as OTHERHOST; tests/after_decap.rs counts the
+/// tunnel devices.
+fn observe(lab: &Lab, args: &[&str]) -> ObserverProcess {
+    let mut all = args.to_vec();
+    all.extend(["--after-decap", "none"]);
+    ObserverProcess::start(Some(lab.r.name()), &["vr"], &all)
+}
+
 fn ip(text: &str) -> IpAddr {
     frames::addr(text)
 }
@@ -305,7 +315,13 @@ fn vxlan_allow_set_drops(tag: &str, plane: Plane) {
     let tools = ToolLog::new(tag);
     let observer = ObserverProcess::spawn_with_env(
         Some(lab.r.name()),
-        &["--allow-set-refresh", "100ms", "vr"],
+        &[
+            "--allow-set-refresh",
+            "100ms",
+            "--after-decap",
+            "none",
+            "vr",
+        ],
         &[("PATH", &tools.path())],
     );
     observer.wait_ready(1);
@@ -495,7 +511,7 @@ fn ipip_from_non_calico_hosts_is_flagged_and_dropped() {
     let lab = Lab::new("ipip");
     calico::ipset_create(&lab.r, HOSTS_SET, &[X]);
     calico::iptables_ipip_rule(&lab.r);
-    let observer = ObserverProcess::start(Some(lab.r.name()), &["vr"], &[]);
+    let observer = observe(&lab, &[]);
     let ipip = allow_set(&observer.lines(), "ipip").cloned().unwrap();
     assert_eq!(ipip["active"], true, "{ipip}");
     assert_eq!(
@@ -595,8 +611,7 @@ fn membership_change(tag: &str, plane: Plane) {
     let lab = Lab::new(tag);
     lab.vtep();
     plane.setup(&lab.r, &[X]);
-    let observer =
-        ObserverProcess::start(Some(lab.r.name()), &["vr"], &["--allow-set-refresh", "1s"]);
+    let observer = observe(&lab, &["--allow-set-refresh", "1s"]);
     wait_prefixes(&observer, 1);
     let from_x = vxlan_from(X, VNI, VXLAN_PORT);
     let from_y = vxlan_from(Y, VNI, VXLAN_PORT);
@@ -727,7 +742,7 @@ fn unknown_vni_and_closed_vxlan_port_name_kernel_reasons() {
     // vs may send 4 bytes above vr's MTU (veth forwards up to MTU + 14 +
     // 4), and AF_PACKET only sends frames that fit vs's own MTU.
     lab.s.ip(&["link", "set", "vs", "mtu", "1504"]);
-    let observer = ObserverProcess::start(Some(lab.r.name()), &["vr"], &[]);
+    let observer = observe(&lab, &[]);
     let unknown_vni = vxlan_from(Z1, 777, VXLAN_PORT);
     let closed_port = vxlan_from(Z2, VNI, VXLAN_LINUX_PORT);
     // A VXLAN header with the I flag cleared (the UDP checksum covers it:
@@ -888,7 +903,7 @@ fn drops_on_unwatched_interfaces_are_not_counted() {
     let lab = Lab::new("uw");
     lab.vtep();
     lab.second_link();
-    let observer = ObserverProcess::start(Some(lab.r.name()), &["vr"], &[]);
+    let observer = observe(&lab, &[]);
     let macs2 = (R2_MAC_BYTES, S2_MAC_BYTES);
     // On vr2: NO_SOCKET, IP_NOPROTO (IPIP without handler) and a VNI no
     // device has. On vr: NO_SOCKET only.
@@ -946,8 +961,11 @@ fn missing_tools_and_absent_sets_only_warn() {
     let frame = vxlan_from(X, VNI, VXLAN_PORT);
 
     // ipset, nft and iptables-save live in /usr/sbin.
-    let observer =
-        ObserverProcess::spawn_with_env(Some(lab.r.name()), &["vr"], &[("PATH", "/usr/bin:/bin")]);
+    let observer = ObserverProcess::spawn_with_env(
+        Some(lab.r.name()),
+        &["--after-decap", "none", "vr"],
+        &[("PATH", "/usr/bin:/bin")],
+    );
     assert!(
         observer.wait_for_lines(|lines| lines.iter().any(|l| l["type"] == "stats")),
         "observer not ready: {:?}",
@@ -1010,7 +1028,7 @@ fn missing_tools_and_absent_sets_only_warn() {
 
     // With the tools but without any set: inactive, nothing flagged, a
     // warning naming the sets looked for.
-    let observer = ObserverProcess::start(Some(lab.r.name()), &["vr"], &[]);
+    let observer = observe(&lab, &[]);
     lab.send(&[(&frame, N)]);
     wait(&observer, "X's frames", |lines| {
         rx_packets(lines, "vr", "vxlan", X, VNI.into()) >= N
@@ -1046,9 +1064,8 @@ fn command_line_allow_sets_and_cidrs() {
     lab.vtep();
     let hosts = support::netns::unique("h");
     calico::ipset_create(&lab.r, &hosts, &["198.18.0.8/29"]);
-    let observer = ObserverProcess::start(
-        Some(lab.r.name()),
-        &["vr"],
+    let observer = observe(
+        &lab,
         &[
             "--allow-cidr",
             &format!("{X}/32"),
@@ -1192,8 +1209,16 @@ fn hostile_sets_and_rule_comments_are_read_within_bounds() {
         std::ffi::OsStr::from_bytes(&saved[..saved.len().min(2000)]).to_string_lossy()
     );
 
-    let observer =
-        ObserverProcess::spawn(Some(lab.r.name()), &["--allow-set-refresh", "200ms", "vr"]);
+    let observer = ObserverProcess::spawn(
+        Some(lab.r.name()),
+        &[
+            "--allow-set-refresh",
+            "200ms",
+            "--after-decap",
+            "none",
+            "vr",
+        ],
+    );
     observer.wait_ready(1);
     // From the first interval: the loader's own peak (kernel BTF) is not
     // what this test is about; every 200 ms read of the set after it is.

@@ -681,6 +681,107 @@ fn probes_are_answered_and_counted_apart() {
     );
 }
 
+/// Drops after decapsulation on this kernel, on A of a Calico VXLAN pair
+/// with the observer on A's underlay: B's pings to A's pod dropped by an
+/// INPUT rule on vxlan.calico, and A's pings to B's pod once A's FDB
+/// entry for B's VTEP is gone (dropped by vxlan_xmit). Both are counted on
+/// vxlan.calico, attributed to B through its pod block, each with the
+/// kernel function that dropped it; the first exactly as the rule's
+/// counter, the second as ping's.
+#[test]
+fn drops_after_decapsulation_name_the_node() {
+    if !have_root("drops_after_decapsulation_name_the_node") {
+        return;
+    }
+    use observer_testkit::pair::{B_IP, B_VTEP_MAC, NODE_A, NODE_B, Pair};
+    let pair = Pair::new("kad");
+    pair.calico();
+    let a = &pair.a;
+    let comment = "observer kernel suite: input on the tunnel";
+    a.exec_ok(&[
+        "iptables",
+        "-w",
+        "-A",
+        "INPUT",
+        "-i",
+        "vxlan.calico",
+        "-p",
+        "icmp",
+        "-m",
+        "comment",
+        "--comment",
+        comment,
+        "-j",
+        "DROP",
+    ]);
+    let observer =
+        ObserverProcess::start(Some(a.name()), &[pair.a_iface()], &["--interval", "200ms"]);
+    observer.wait_ready(1);
+    calico::settle(&observer);
+    let dropped_in = tunnels_ping_dropped(&pair.b, NODE_A.pod);
+    a.bridge(&[
+        "fdb",
+        "del",
+        B_VTEP_MAC,
+        "dev",
+        "vxlan.calico",
+        "dst",
+        B_IP,
+        "self",
+    ]);
+    let dropped_out = tunnels_ping_dropped(a, NODE_B.pod);
+    calico::settle(&observer);
+    let run = observer.stop();
+    assert!(run.status.success(), "{}", run.stderr);
+
+    let last = calico::final_snapshot(&run);
+    let line = |direction: &str| {
+        last.iter().find(|l| {
+            l["type"] == "drop"
+                && l["iface"] == "vxlan.calico"
+                && l["stage"] == "tunnel"
+                && l["direction"] == direction
+                && l["peer"] == B_IP
+        })
+    };
+    let packets = |l: Option<&Value>| l.and_then(|l| l["packets"].as_u64()).unwrap_or(0);
+    let location = |l: Option<&Value>| {
+        l.and_then(|l| l["location"].as_str())
+            .unwrap_or_default()
+            .to_string()
+    };
+    let mut checks = Checks::default();
+    let (rule, _) = calico::iptables_counter(a, comment);
+    checks.compare(
+        "after_decap_input_rx",
+        packets(line("rx")),
+        rule,
+        "iptables DROP",
+    );
+    checks.compare("after_decap_input_pings", rule, dropped_in, "pings sent");
+    let input_at = location(line("rx"));
+    checks.holds(
+        "after_decap_input_location",
+        ["nf_hook_slow", "nft_do_chain", "ipt_do_table"].contains(&input_at.as_str()),
+        None,
+        &input_at,
+    );
+    checks.compare(
+        "after_decap_fdb_tx",
+        packets(line("tx")),
+        dropped_out,
+        "pings sent",
+    );
+    let fdb_at = location(line("tx"));
+    checks.holds(
+        "after_decap_fdb_location",
+        fdb_at == "vxlan_xmit",
+        None,
+        &fdb_at,
+    );
+    checks.finish();
+}
+
 /// The lab's incident, with the kernel's own tunl0 where the kernel has
 /// IPIP: the same facts as tests/lab.rs.
 #[test]

@@ -95,7 +95,7 @@ impl Queries {
                 "node, peer, proto, direction",
             ),
             drops: increase(
-                r#"observer_drops_total{proto!="other",peer!="other",peer!=""}"#,
+                r#"observer_drops_total{proto!="other",peer!="other",peer!="",direction!="tx"}"#,
                 "node, peer, proto, reason",
             ),
             anomalies: format!(

@@ -416,6 +416,26 @@ impl fmt::Display for Origin {
     }
 }
 
+/// Whether a kernel drop with `reason` freed at `location` happened in
+/// the receiving host's socket layer: no socket listens (`NO_SOCKET`),
+/// TCP discarding what it already has or does not want (`TCP_*`), a full
+/// socket buffer or a socket filter (`SOCKET_*`, `PROTO_MEM`). After
+/// decapsulation such a packet has reached its host: the application's
+/// business, not the overlay's, and TCP discards retransmitted data all
+/// day. Kernels that report no reason are judged by the function that
+/// freed the packet.
+pub fn socket_level(reason: &str, location: Option<&str>) -> bool {
+    const REASONS: [&str; 3] = ["TCP_", "SOCKET_", "PROTO_MEM"];
+    if reason == "NO_SOCKET" || REASONS.iter().any(|r| reason.starts_with(r)) {
+        return true;
+    }
+    const FUNCTIONS: [&str; 8] = [
+        "tcp_", "tcp6_", "udp", "__udp", "sk_", "sock_", "__sk_", "raw_",
+    ];
+    let unreported = reason == "NOT_REPORTED" || reason == "NOT_SPECIFIED";
+    unreported && location.is_some_and(|l| FUNCTIONS.iter().any(|f| l.starts_with(f)))
+}
+
 /// A drop row with its reason named and explained.
 #[derive(Debug, Clone)]
 pub struct DropRow {
@@ -692,6 +712,29 @@ mod tests {
             message(&nobody, 2, "IP_RPFILTER", "", "vxlan.calico", None),
             "2 inner packets dropped on vxlan.calico (tunnel): kernel drop reason IP_RPFILTER"
         );
+    }
+
+    #[test]
+    fn socket_layer_drops_are_told_apart() {
+        for (reason, location) in [
+            ("NO_SOCKET", None),
+            ("TCP_OLD_DATA", Some("tcp_data_queue")),
+            ("SOCKET_RCVBUFF", None),
+            ("PROTO_MEM", None),
+            ("NOT_REPORTED", Some("__udp4_lib_rcv")),
+            ("NOT_SPECIFIED", Some("tcp_v4_rcv")),
+        ] {
+            assert!(socket_level(reason, location), "{reason} at {location:?}");
+        }
+        for (reason, location) in [
+            ("NETFILTER_DROP", Some("nf_hook_slow")),
+            ("IP_RPFILTER", Some("ip_rcv_finish_core")),
+            ("UDP_CSUM", Some("__udp4_lib_rcv")),
+            ("NOT_REPORTED", Some("nf_hook_slow")),
+            ("NOT_REPORTED", None),
+        ] {
+            assert!(!socket_level(reason, location), "{reason} at {location:?}");
+        }
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! no crate reads the file.
 
 /// One text (code) symbol of a `/proc/kallsyms` line: `ffffffff81a2b3c0 T
-/// nf_hook_slow`, or with a module, `... t vxlan_xmit_one	[vxlan]`.
+/// nf_hook_slow`, or with a module (after a tab), `... t vxlan_xmit_one [vxlan]`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TextSymbol<'a> {
     /// Its address; 0 when the kernel hides addresses from the reader

@@ -26,7 +26,7 @@ use crate::{
     model::facts::{AllowSets, SetKind},
     model::rows::DropRow,
     model::rows::Row,
-    model::rows::{self, DropId, KernelReasons},
+    model::rows::{self, DropId, KernelReasons, Stage},
     node::allowsets::{self, AllowSetConfig},
     node::netfilter::{self, RuleLocator},
     report::lines::AllowSetLine,
@@ -409,7 +409,9 @@ fn allow_set_names(allow: Option<&AllowSets>, proto: Proto) -> String {
 /// Drop rows with their reason named (the kernel's names for kernel
 /// reasons), the kernel function that freed them (`location`, see
 /// `node::kallsyms`) and the sentence to act on, naming the sets of
-/// `allow` and the interface from `ifaces`.
+/// `allow` and the interface from `ifaces`. Drops after decapsulation in
+/// the receiving socket layer (`rows::socket_level`) are left out: those
+/// packets reached their host.
 pub fn drop_rows(
     kernel: &KernelReasons,
     rows: Vec<Row<DropId>>,
@@ -418,9 +420,12 @@ pub fn drop_rows(
     location: impl Fn(u64) -> Option<String>,
 ) -> Vec<DropRow> {
     rows.into_iter()
-        .map(|row| {
+        .filter_map(|row| {
             let reason = row.id.reason_name(kernel);
             let location = location(row.id.location);
+            if row.id.stage != Stage::Underlay && rows::socket_level(&reason, location.as_deref()) {
+                return None;
+            }
             let message = rows::message(
                 &row.id,
                 row.packets,
@@ -429,12 +434,12 @@ pub fn drop_rows(
                 &iface_name(ifaces, row.id.ifindex),
                 location.as_deref(),
             );
-            DropRow {
+            Some(DropRow {
                 row,
                 reason,
                 location,
                 message,
-            }
+            })
         })
         .collect()
 }
