@@ -266,6 +266,31 @@ fn conntrack_invalid_on_the_tunnel_device_is_attributed_to_the_sending_node() {
         )),
         "{message}"
     );
+    // The anomaly says where and why, and it is no allow-set drop (the
+    // NETFILTER_DROP is not Calico's allow-set rule).
+    let raised: Vec<&Value> = run
+        .lines
+        .iter()
+        .filter(|l| l["type"] == "anomaly" && l["state"] == "raised" && l["peer"] == B_IP)
+        .collect();
+    let kinds: Vec<&str> = raised.iter().filter_map(|l| l["kind"].as_str()).collect();
+    assert!(kinds.contains(&"dropped_after_decap"), "{raised:#?}");
+    assert!(!kinds.contains(&"allow_set_drop"), "{raised:#?}");
+    let anomaly = run
+        .lines
+        .iter()
+        .rev()
+        .find(|l| l["type"] == "anomaly" && l["kind"] == "dropped_after_decap")
+        .unwrap();
+    assert_eq!(
+        anomaly["evidence"]["since_tracked"][0],
+        format!(
+            "{} {N} on vxlan.calico at {}, from its pods",
+            reason("NETFILTER_DROP"),
+            line["location"].as_str().unwrap()
+        ),
+        "{anomaly}"
+    );
     // Nothing of it is an underlay drop: the VXLAN packets arrived.
     assert!(
         !support::calico::final_snapshot(&run)

@@ -234,6 +234,7 @@ fn every_tunnel_kind_counts_like_tcpdump() {
         .filter(|l| {
             l["type"] == "drop"
                 && l["origin"] == "kernel"
+                && l["stage"] == "underlay"
                 && l["reason"] == reason
                 && l["peer"].is_null()
         })

@@ -345,6 +345,7 @@ fn speaks_for(kind: Kind, raised_by_receiver: bool) -> bool {
         | Kind::SnatSuspected
         | Kind::UnknownPeer
         | Kind::DropSpike
+        | Kind::DroppedAfterDecap
         | Kind::EncapMismatch => raised_by_receiver,
         Kind::RouteMissing | Kind::RouteConflict | Kind::StaleRoute => !raised_by_receiver,
         Kind::Mtu | Kind::BgpDown | Kind::BgpFlap => true,
@@ -608,6 +609,11 @@ fn next_step(p: &Pair) -> String {
             "{to} drops {from}'s {proto} packets by policy ({}): check that {fa} is in {to}'s \
              allow-set (Calico: cali40all-vxlan-net / cali40all-hosts-net) and no DROP rule \
              matches it; `observer diagnose` on {to} shows the rule counters",
+            reasons()
+        ),
+        Verdict::AfterDecap => format!(
+            "{from}'s {proto} packets reach {to} and {to} drops them after decapsulation ({}): \
+             `observer diagnose` on {to} names the device and the kernel function",
             reasons()
         ),
         Verdict::Mtu => format!(

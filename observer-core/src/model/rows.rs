@@ -416,6 +416,21 @@ impl fmt::Display for Origin {
     }
 }
 
+/// Where a drop after decapsulation happened and which way the packet
+/// went, for the anomaly rules: "on vxlan.calico at nf_hook_slow, from
+/// its pods" (`device`, `location`); `None` on the underlay.
+pub fn place(id: &DropId, device: &str, location: Option<&str>) -> Option<String> {
+    if id.stage == Stage::Underlay {
+        return None;
+    }
+    let at = location.map_or(String::new(), |l| format!(" at {l}"));
+    let way = match id.direction {
+        Direction::Rx => "from its pods",
+        Direction::Tx => "to its pods",
+    };
+    Some(format!("on {device}{at}, {way}"))
+}
+
 /// Whether a kernel drop with `reason` freed at `location` happened in
 /// the receiving host's socket layer: no socket listens (`NO_SOCKET`),
 /// TCP discarding what it already has or does not want (`TCP_*`), a full
@@ -447,6 +462,10 @@ pub struct DropRow {
     /// `ip_rcv_finish_core`), from `/proc/kallsyms`; `None` for the
     /// classifier or when the kernel hides its addresses.
     pub location: Option<String>,
+    /// After decapsulation, where and which way, for the anomaly rules
+    /// (`on vxlan.calico at nf_hook_slow, from its pods`); `None` on the
+    /// underlay.
+    pub place: Option<String>,
     /// One-line explanation.
     pub message: String,
 }
@@ -547,6 +566,7 @@ pub mod testing {
             row: row(id, packets),
             reason: reason.to_string(),
             location: None,
+            place: None,
             message: String::new(),
         }
     }

@@ -29,6 +29,10 @@ pub enum Verdict {
     /// rule, also after a router rewrote their source (`allow_set_drop`,
     /// `snat_suspected`).
     PolicyDrop,
+    /// Its packets arrive and this node drops them after decapsulation
+    /// (`dropped_after_decap`): conntrack, a policy, the reverse-path
+    /// filter, a missing FDB or neighbour entry.
+    AfterDecap,
     /// Its tunnel packets do not fit the path (`mtu`).
     Mtu,
     /// Tunnel packets go one way and nothing comes back (`one_way`; in
@@ -54,6 +58,7 @@ impl Verdict {
             | Kind::RouteConflict
             | Kind::StaleRoute => Verdict::RouteLoss,
             Kind::AllowSetDrop | Kind::SnatSuspected => Verdict::PolicyDrop,
+            Kind::DroppedAfterDecap => Verdict::AfterDecap,
             Kind::Mtu => Verdict::Mtu,
             Kind::OneWay => Verdict::OneWay,
             Kind::EncapMismatch | Kind::UnknownPeer | Kind::DropSpike => Verdict::Other,
@@ -65,6 +70,7 @@ impl Verdict {
         match self {
             Verdict::RouteLoss => "route loss",
             Verdict::PolicyDrop => "policy drop",
+            Verdict::AfterDecap => "dropped after decapsulation",
             Verdict::Mtu => "MTU",
             Verdict::OneWay => "one-way",
             Verdict::Loss => "loss",

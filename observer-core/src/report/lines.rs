@@ -894,6 +894,7 @@ mod tests {
             },
             reason: reason.to_string(),
             location: None,
+            place: None,
             message: format!("579 VXLAN packets from 10.10.10.244 dropped: {reason}"),
         };
         let drops = [

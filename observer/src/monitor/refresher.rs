@@ -426,18 +426,21 @@ pub fn drop_rows(
             if row.id.stage != Stage::Underlay && rows::socket_level(&reason, location.as_deref()) {
                 return None;
             }
+            let device = iface_name(ifaces, row.id.ifindex);
             let message = rows::message(
                 &row.id,
                 row.packets,
                 &reason,
                 &allow_set_names(allow, row.id.proto),
-                &iface_name(ifaces, row.id.ifindex),
+                &device,
                 location.as_deref(),
             );
+            let place = rows::place(&row.id, &device, location.as_deref());
             Some(DropRow {
                 row,
                 reason,
                 location,
+                place,
                 message,
             })
         })

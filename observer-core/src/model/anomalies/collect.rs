@@ -37,6 +37,9 @@ pub(super) struct Totals {
     /// Drops the classifier predicts (every reason but outer_fragment,
     /// which is no drop by itself).
     pub(super) classifier_drops: u64,
+    /// Kernel drops after decapsulation (stage tunnel or pod): part of
+    /// `kernel_drops`, never of `netfilter` (not the allow-set's rules).
+    pub(super) after_decap: u64,
 }
 
 impl Totals {
@@ -51,6 +54,7 @@ impl Totals {
             path_mtu: self.path_mtu.saturating_sub(base.path_mtu),
             kernel_drops: self.kernel_drops.saturating_sub(base.kernel_drops),
             classifier_drops: self.classifier_drops.saturating_sub(base.classifier_drops),
+            after_decap: self.after_decap.saturating_sub(base.after_decap),
         }
     }
 
@@ -114,6 +118,9 @@ struct DropFacts {
     /// tracked tunnel (a map's node was most of the memory of 57,344
     /// tracked sources dropped by an allow-set).
     reasons: SmallVec<[(Box<str>, u64); 1]>,
+    /// Drops after decapsulation by (reason, where: `DropRow::place`),
+    /// over the packets summed, in first-seen order.
+    after_decap: SmallVec<[(Box<str>, Box<str>, u64); 1]>,
 }
 
 impl Extra {
@@ -127,6 +134,13 @@ impl Extra {
         self.drops
             .iter()
             .flat_map(|d| d.reasons.iter().map(|(r, n)| (&**r, *n)))
+    }
+
+    /// Drops after decapsulation by (reason, where).
+    pub(super) fn after_decap(&self) -> impl Iterator<Item = (&str, &str, u64)> {
+        self.drops
+            .iter()
+            .flat_map(|d| d.after_decap.iter().map(|(r, w, n)| (&**r, &**w, *n)))
     }
 }
 
@@ -153,6 +167,8 @@ enum What<'a> {
         classifier: Option<ClassifierDrop>,
         reason: &'a str,
         mtu: Option<u32>,
+        /// After decapsulation: where (`DropRow::place`).
+        place: Option<&'a str>,
     },
 }
 
@@ -174,9 +190,26 @@ impl Part<'_> {
                 classifier,
                 reason,
                 mtu,
+                place,
             } => {
-                t.add_drop(origin, classifier, reason == NETFILTER_DROP, packets);
+                // Netfilter after decapsulation is not the allow-set's
+                // rules (those drop the tunnel packets themselves).
+                let netfilter = reason == NETFILTER_DROP && place.is_none();
+                t.add_drop(origin, classifier, netfilter, packets);
                 let facts = extra.drops.get_or_insert_with(Box::default);
+                if let Some(place) = place {
+                    t.after_decap += packets;
+                    let found = facts
+                        .after_decap
+                        .iter_mut()
+                        .find(|(r, w, _)| **r == *reason && **w == *place);
+                    match found {
+                        Some((_, _, n)) => *n += packets,
+                        None => facts
+                            .after_decap
+                            .push((reason.into(), place.into(), packets)),
+                    }
+                }
                 match facts.reasons.iter_mut().find(|(r, _)| **r == *reason) {
                     Some((_, n)) => *n += packets,
                     None => facts.reasons.push((reason.into(), packets)),
@@ -233,6 +266,7 @@ pub(super) fn tunnel_parts<'a>(
                 },
                 reason: &drop.reason,
                 mtu: id.mtu,
+                place: drop.place.as_deref(),
             },
             packets: drop.row.packets,
             interval_packets: drop.row.interval_packets,

@@ -88,6 +88,11 @@ pub enum Kind {
     UnknownPeer,
     /// A peer's drop rate above the threshold.
     DropSpike,
+    /// Tunnel packets that arrived whole dropped by this node after
+    /// decapsulation (or its packets to the peer before encapsulation):
+    /// conntrack, a policy, the reverse-path filter, a missing FDB or
+    /// neighbour entry.
+    DroppedAfterDecap,
     /// A BGP session of the node's BIRD is not established.
     BgpDown,
     /// A BGP session re-established more often than the threshold.
@@ -105,10 +110,11 @@ pub enum Kind {
 
 impl Kind {
     /// Every kind, in the order findings are listed (most decisive first).
-    pub const ALL: [Kind; 12] = [
+    pub const ALL: [Kind; 13] = [
         Kind::OneWay,
         Kind::SnatSuspected,
         Kind::AllowSetDrop,
+        Kind::DroppedAfterDecap,
         Kind::EncapMismatch,
         Kind::Mtu,
         Kind::UnknownPeer,
@@ -130,6 +136,7 @@ impl Kind {
             Kind::Mtu => "mtu",
             Kind::UnknownPeer => "unknown_peer",
             Kind::DropSpike => "drop_spike",
+            Kind::DroppedAfterDecap => "dropped_after_decap",
             Kind::BgpDown => "bgp_down",
             Kind::BgpFlap => "bgp_flap",
             Kind::RouteMissing => "route_missing",
@@ -158,6 +165,9 @@ impl Kind {
                 "tunnel packets arrive from an address this node neither routes to nor allows"
             }
             Kind::DropSpike => "a large share of this peer's packets is dropped",
+            Kind::DroppedAfterDecap => {
+                "the overlay delivers these packets and this node drops them after decapsulation (conntrack, a policy, the reverse-path filter, a missing FDB or neighbour entry)"
+            }
             Kind::BgpDown => {
                 "the BGP session with this peer is down: its routes (pod blocks) are withdrawn here, and ours there"
             }

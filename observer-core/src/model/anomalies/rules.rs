@@ -127,6 +127,7 @@ fn rule(kind: Kind) -> Option<fn(&PeerFacts<'_>) -> Option<Finding>> {
         Kind::Mtu => mtu,
         Kind::UnknownPeer => unknown_peer,
         Kind::DropSpike => drop_spike,
+        Kind::DroppedAfterDecap => dropped_after_decap,
         Kind::BgpDown
         | Kind::BgpFlap
         | Kind::RouteMissing
@@ -521,6 +522,58 @@ fn allow_set_drop(f: &PeerFacts<'_>) -> Option<Finding> {
     })
 }
 
+/// Packets of the peer dropped after decapsulation (or to it before
+/// encapsulation), at least `min_packets` over the window: where, why,
+/// and what to look at for the largest cause.
+fn dropped_after_decap(f: &PeerFacts<'_>) -> Option<Finding> {
+    let (d, peer, p, secs) = (f.window, f.peer, f.name(), f.secs());
+    if d.after_decap == 0 || d.after_decap < f.thresholds.min_packets {
+        return None;
+    }
+    f.found(|| {
+        let mut causes: Vec<(&str, &str, u64)> = f.extra.after_decap().collect();
+        causes.sort_by(|a, b| b.2.cmp(&a.2));
+        let list: Vec<String> = causes
+            .iter()
+            .map(|(reason, place, n)| format!("{reason} {n} {place}"))
+            .collect();
+        let (reason, place) = causes.first().map_or(("", ""), |(r, w, _)| (*r, *w));
+        Finding {
+            evidence: BTreeMap::from([
+                ("dropped", json!(d.after_decap)),
+                ("since_tracked", json!(list)),
+                ("window_s", json!(secs)),
+            ]),
+            summary: format!(
+                "{} {p} packets of {peer}'s arrive, then are dropped by this node after decapsulation in {secs} s: {}",
+                d.after_decap,
+                list.join("; ")
+            ),
+            hint: after_decap_hint(reason, place),
+        }
+    })
+}
+
+/// What to look at for a drop after decapsulation with `reason`.
+fn after_decap_hint(reason: &str, place: &str) -> String {
+    match reason {
+        "NETFILTER_DROP" => format!(
+            "a netfilter rule drops them {place}: conntrack INVALID (`conntrack -S`, the checksum-offload bug), a network policy or a DROP rule (`iptables-save -c | grep -i drop`, `nft list ruleset`)"
+        ),
+        "IP_RPFILTER" => format!(
+            "the reverse-path filter refuses their inner source {place}: this node routes that source's block another way; fix the route, or set rp_filter to 2 (loose) on the tunnel device"
+        ),
+        "NO_TX_TARGET" | "VXLAN_NO_REMOTE" | "NEIGH_FAILED" | "NEIGH_QUEUEFULL" | "NEIGH_DEAD" => {
+            format!(
+                "the tunnel device has no FDB or neighbour entry for the peer's VTEP ({place}): `bridge fdb show dev <device>`, `ip neigh show dev <device>`; the CNI agent (calico-node, flanneld) restores them"
+            )
+        }
+        _ => format!(
+            "the kernel drops them {place} with reason {reason}: the drop rows name the device and function"
+        ),
+    }
+}
+
 /// A node's routes prescribe other encapsulations than the one on the wire.
 fn encap_mismatch(f: &PeerFacts<'_>) -> Option<Finding> {
     let (d, peer, p) = (f.window, f.peer, f.name());
@@ -801,6 +854,68 @@ mod tests {
         let a = e.active()[0];
         assert_eq!(a.evidence["routes_prescribe"], json!(["ipip"]));
         assert_eq!(a.evidence["on_wire"], json!("vxlan"));
+    }
+
+    /// A node's pods' packets dropped by conntrack after decapsulation:
+    /// `dropped_after_decap` with where and why, never `allow_set_drop`
+    /// (the NETFILTER_DROP is not the allow-set's rule).
+    #[test]
+    fn drops_after_decapsulation_name_device_function_and_cause() {
+        use crate::model::rows::{DropId, DropRow, Origin, Stage, testing};
+        let after = |packets: u64| {
+            let id = DropId {
+                stage: Stage::Tunnel,
+                vni: 0,
+                ifindex: 9,
+                location: 0xffff_ffff_8100_0000,
+                ..testing::drop_id("10.10.60.127", Origin::Kernel, 12)
+            };
+            DropRow {
+                place: Some("on vxlan.calico at nf_hook_slow, from its pods".into()),
+                ..testing::drop_row(id, packets, "NETFILTER_DROP")
+            }
+        };
+        let mut e = Engine::new(th(), 0.0);
+        let events = drive(&mut e, &known(), 3, |t| {
+            let n = t as u64 * 10;
+            (
+                vec![
+                    flow("10.10.60.127", Proto::Vxlan, Direction::Tx, n),
+                    flow("10.10.60.127", Proto::Vxlan, Direction::Rx, n),
+                ],
+                vec![after(t as u64 * 3)],
+            )
+        });
+        assert_eq!(
+            raised(&events),
+            vec![(Kind::DroppedAfterDecap, "10.10.60.127".into())]
+        );
+        let a = e.active()[0];
+        assert_eq!(a.evidence["dropped"], json!(9));
+        assert_eq!(
+            a.evidence["since_tracked"],
+            json!(["NETFILTER_DROP 9 on vxlan.calico at nf_hook_slow, from its pods"])
+        );
+        assert!(
+            a.summary
+                .contains("dropped by this node after decapsulation"),
+            "{}",
+            a.summary
+        );
+        assert!(a.hint.contains("conntrack INVALID"), "{}", a.hint);
+        // Below min_packets over the window: nothing.
+        let mut quiet = Engine::new(th(), 0.0);
+        let events = drive(&mut quiet, &known(), 3, |t| {
+            let n = t as u64 * 10;
+            (
+                vec![
+                    flow("10.10.60.127", Proto::Vxlan, Direction::Tx, n),
+                    flow("10.10.60.127", Proto::Vxlan, Direction::Rx, n),
+                ],
+                vec![after(t as u64)],
+            )
+        });
+        assert_eq!(raised(&events), vec![]);
     }
 
     #[test]
