@@ -492,3 +492,48 @@ fn a_removed_fdb_entry_drops_on_the_way_out_to_the_node_it_named() {
     assert_eq!(line["location"], "vxlan_xmit", "{line}");
     assert_eq!(packets_on(&run, "vxlan.calico", B_IP), u64::from(N));
 }
+
+#[test]
+fn a_removed_neighbour_entry_drops_on_the_way_out_once_resolution_fails() {
+    if !support::have_root("a_removed_neighbour_entry_drops") {
+        return;
+    }
+    let lab = Lab::new("adne");
+    let a = &lab.pair.a;
+    let observer = lab.observe();
+    a.ip(&["neigh", "del", NODE_B.vtep_ip, "dev", "vxlan.calico"]);
+    let (sent, received) = ping(a, NODE_B.pod, N);
+    assert_eq!((sent, received), (N, 0), "ping without a neighbour entry");
+    // The requests wait for ARP, which vxlan.calico cannot send anywhere
+    // (no default FDB entry), and are freed when resolution fails, seconds
+    // after ping ends: on the way out to B, which the view still names.
+    let all_dropped = |lines: &[Value]| {
+        lines.iter().any(|l| {
+            l["type"] == "drop"
+                && l["iface"] == "vxlan.calico"
+                && l["direction"] == "tx"
+                && l["peer"] == B_IP
+                && l["packets"].as_u64() == Some(u64::from(N))
+        })
+    };
+    assert!(
+        observer.wait_for_lines(all_dropped),
+        "no {N} drops on the way to {B_IP}: {:#?}",
+        observer
+            .lines()
+            .iter()
+            .filter(|l| l["type"] == "drop")
+            .collect::<Vec<_>>()
+    );
+    settle(&observer);
+    let run = observer.stop_ok();
+    let line = support::calico::final_snapshot(&run)
+        .iter()
+        .find(|l| l["type"] == "drop" && l["iface"] == "vxlan.calico" && l["direction"] == "tx")
+        .expect("a drop on the way out");
+    assert_eq!(line["peer"], B_IP, "{line}");
+    assert_eq!(line["packets"].as_u64(), Some(u64::from(N)), "{line}");
+    assert_eq!(line["reason"], reason("NEIGH_FAILED"), "{line}");
+    // The ARP requests themselves (no IP header) name no node.
+    assert_eq!(packets_on(&run, "vxlan.calico", B_IP), u64::from(N));
+}

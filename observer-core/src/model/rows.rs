@@ -438,14 +438,28 @@ pub fn place(id: &DropId, device: &str, location: Option<&str>) -> Option<String
 /// decapsulation such a packet has reached its host: the application's
 /// business, not the overlay's, and TCP discards retransmitted data all
 /// day. Kernels that report no reason are judged by the function that
-/// freed the packet.
+/// freed the packet, including ICMP's receive functions, which free
+/// delivered packets through the same tracepoint there.
 pub fn socket_level(reason: &str, location: Option<&str>) -> bool {
     const REASONS: [&str; 3] = ["TCP_", "SOCKET_", "PROTO_MEM"];
     if reason == "NO_SOCKET" || REASONS.iter().any(|r| reason.starts_with(r)) {
         return true;
     }
-    const FUNCTIONS: [&str; 8] = [
-        "tcp_", "tcp6_", "udp", "__udp", "sk_", "sock_", "__sk_", "raw_",
+    // icmp_rcv: 5.10 frees every echo reply that no ping socket took (a
+    // raw-socket ping's: the raw socket got a clone) with kfree_skb, 279
+    // of 279 in the lab on 5.10.
+    const FUNCTIONS: [&str; 11] = [
+        "tcp_",
+        "tcp6_",
+        "udp",
+        "__udp",
+        "sk_",
+        "sock_",
+        "__sk_",
+        "raw_",
+        "icmp_rcv",
+        "icmpv6_rcv",
+        "ping_rcv",
     ];
     let unreported = reason == "NOT_REPORTED" || reason == "NOT_SPECIFIED";
     unreported && location.is_some_and(|l| FUNCTIONS.iter().any(|f| l.starts_with(f)))
@@ -743,6 +757,7 @@ mod tests {
             ("PROTO_MEM", None),
             ("NOT_REPORTED", Some("__udp4_lib_rcv")),
             ("NOT_SPECIFIED", Some("tcp_v4_rcv")),
+            ("NOT_REPORTED", Some("icmp_rcv")),
         ] {
             assert!(socket_level(reason, location), "{reason} at {location:?}");
         }
