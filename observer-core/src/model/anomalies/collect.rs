@@ -118,10 +118,13 @@ struct DropFacts {
     /// tracked tunnel (a map's node was most of the memory of 57,344
     /// tracked sources dropped by an allow-set).
     reasons: SmallVec<[(Box<str>, u64); 1]>,
-    /// Drops after decapsulation by (reason, where: `DropRow::place`),
-    /// over the packets summed, in first-seen order.
-    after_decap: SmallVec<[(Box<str>, Box<str>, u64); 1]>,
+    /// Drops after decapsulation, in first-seen order.
+    after_decap: SmallVec<[PlaceCount; 1]>,
 }
+
+/// Drops after decapsulation of one (reason, where: `DropRow::place`),
+/// over the packets summed.
+type PlaceCount = (Box<str>, Box<str>, u64);
 
 impl Extra {
     /// Lowest next-hop MTU routers reported.

@@ -532,7 +532,7 @@ fn dropped_after_decap(f: &PeerFacts<'_>) -> Option<Finding> {
     }
     f.found(|| {
         let mut causes: Vec<(&str, &str, u64)> = f.extra.after_decap().collect();
-        causes.sort_by(|a, b| b.2.cmp(&a.2));
+        causes.sort_by_key(|c| std::cmp::Reverse(c.2));
         let list: Vec<String> = causes
             .iter()
             .map(|(reason, place, n)| format!("{reason} {n} {place}"))
