@@ -298,14 +298,14 @@ pub fn write_anomalies(out: &mut impl Write, anomalies: &[&Anomaly]) -> io::Resu
     for a in anomalies {
         writeln!(
             out,
-            "  {:<15} {:<6} {:<16} since {}  {}",
+            "  {:<19} {:<6} {:<16} since {}  {}",
             a.kind.name(),
             a.proto.name(),
             a.peer.to_string(),
             humantime::format_rfc3339_seconds(a.since),
             a.summary
         )?;
-        writeln!(out, "  {:<15} next: {}", "", a.hint)?;
+        writeln!(out, "  {:<19} next: {}", "", a.hint)?;
     }
     Ok(())
 }

@@ -545,7 +545,7 @@ fn dropped_after_decap(f: &PeerFacts<'_>) -> Option<Finding> {
                 ("window_s", json!(secs)),
             ]),
             summary: format!(
-                "{} {p} packets of {peer}'s arrive, then are dropped by this node after decapsulation in {secs} s: {}",
+                "{} {p} packets of {peer}'s pods dropped by this node after decapsulation in {secs} s: {}",
                 d.after_decap,
                 list.join("; ")
             ),
