@@ -252,3 +252,86 @@ fn errors_exit_2_and_say_what_to_do() {
     let out = diagnose(&["--anomaly-window", "soon"]);
     assert_eq!(out.status.code(), Some(2));
 }
+
+/// B's pods ping A's pod address, whose packets A's INPUT chain drops
+/// after decapsulation: `diagnose` on A says they arrive and are dropped
+/// on vxlan.calico, by which function and from which node, with the
+/// verdict `after_decap`, not a one-way path or a policy on the wire.
+#[test]
+fn drops_after_decapsulation_are_the_verdict_with_device_and_function() {
+    if !support::have_root("drops_after_decapsulation_are_the_verdict") {
+        return;
+    }
+    let overlay = Pair::new("dgd");
+    overlay.calico();
+    overlay.a.exec_ok(&[
+        "iptables",
+        "-A",
+        "INPUT",
+        "-i",
+        "vxlan.calico",
+        "-p",
+        "icmp",
+        "-j",
+        "DROP",
+    ]);
+    let out = diagnose_with(
+        &[
+            "--netns",
+            overlay.a.name(),
+            "va",
+            "--duration",
+            "9s",
+            "--anomaly-window",
+            "3s",
+        ],
+        || vec![ping_pod(&overlay.b, &NODE_B, &NODE_A, 25)],
+    );
+    let d = diagnosis(&out);
+    assert_eq!(out.status.code(), Some(1), "{d}");
+    let pair = d["pairs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["peer"] == B_IP)
+        .unwrap_or_else(|| panic!("no pair for {B_IP}: {d}"));
+    assert_eq!(pair["verdict"], "after_decap", "{pair}");
+    let finding = d["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["kind"] == "dropped_after_decap")
+        .unwrap_or_else(|| panic!("no dropped_after_decap finding: {d}"));
+    assert_eq!(finding["peer"], B_IP, "{finding}");
+    // Counted since the engine tracked the tunnel (its first read); the
+    // whole run's count is the measured line's.
+    let causes = finding["evidence"]["since_tracked"][0].as_str().unwrap();
+    assert!(
+        causes.starts_with("NETFILTER_DROP ")
+            && causes.contains(" on vxlan.calico at ")
+            && causes.ends_with(", from its pods"),
+        "{causes}"
+    );
+    let measured = d["measured"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["peer"] == B_IP)
+        .unwrap_or_else(|| panic!("nothing measured for {B_IP}: {d}"));
+    assert_eq!(measured["received"], 25, "{measured}");
+    assert_eq!(measured["dropped"], 25, "{measured}");
+    let text = d["text"].as_str().unwrap();
+    let pair_line = text
+        .lines()
+        .find(|l| l.trim_start().starts_with(B_IP) && l.contains("dropped after decapsulation: "))
+        .unwrap_or_else(|| panic!("no verdict line for {B_IP}: {text}"));
+    assert!(pair_line.contains("dropped_after_decap"), "{pair_line}");
+    assert!(
+        !d["findings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|f| f["kind"] == "allow_set_drop"),
+        "{d}"
+    );
+}

@@ -30,7 +30,7 @@ use crate::{
     bpf::{self, InterfaceEvent, LoadConfig, Observer, maps::MapRead},
     cli::AttachArgs,
     cli::settings::Settings,
-    model::after_decap::{self, BlockOwners, WatchedDevice},
+    model::after_decap::{self, BlockOwners, DevicePatterns, WatchedDevice},
     model::aggregate::{Aggregator, DropAggregator},
     model::anomalies::{Anomaly, Engine, Event, Known},
     model::bgp_wire::{WireRow, WireTracker},
@@ -267,11 +267,8 @@ pub struct Monitor<'a> {
     bgp: BgpFollower,
     /// The pod blocks' routes over time (from the data-plane view).
     routes: RouteTracker,
-    /// Which devices are watched after decapsulation (`--after-decap`),
-    /// by index, as written into the programs.
-    after_decap: BTreeMap<u32, WatchedDevice>,
-    /// The node of each pod block, as written into the programs.
-    block_owners: BlockOwners,
+    /// What is watched after decapsulation, as written into the programs.
+    after_decap: AfterDecap,
     /// Names the kernel functions that dropped packets.
     symbols: KernelSymbols,
     /// BGP at the wire (the programs' TCP/179 counters) over time.
@@ -285,6 +282,49 @@ pub struct Monitor<'a> {
     clock: Clock,
     // Last: the timers and signals above go before the runtime.
     runtime: Runtime,
+}
+
+/// The devices watched after decapsulation and the owners of the pod
+/// blocks, as written into the programs.
+#[derive(Default)]
+struct AfterDecap {
+    /// Watched devices by index (`--after-decap`).
+    watched: BTreeMap<u32, WatchedDevice>,
+    /// The node of each pod block.
+    owners: BlockOwners,
+}
+
+impl AfterDecap {
+    /// Writes what changed in `view` into the programs: the block owners,
+    /// then the devices (so a device's first drop finds its blocks); names
+    /// the devices in `names`.
+    fn follow(
+        &mut self,
+        observer: &mut Observer,
+        view: &crate::model::dataplane::DataPlane,
+        patterns: &DevicePatterns,
+        attached: &BTreeSet<u32>,
+        names: &mut HashMap<u32, String>,
+    ) -> Result<()> {
+        let wanted = after_decap::watched_devices(view, patterns, attached);
+        if self.owners.update(&view.blocks) {
+            observer.set_block_peers(&self.owners.entries())?;
+        }
+        for (ifindex, device) in &self.watched {
+            if wanted.get(ifindex) != Some(device) {
+                observer.unwatch_after_decap(*ifindex);
+            }
+        }
+        for (ifindex, device) in &wanted {
+            if self.watched.get(ifindex) != Some(device) {
+                observer.watch_after_decap(*ifindex, device.stage.to_u8())?;
+                tracing::info!(device = %device.name, stage = %device.stage, "counting drops after decapsulation");
+            }
+            names.insert(*ifindex, device.name.clone());
+        }
+        self.watched = wanted;
+        Ok(())
+    }
 }
 
 impl<'a> Monitor<'a> {
@@ -332,6 +372,26 @@ impl<'a> Monitor<'a> {
             }
         };
         let metrics_listener = settings.metrics_listen.map(serve::bind).transpose()?;
+        // Drops after decapsulation are watched before the first attach
+        // line: what arrives once a script sees it is counted whole. The
+        // live view follows changes from the first interval on.
+        let mut after_decap = AfterDecap::default();
+        let mut early_names = HashMap::new();
+        match crate::node::dataplane::read_declaring(&settings.tunnel_devices) {
+            Ok(view) => {
+                let attached = interfaces.iter().map(|i| i.ifindex).collect();
+                after_decap.follow(
+                    &mut observer,
+                    &view,
+                    &settings.after_decap,
+                    &attached,
+                    &mut early_names,
+                )?;
+            }
+            Err(e) => {
+                tracing::warn!(error = %format!("{e:#}"), "data plane unreadable: drops after decapsulation are watched from the first interval")
+            }
+        }
         for iface in &interfaces {
             observer.attach(iface, settings.xdp_mode)?;
             let program_ids = observer.program_ids()?;
@@ -391,11 +451,12 @@ impl<'a> Monitor<'a> {
             None
         };
         let checks = FactsRefresher::new(allow_set_config(&settings), settings.allow_set_refresh);
-        let ifaces = observer
+        let mut ifaces: HashMap<u32, String> = observer
             .attachments()
             .iter()
             .map(|a| (a.ifindex, a.iface.clone()))
             .collect();
+        ifaces.extend(early_names);
         let clock = Clock::new(&runtime, signals, settings.interval);
         let mut monitor = Monitor {
             observer,
@@ -426,8 +487,7 @@ impl<'a> Monitor<'a> {
             netfilter: Vec::new(),
             bgp: BgpFollower::start(settings_bird_sockets, settings_interval),
             routes: RouteTracker::default(),
-            after_decap: BTreeMap::new(),
-            block_owners: BlockOwners::default(),
+            after_decap,
             symbols,
             wire: WireTracker::default(),
             prober,
@@ -545,8 +605,7 @@ impl<'a> Monitor<'a> {
     }
 
     /// Follows the devices watched after decapsulation and the owners of
-    /// the pod blocks in a new data-plane view, writing what changed into
-    /// the programs.
+    /// the pod blocks in a new data-plane view.
     fn refresh_after_decap(&mut self) -> Result<()> {
         let Some(view) = self.dataplane.view() else {
             return Ok(());
@@ -557,26 +616,13 @@ impl<'a> Monitor<'a> {
             .iter()
             .map(|a| a.ifindex)
             .collect();
-        let wanted = after_decap::watched_devices(view, &self.settings.after_decap, &attached);
-        if self.block_owners.update(&view.blocks) {
-            self.observer
-                .set_block_peers(&self.block_owners.entries())?;
-        }
-        for (ifindex, device) in &self.after_decap {
-            if wanted.get(ifindex) != Some(device) {
-                self.observer.unwatch_after_decap(*ifindex);
-            }
-        }
-        for (ifindex, device) in &wanted {
-            if self.after_decap.get(ifindex) != Some(device) {
-                self.observer
-                    .watch_after_decap(*ifindex, device.stage.to_u8())?;
-                tracing::info!(device = %device.name, stage = %device.stage, "counting drops after decapsulation");
-            }
-            self.ifaces.insert(*ifindex, device.name.clone());
-        }
-        self.after_decap = wanted;
-        Ok(())
+        self.after_decap.follow(
+            &mut self.observer,
+            view,
+            &self.settings.after_decap,
+            &attached,
+            &mut self.ifaces,
+        )
     }
 
     /// Takes the latest BGP readings into `known` (for `bgp_down`); prints
