@@ -320,7 +320,9 @@ fn measure(cases: &[Case], progs: &Progs<'_>) -> anyhow::Result<()> {
 /// kernel's own BPF run-time statistics, while iptables drops UDP sent
 /// from a second namespace: first over a veth pair the observer does not
 /// watch (the common case on a node: `kfree_skb_unwatched_per_event`),
-/// then over the watched one (`kfree_skb_per_event`).
+/// then over the watched one (`kfree_skb_per_event`), then over the first
+/// pair watched as a tunnel device (`kfree_skb_after_decap_per_event`:
+/// the inner header read and the pod-block lookup).
 fn kfree_skb_cost() -> anyhow::Result<()> {
     const DROPS: u64 = 20_000;
     let tag = format!("obsb{}", std::process::id());
@@ -388,7 +390,26 @@ fn kfree_skb_cost() -> anyhow::Result<()> {
     for (name, source, destination, watched) in [
         ("kfree_skb_unwatched", "198.18.1.2:0", "198.18.1.1:9", 0),
         ("kfree_skb", "198.18.0.2:0", "198.18.0.1:9", DROPS),
+        (
+            "kfree_skb_after_decap",
+            "198.18.1.2:0",
+            "198.18.1.1:9",
+            2 * DROPS,
+        ),
     ] {
+        if name == "kfree_skb_after_decap" {
+            // vc watched as a tunnel device, the sender's address in a
+            // pod block of a node: every drop there is parsed from its
+            // inner (here: only) IP header and attributed through the
+            // block trie, as on vxlan.calico.
+            let vc = observer::bpf::Interface::resolve("vc")?;
+            observer.watch_after_decap(vc.ifindex, observer_common::stage::TUNNEL)?;
+            observer.set_block_peers(&[(
+                "198.18.1.0/30".parse()?,
+                "10.10.60.127".parse()?,
+                Some(Proto::Vxlan),
+            )])?;
+        }
         let before = observer.drop_hook_info()?;
         let floor_before = floor_info()?;
         let namespace = b.clone();
@@ -420,7 +441,7 @@ fn kfree_skb_cost() -> anyhow::Result<()> {
         let counted = watched_drops(&observer)?;
         anyhow::ensure!(
             counted == watched,
-            "{name}: kfree_skb counted {counted} NETFILTER_DROP drops on va, expected {watched}"
+            "{name}: kfree_skb counted {counted} NETFILTER_DROP drops on va and vc, expected {watched}"
         );
         system::report(
             &format!("{name}_per_event"),

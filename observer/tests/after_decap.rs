@@ -18,7 +18,7 @@
 
 mod support;
 
-use observer_testkit::pair::{A_MAC_BYTES, B_IP, B_MAC_BYTES, B_VTEP_MAC, NODE_A, NODE_B, Pair};
+use observer_testkit::pair::{A_MAC_BYTES, B_IP, B_MAC_BYTES, NODE_A, NODE_B, Pair};
 use serde_json::Value;
 use support::{
     calico::{iptables_counter, settle},
@@ -463,16 +463,7 @@ fn a_removed_fdb_entry_drops_on_the_way_out_to_the_node_it_named() {
     let lab = Lab::new("adfd");
     let a = &lab.pair.a;
     let observer = lab.observe();
-    a.bridge(&[
-        "fdb",
-        "del",
-        B_VTEP_MAC,
-        "dev",
-        "vxlan.calico",
-        "dst",
-        B_IP,
-        "self",
-    ]);
+    lab.pair.forget_peer_vtep();
     let (sent, received) = ping(a, NODE_B.pod, N);
     assert_eq!((sent, received), (N, 0), "ping without an FDB entry");
     settle(&observer);
@@ -480,17 +471,25 @@ fn a_removed_fdb_entry_drops_on_the_way_out_to_the_node_it_named() {
 
     // vxlan_xmit finds no remote for B's VTEP MAC: every echo request is
     // dropped on vxlan.calico, on its way to B (whose block the view
-    // still names, though the route can no longer resolve it).
-    // The reason's name differs between kernels (NO_TX_TARGET on 6.18).
-    let line = support::calico::final_snapshot(&run)
+    // still names, though the route can no longer resolve it). The
+    // reason's name differs between kernels (NO_TX_TARGET on 6.18).
+    let line = every_ping_out_to_b(&run);
+    assert_eq!(line["location"], "vxlan_xmit", "{line}");
+}
+
+/// The final snapshot's drop line on vxlan.calico on the way out, which
+/// must hold A's [`N`] pings to B's pod, attributed to B, and be all that
+/// is attributed to B there.
+fn every_ping_out_to_b(run: &ObserverRun) -> &Value {
+    let line = support::calico::final_snapshot(run)
         .iter()
         .find(|l| l["type"] == "drop" && l["iface"] == "vxlan.calico" && l["direction"] == "tx")
         .expect("a drop on the way out");
     assert_eq!(line["peer"], B_IP, "{line}");
     assert_eq!(line["stage"], "tunnel", "{line}");
     assert_eq!(line["packets"].as_u64(), Some(u64::from(N)), "{line}");
-    assert_eq!(line["location"], "vxlan_xmit", "{line}");
-    assert_eq!(packets_on(&run, "vxlan.calico", B_IP), u64::from(N));
+    assert_eq!(packets_on(run, "vxlan.calico", B_IP), u64::from(N));
+    line
 }
 
 #[test]
@@ -527,13 +526,7 @@ fn a_removed_neighbour_entry_drops_on_the_way_out_once_resolution_fails() {
     );
     settle(&observer);
     let run = observer.stop_ok();
-    let line = support::calico::final_snapshot(&run)
-        .iter()
-        .find(|l| l["type"] == "drop" && l["iface"] == "vxlan.calico" && l["direction"] == "tx")
-        .expect("a drop on the way out");
-    assert_eq!(line["peer"], B_IP, "{line}");
-    assert_eq!(line["packets"].as_u64(), Some(u64::from(N)), "{line}");
-    assert_eq!(line["reason"], reason("NEIGH_FAILED"), "{line}");
     // The ARP requests themselves (no IP header) name no node.
-    assert_eq!(packets_on(&run, "vxlan.calico", B_IP), u64::from(N));
+    let line = every_ping_out_to_b(&run);
+    assert_eq!(line["reason"], reason("NEIGH_FAILED"), "{line}");
 }

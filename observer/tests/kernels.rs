@@ -535,6 +535,36 @@ fn every_rx_hook_counts_like_tcpdump() {
     checks.finish();
 }
 
+/// GRE, IPv6-in-IPv6 and VXLAN over IPv6 pinged at the same time, both
+/// ways, on a several-CPU machine: each counted like tcpdump in both
+/// directions. The kinds' own test pings them one after another.
+#[test]
+fn mixed_tunnels_at_once_count_like_tcpdump() {
+    if !have_root("mixed_tunnels_at_once_count_like_tcpdump") {
+        return;
+    }
+    let tunnels = Tunnels::new("kx", &kinds(&["gre_v4", "ip6tnl_ip6ip6", "vxlan4789_v6"]));
+    let observer = ObserverProcess::start(Some(tunnels.b.name()), &[B_IFACE], &[]);
+    let tcpdump = Tcpdump::start(&tunnels.b, B_IFACE, "ip or ip6");
+    std::thread::scope(|scope| {
+        for kind in &tunnels.kinds {
+            for (from, to) in [(&tunnels.a, kind.inner.1), (&tunnels.b, kind.inner.0)] {
+                scope.spawn(move || support::tunnels::ping(from, to, 30));
+            }
+        }
+    });
+    tunnels.quiesce();
+    std::thread::sleep(Duration::from_millis(500));
+    let capture = tcpdump.stop_after(0);
+    let run = observer.stop();
+    assert!(run.status.success(), "{}", run.stderr);
+    let mut checks = Checks::default();
+    for kind in &tunnels.kinds {
+        compare_kind(&mut checks, "mixed_", kind, &run, &capture);
+    }
+    checks.finish();
+}
+
 /// A second IPIP tunnel from A, from an address outside the allow-set:
 /// Calico's set on B holds A's node addresses, and its rule drops IPIP
 /// from anyone else.
@@ -694,7 +724,7 @@ fn drops_after_decapsulation_name_the_node() {
     if !have_root("drops_after_decapsulation_name_the_node") {
         return;
     }
-    use observer_testkit::pair::{B_IP, B_VTEP_MAC, NODE_A, NODE_B, Pair};
+    use observer_testkit::pair::{B_IP, NODE_A, NODE_B, Pair};
     let pair = Pair::new("kad");
     pair.calico();
     let a = &pair.a;
@@ -720,16 +750,7 @@ fn drops_after_decapsulation_name_the_node() {
     observer.wait_ready(1);
     calico::settle(&observer);
     let dropped_in = tunnels_ping_dropped(&pair.b, NODE_A.pod);
-    a.bridge(&[
-        "fdb",
-        "del",
-        B_VTEP_MAC,
-        "dev",
-        "vxlan.calico",
-        "dst",
-        B_IP,
-        "self",
-    ]);
+    pair.forget_peer_vtep();
     let dropped_out = tunnels_ping_dropped(a, NODE_B.pod);
     calico::settle(&observer);
     let run = observer.stop();

@@ -321,6 +321,21 @@ impl Pair {
         }
     }
 
+    /// A forgets B's VTEP after [`Pair::calico`]: deletes its FDB entry for
+    /// B's vxlan.calico MAC, so vxlan_xmit has no remote for B's pods.
+    pub fn forget_peer_vtep(&self) {
+        self.a.bridge(&[
+            "fdb",
+            "del",
+            B_VTEP_MAC,
+            "dev",
+            "vxlan.calico",
+            "dst",
+            B_IP,
+            "self",
+        ]);
+    }
+
     /// (namespace, veth end, this node, the peer) for A, then for B.
     fn sides(&self) -> [(&Netns, &str, &'static Node, &'static Node); 2] {
         [

@@ -39,15 +39,18 @@ pub struct Nearest {
 }
 
 impl Nearest {
-    /// Asks for `addrs` (0 is never named: no code lives there).
+    /// Asks for `addrs` (0 is never named: no code lives there; each
+    /// address once, however often it is given: every symbol is compared
+    /// with each).
     pub fn new(addrs: impl IntoIterator<Item = u64>) -> Nearest {
-        Nearest {
-            wanted: addrs
-                .into_iter()
-                .filter(|a| *a != 0)
-                .map(|a| (a, None))
-                .collect(),
-        }
+        let mut wanted: Vec<(u64, Option<(u64, String)>)> = addrs
+            .into_iter()
+            .filter(|a| *a != 0)
+            .map(|a| (a, None))
+            .collect();
+        wanted.sort_unstable_by_key(|(a, _)| *a);
+        wanted.dedup_by_key(|(a, _)| *a);
+        Nearest { wanted }
     }
 
     /// Considers one symbol.
@@ -114,6 +117,15 @@ garbage
                 (0xffffffff81b00010, Some("ip_rcv_finish_core".to_string())),
                 (0xffffffffc0a01050, Some("vxlan_xmit_one".to_string())),
             ]
+        );
+    }
+
+    #[test]
+    fn an_address_given_many_times_is_named_once() {
+        let many = vec![0xffffffff81b00010u64; 10_000];
+        assert_eq!(
+            names(&many, FILE),
+            vec![(0xffffffff81b00010, Some("ip_rcv_finish_core".to_string()))]
         );
     }
 
