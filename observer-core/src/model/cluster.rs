@@ -63,7 +63,7 @@ pub struct Queries {
     pub nodes: String,
     /// Tunnel packets per (node, peer, proto, direction).
     pub packets: String,
-    /// Drops per (node, peer, proto, reason).
+    /// Drops per (node, peer, proto, reason, stage).
     pub drops: String,
     /// Anomalies per (node, kind, proto, peer, about).
     pub anomalies: String,
@@ -96,7 +96,7 @@ impl Queries {
             ),
             drops: increase(
                 r#"observer_drops_total{proto!="other",peer!="other",peer!="",direction!="tx"}"#,
-                "node, peer, proto, reason",
+                "node, peer, proto, reason, stage",
             ),
             anomalies: format!(
                 "max by (node, kind, proto, peer, about) \
@@ -118,8 +118,9 @@ pub struct Window {
     names: BTreeSet<String>,
     /// (node, peer address, proto) -> (sent, received).
     packets: BTreeMap<(String, IpAddr, String), (u64, u64)>,
-    /// (node, peer address, proto, reason) -> packets.
-    drops: BTreeMap<(String, IpAddr, String, String), u64>,
+    /// (node, peer address, proto, reason, after decapsulation) ->
+    /// packets.
+    drops: BTreeMap<(String, IpAddr, String, String, bool), u64>,
     anomalies: Vec<Reported>,
     /// Series that lacked a label their query groups by.
     pub skipped: usize,
@@ -185,6 +186,8 @@ impl Window {
             self.skipped += 1;
             return;
         };
+        // Observers before stages exported none: the underlay.
+        let after_decap = matches!(s.label("stage"), Some("tunnel" | "pod"));
         *self
             .drops
             .entry((
@@ -192,6 +195,7 @@ impl Window {
                 peer,
                 proto.to_string(),
                 reason.to_string(),
+                after_decap,
             ))
             .or_default() += s.packets();
     }
@@ -278,6 +282,9 @@ pub struct Pair {
     pub arrived_from: Vec<IpAddr>,
     /// Packets `to` received from `from` and dropped (kernel drop reasons).
     pub dropped: u64,
+    /// The part of `dropped` that `to` dropped after decapsulation (on a
+    /// tunnel or pod device).
+    pub dropped_after_decap: u64,
     /// Drops and drop flags at `to` of `from`'s packets, by reason.
     pub drops: BTreeMap<String, u64>,
     /// Share of `sent` not delivered: (sent - received + dropped) / sent;
@@ -439,7 +446,7 @@ pub fn pairs(window: &Window, options: Options) -> Cluster {
             }
         }
     }
-    for ((node, peer, proto, reason), packets) in &window.drops {
+    for ((node, peer, proto, reason, after_decap), packets) in &window.drops {
         let (Some(this), Some(from)) = (
             first_address.get(node.as_str()).copied(),
             sender(node, *peer, proto),
@@ -453,6 +460,9 @@ pub fn pairs(window: &Window, options: Options) -> Cluster {
         *p.drops.entry(reason.clone()).or_default() += packets;
         if is_kernel_reason(reason) {
             p.dropped += packets;
+        }
+        if *after_decap {
+            p.dropped_after_decap += packets;
         }
     }
 
@@ -511,6 +521,7 @@ impl<'w> Building<'w> {
                 received: 0,
                 arrived_from: Vec::new(),
                 dropped: 0,
+                dropped_after_decap: 0,
                 drops: BTreeMap::new(),
                 loss: None,
                 anomalies: Vec::new(),
@@ -567,9 +578,13 @@ fn judge(p: &mut Pair, raised: &[&Reported], nodes: &BTreeMap<IpAddr, String>, o
     p.next_step = next_step(p);
 }
 
-/// A pair whose loss is the receiver's own drops: a policy drop when a
+/// A pair whose loss is the receiver's own drops: dropped after
+/// decapsulation when most of them were, else a policy drop when a
 /// netfilter or allow-set reason says so, else loss.
 fn kernel_drop_verdict(p: &Pair) -> Verdict {
+    if p.dropped_after_decap > 0 && p.dropped_after_decap * 2 >= p.dropped {
+        return Verdict::AfterDecap;
+    }
     let policy = p
         .drops
         .keys()
@@ -836,6 +851,69 @@ mod tests {
                 (Verdict::Healthy, 4)
             ])
         );
+    }
+
+    /// b drops a's VXLAN after decapsulation (conntrack or a policy on
+    /// vxlan.calico): the pair's verdict says so, not a policy on the
+    /// wire; the same reason on the underlay stays a policy drop.
+    #[test]
+    fn drops_after_decapsulation_are_their_own_verdict() {
+        let mut w = Window::default();
+        add(
+            &mut w,
+            Window::add_node,
+            &[
+                series(&[("node", "a"), ("address", "10.0.0.1")], 1.0),
+                series(&[("node", "b"), ("address", "10.0.0.2")], 1.0),
+            ],
+        );
+        add(
+            &mut w,
+            Window::add_packet,
+            &[
+                packets("a", "10.0.0.2", "vxlan", "tx", 1_000.0),
+                packets("b", "10.0.0.1", "vxlan", "rx", 1_000.0),
+                packets("b", "10.0.0.1", "ipip", "tx", 1_000.0),
+                packets("a", "10.0.0.2", "ipip", "rx", 1_000.0),
+            ],
+        );
+        let drop = |node: &str, peer: &str, proto: &str, stage: Option<&str>| {
+            let mut labels = vec![
+                ("node", node),
+                ("peer", peer),
+                ("proto", proto),
+                ("reason", "NETFILTER_DROP"),
+            ];
+            labels.extend(stage.map(|s| ("stage", s)));
+            series(&labels, 40.0)
+        };
+        add(
+            &mut w,
+            Window::add_drop,
+            &[
+                drop("b", "10.0.0.1", "vxlan", Some("tunnel")),
+                drop("a", "10.0.0.2", "ipip", Some("underlay")),
+            ],
+        );
+        let cluster = pairs(&w, Options::default());
+        let by = |from: &str, proto: &str| {
+            cluster
+                .pairs
+                .iter()
+                .find(|p| p.from == from && p.proto == proto)
+                .unwrap()
+        };
+        let vxlan = by("a", "vxlan");
+        assert_eq!(vxlan.verdict, Verdict::AfterDecap, "{vxlan:?}");
+        assert_eq!((vxlan.dropped, vxlan.dropped_after_decap), (40, 40));
+        assert!(
+            vxlan.next_step.contains("after decapsulation"),
+            "{}",
+            vxlan.next_step
+        );
+        let ipip = by("b", "ipip");
+        assert_eq!(ipip.verdict, Verdict::PolicyDrop, "{ipip:?}");
+        assert_eq!((ipip.dropped, ipip.dropped_after_decap), (40, 0));
     }
 
     #[test]

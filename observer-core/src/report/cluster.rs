@@ -206,6 +206,7 @@ mod tests {
             received: if verdict == Verdict::Healthy { 10 } else { 0 },
             arrived_from: Vec::new(),
             dropped: 0,
+            dropped_after_decap: 0,
             drops: BTreeMap::new(),
             loss: Some(if verdict == Verdict::Healthy {
                 0.0
