@@ -535,36 +535,6 @@ fn every_rx_hook_counts_like_tcpdump() {
     checks.finish();
 }
 
-/// GRE, IPv6-in-IPv6 and VXLAN over IPv6 pinged at the same time, both
-/// ways, on a several-CPU machine: each counted like tcpdump in both
-/// directions. The kinds' own test pings them one after another.
-#[test]
-fn mixed_tunnels_at_once_count_like_tcpdump() {
-    if !have_root("mixed_tunnels_at_once_count_like_tcpdump") {
-        return;
-    }
-    let tunnels = Tunnels::new("kx", &kinds(&["gre_v4", "ip6tnl_ip6ip6", "vxlan4789_v6"]));
-    let observer = ObserverProcess::start(Some(tunnels.b.name()), &[B_IFACE], &[]);
-    let tcpdump = Tcpdump::start(&tunnels.b, B_IFACE, "ip or ip6");
-    std::thread::scope(|scope| {
-        for kind in &tunnels.kinds {
-            for (from, to) in [(&tunnels.a, kind.inner.1), (&tunnels.b, kind.inner.0)] {
-                scope.spawn(move || support::tunnels::ping(from, to, 30));
-            }
-        }
-    });
-    tunnels.quiesce();
-    std::thread::sleep(Duration::from_millis(500));
-    let capture = tcpdump.stop_after(0);
-    let run = observer.stop();
-    assert!(run.status.success(), "{}", run.stderr);
-    let mut checks = Checks::default();
-    for kind in &tunnels.kinds {
-        compare_kind(&mut checks, "mixed_", kind, &run, &capture);
-    }
-    checks.finish();
-}
-
 /// A second IPIP tunnel from A, from an address outside the allow-set:
 /// Calico's set on B holds A's node addresses, and its rule drops IPIP
 /// from anyone else.
