@@ -687,6 +687,20 @@ mod tests {
         }
     }
 
+    /// A window knowing nodes a (10.0.0.1) and b (10.0.0.2).
+    fn nodes_a_and_b() -> Window {
+        let mut w = Window::default();
+        add(
+            &mut w,
+            Window::add_node,
+            &[
+                series(&[("node", "a"), ("address", "10.0.0.1")], 1.0),
+                series(&[("node", "b"), ("address", "10.0.0.2")], 1.0),
+            ],
+        );
+        w
+    }
+
     fn series(labels: &[(&str, &str)], value: f64) -> Series {
         Series {
             labels: labels
@@ -858,15 +872,7 @@ mod tests {
     /// wire; the same reason on the underlay stays a policy drop.
     #[test]
     fn drops_after_decapsulation_are_their_own_verdict() {
-        let mut w = Window::default();
-        add(
-            &mut w,
-            Window::add_node,
-            &[
-                series(&[("node", "a"), ("address", "10.0.0.1")], 1.0),
-                series(&[("node", "b"), ("address", "10.0.0.2")], 1.0),
-            ],
-        );
+        let mut w = nodes_a_and_b();
         add(
             &mut w,
             Window::add_packet,
@@ -918,15 +924,7 @@ mod tests {
 
     #[test]
     fn loss_on_the_path_and_drops_at_the_receiver_are_told_apart() {
-        let mut w = Window::default();
-        add(
-            &mut w,
-            Window::add_node,
-            &[
-                series(&[("node", "a"), ("address", "10.0.0.1")], 1.0),
-                series(&[("node", "b"), ("address", "10.0.0.2")], 1.0),
-            ],
-        );
+        let mut w = nodes_a_and_b();
         add(
             &mut w,
             Window::add_packet,
