@@ -21,7 +21,7 @@ mod support;
 use observer_testkit::pair::{A_MAC_BYTES, B_IP, B_MAC_BYTES, NODE_A, NODE_B, Pair};
 use serde_json::Value;
 use support::{
-    calico::{iptables_counter, settle},
+    calico::{iptables_counter, iptables_drop, settle},
     frames::{self, ETH_P_IP},
     netns::{Netns, ObserverProcess, ObserverRun, send_frames},
 };
@@ -218,26 +218,22 @@ fn conntrack_invalid_on_the_tunnel_device_is_attributed_to_the_sending_node() {
     let lab = Lab::new("adct");
     let a = &lab.pair.a;
     let comment = "observer test: conntrack INVALID";
-    a.exec_ok(&[
-        "iptables",
-        "-w",
-        "-t",
-        "mangle",
-        "-A",
-        "PREROUTING",
-        "-i",
-        "vxlan.calico",
-        "-m",
-        "conntrack",
-        "--ctstate",
-        "INVALID",
-        "-m",
-        "comment",
-        "--comment",
+    iptables_drop(
+        a,
+        &[
+            "-t",
+            "mangle",
+            "-A",
+            "PREROUTING",
+            "-i",
+            "vxlan.calico",
+            "-m",
+            "conntrack",
+            "--ctstate",
+            "INVALID",
+        ],
         comment,
-        "-j",
-        "DROP",
-    ]);
+    );
     let observer = lab.observe();
     lab.send_from_b(&echo_reply(NODE_B.pod, NODE_A.pod), N);
     settle(&observer);
@@ -405,20 +401,7 @@ fn a_forward_drop_towards_a_pod_and_from_a_pod_name_the_peer_and_stage() {
     let to_pod = "observer test: forward to the pod";
     let from_pod = "observer test: forward from the pod";
     for (dir, comment) in [("-o", to_pod), ("-i", from_pod)] {
-        a.exec_ok(&[
-            "iptables",
-            "-w",
-            "-A",
-            "FORWARD",
-            dir,
-            "caliA1",
-            "-m",
-            "comment",
-            "--comment",
-            comment,
-            "-j",
-            "DROP",
-        ]);
+        iptables_drop(a, &["-A", "FORWARD", dir, "caliA1"], comment);
     }
     let observer = lab.observe();
     // B's pod pings A's pod P through the real overlay: A forwards it from

@@ -264,17 +264,11 @@ fn drops_after_decapsulation_are_the_verdict_with_device_and_function() {
     }
     let overlay = Pair::new("dgd");
     overlay.calico();
-    overlay.a.exec_ok(&[
-        "iptables",
-        "-A",
-        "INPUT",
-        "-i",
-        "vxlan.calico",
-        "-p",
-        "icmp",
-        "-j",
-        "DROP",
-    ]);
+    support::calico::iptables_drop(
+        &overlay.a,
+        &["-A", "INPUT", "-i", "vxlan.calico", "-p", "icmp"],
+        "observer test: input on the tunnel",
+    );
     let out = diagnose_with(
         &[
             "--netns",

@@ -670,22 +670,11 @@ fn probes_are_answered_and_counted_apart_and_drops_after_decapsulation_name_the_
     let in_rows: u64 = latest.values().sum();
 
     let comment = "observer kernel suite: input on the tunnel";
-    a.exec_ok(&[
-        "iptables",
-        "-w",
-        "-A",
-        "INPUT",
-        "-i",
-        "vxlan.calico",
-        "-p",
-        "icmp",
-        "-m",
-        "comment",
-        "--comment",
+    calico::iptables_drop(
+        a,
+        &["-A", "INPUT", "-i", "vxlan.calico", "-p", "icmp"],
         comment,
-        "-j",
-        "DROP",
-    ]);
+    );
     let dropped_in = tunnels_ping_dropped(&pair.b, NODE_A.pod);
     pair.forget_peer_vtep();
     let dropped_out = tunnels_ping_dropped(a, NODE_B.pod);

@@ -140,6 +140,16 @@ pub fn iptables_ipip_rule(ns: &Netns) {
     ]);
 }
 
+/// `iptables -w RULE... -m comment --comment COMMENT -j DROP` in `ns`
+/// (`rule`: the table, chain and matches); [`iptables_counter`] reads it
+/// back by its comment.
+pub fn iptables_drop(ns: &Netns, rule: &[&str], comment: &str) {
+    let mut argv = vec!["iptables", "-w"];
+    argv.extend_from_slice(rule);
+    argv.extend(["-m", "comment", "--comment", comment, "-j", "DROP"]);
+    ns.exec_ok(&argv);
+}
+
 /// (packets, bytes) of the iptables rule commented `comment`, from
 /// `iptables-save -c` (`[P:B] -A chain ... --comment "..." ...`).
 pub fn iptables_counter(ns: &Netns, comment: &str) -> (u64, u64) {
