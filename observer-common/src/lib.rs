@@ -313,12 +313,15 @@ pub struct FlowValue {
     pub inner_family: u8,
     /// Padding, always zero.
     pub _pad: [u8; 7],
+    /// What the key's inner TCP segments said.
+    pub tcp: TcpCounts,
 }
 
 impl FlowValue {
-    /// The first `packets`/`bytes` of a key, with the inner sample of `c`.
+    /// The first `packets`/`bytes` of a key, with the inner sample of `c`
+    /// and its inner TCP signals `tcp`.
     #[inline(always)]
-    pub fn first(c: &parse::Classified, packets: u64, bytes: u64) -> FlowValue {
+    pub fn first(c: &parse::Classified, packets: u64, bytes: u64, tcp: &TcpCounts) -> FlowValue {
         FlowValue {
             packets,
             bytes,
@@ -326,17 +329,22 @@ impl FlowValue {
             inner_dst: c.inner_dst,
             inner_family: c.inner_family,
             _pad: [0; 7],
+            tcp: *tcp,
         }
     }
 
-    /// Adds `packets`/`bytes`; the inner sample becomes `c`'s when it has one.
+    /// Adds `packets`/`bytes` and the inner TCP signals `tcp`; the inner
+    /// sample becomes `c`'s when it has one.
     #[inline(always)]
-    pub fn add(&mut self, c: &parse::Classified, packets: u64, bytes: u64) {
+    pub fn add(&mut self, c: &parse::Classified, packets: u64, bytes: u64, tcp: &TcpCounts) {
         self.add_sampled(packets, bytes, c.inner_family, c.inner_src, c.inner_dst);
+        self.tcp.add(tcp);
     }
 
     /// Adds one [`parse::CommonVxlan`] frame of `bytes`, with its inner
-    /// sample: what [`FlowValue::add`] does with its classification.
+    /// sample: what [`FlowValue::add`] does with its classification (such
+    /// a frame is no SYN and no RST, `parse::early`, so it has no TCP
+    /// signal).
     #[inline(always)]
     pub fn add_common_vxlan(&mut self, v: &parse::CommonVxlan, bytes: u64) {
         self.add_sampled(
@@ -367,11 +375,65 @@ impl FlowValue {
     }
 }
 
+/// What the inner TCP segments of one flow key said (tunnel packets
+/// only, `parse::inner_tcp`): the handshake and how it fails. Counted in
+/// the programs like packets, since an unanswered SYN or an MSS too large
+/// for the tunnel shows in no packet count.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct TcpCounts {
+    /// SYNs without ACK: connection attempts, retries included.
+    pub syn: u64,
+    /// SYN-ACKs: the answers to them.
+    pub syn_ack: u64,
+    /// Segments with RST.
+    pub rst: u64,
+    /// SYNs and SYN-ACKs whose MSS option, with the headers of a full
+    /// segment and this frame's encapsulation, is more than the
+    /// interface's MTU carries (`parse::InnerTcp::full_segment`): the
+    /// other end will send segments the tunnel cannot carry whole.
+    pub mss_over: u64,
+}
+
+impl TcpCounts {
+    /// No signal.
+    pub const NONE: TcpCounts = TcpCounts {
+        syn: 0,
+        syn_ack: 0,
+        rst: 0,
+        mss_over: 0,
+    };
+
+    /// The signals of one segment `tcp` seen on an interface of MTU `mtu`
+    /// (0: unknown, no MSS judged).
+    #[inline(always)]
+    pub fn of(tcp: &parse::InnerTcp, mtu: u32) -> TcpCounts {
+        let handshake = tcp.flags & (parse::TCP_SYN | parse::TCP_ACK);
+        let syn = handshake == parse::TCP_SYN;
+        let syn_ack = handshake == parse::TCP_SYN | parse::TCP_ACK;
+        TcpCounts {
+            syn: u64::from(syn),
+            syn_ack: u64::from(syn_ack),
+            rst: u64::from(tcp.flags & parse::TCP_RST != 0),
+            mss_over: u64::from((syn || syn_ack) && mtu != 0 && tcp.full_segment > mtu),
+        }
+    }
+
+    /// Adds `other`.
+    #[inline(always)]
+    pub fn add(&mut self, other: &TcpCounts) {
+        self.syn += other.syn;
+        self.syn_ack += other.syn_ack;
+        self.rst += other.rst;
+        self.mss_over += other.mss_over;
+    }
+}
+
 /// Name of the per-CPU array of [`FlowCacheSlot`]s in front of
 /// [`FLOWS_MAP`].
 pub const FLOW_CACHE_MAP: &str = "FLOW_CACHE";
 /// Slots of [`FLOW_CACHE_MAP`] per CPU (a power of two: the slot index is
-/// the top bits of a hash). 1,024 slots of 96 bytes are 96 KiB per CPU.
+/// the top bits of a hash). 1,024 slots of 128 bytes are 128 KiB per CPU.
 pub const FLOW_CACHE_SLOTS: u32 = 1024;
 
 /// One slot of the per-CPU flow cache: the counters of one [`FlowKey`] on
@@ -681,9 +743,19 @@ assert_no_padding!(
         inner_src,
         inner_dst,
         inner_family,
-        _pad
+        _pad,
+        tcp
     },
-    _pad
+    tcp
+);
+assert_no_padding!(
+    TcpCounts {
+        syn,
+        syn_ack,
+        rst,
+        mss_over
+    },
+    mss_over
 );
 assert_no_padding!(
     FlowCacheSlot {

@@ -38,6 +38,8 @@ const IPPROTO_ICMPV6: u8 = 58;
 const IPPROTO_DSTOPTS: u8 = 60;
 
 const UDP_HLEN: usize = 8;
+/// A TCP header without options.
+const TCP_HLEN: usize = 20;
 const VXLAN_HLEN: usize = 8;
 const GENEVE_HLEN: usize = 8;
 const GRE_HLEN: usize = 4;
@@ -755,6 +757,10 @@ const COMMON_VXLAN_OFF: usize = EARLY_V4_LEN;
 const COMMON_INNER_ETH_OFF: usize = COMMON_VXLAN_OFF + VXLAN_HLEN;
 /// What [`common_vxlan`] reads: up to the end of the inner IPv4 header.
 const COMMON_VXLAN_LEN: usize = COMMON_INNER_ETH_OFF + ETH_HLEN + 20;
+/// Where the inner TCP header of a common VXLAN frame starts.
+const COMMON_INNER_TCP_OFF: usize = COMMON_VXLAN_LEN;
+/// What [`common_vxlan`] reads of inner TCP: up to its flags.
+const COMMON_VXLAN_TCP_LEN: usize = COMMON_INNER_TCP_OFF + 14;
 
 /// [`early`] past the UDP header of a VXLAN frame whose outer IPv4 header
 /// (without options) has the addresses `[source, destination]`.
@@ -770,6 +776,16 @@ fn common_vxlan<F: Frame>(f: &F, outer: [u32; 2], direction: Direction) -> Optio
         || inner.proto == IPPROTO_ICMP
     {
         return None;
+    }
+    // A SYN or RST has inner TCP signals to count ([`inner_tcp`]), which
+    // only the full parse reads: one more load, on inner TCP only.
+    if inner.proto == IPPROTO_TCP {
+        let flags = f
+            .head(COMMON_VXLAN_TCP_LEN)?
+            .get::<[u8; 2]>(COMMON_INNER_TCP_OFF + 12)?[1];
+        if flags & (TCP_SYN | TCP_RST) != 0 {
+            return None;
+        }
     }
     Some(CommonVxlan {
         peer: match direction {
@@ -788,6 +804,65 @@ pub const TCP_FIN: u8 = 0x01;
 pub const TCP_SYN: u8 = 0x02;
 /// RST.
 pub const TCP_RST: u8 = 0x04;
+/// ACK.
+pub const TCP_ACK: u8 = 0x10;
+
+/// TCP option kind of the maximum segment size.
+const TCP_OPT_MSS: u8 = 2;
+
+/// What one tunnel packet's inner TCP header says ([`inner_tcp`]).
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub struct InnerTcp {
+    /// The flags byte (0 when the packet carries no inner TCP header).
+    pub flags: u8,
+    /// A SYN's or SYN-ACK's MSS option (0 when it has none first).
+    pub mss: u16,
+    /// The outer IP packet a full segment of that MSS would make, sent
+    /// back through the same encapsulation: this frame's headers from the
+    /// outer IP header to the inner TCP header, a TCP header without
+    /// options, and `mss` bytes (0 without `mss`). More than the
+    /// interface's MTU means the other end's full segments cannot cross
+    /// the tunnel whole.
+    pub full_segment: u32,
+}
+
+/// The inner TCP header of a tunnel packet `c` (not a probe, inner IPv4
+/// or IPv6 read, inner protocol TCP): its flags and, on a SYN, the MSS
+/// option. Read after the parse, at the inner L4 offset it found, so the
+/// hooks verify it once. The MSS is read where senders put it, as the
+/// first option (Linux, Windows and the BSDs do; elsewhere it is not
+/// judged).
+#[inline(always)]
+pub fn inner_tcp<F: Frame>(f: &F, c: &Classified) -> InnerTcp {
+    let none = InnerTcp::default();
+    if c.proto == Proto::Other
+        || c.probe
+        || c.inner_family == family::NONE
+        || c.l4_off == 0
+        || c.l4_proto != IPPROTO_TCP
+    {
+        return none;
+    }
+    let Some([data_offset, flags]) = f.read::<[u8; 2]>(c.l4_off + 12) else {
+        return none;
+    };
+    let mut tcp = InnerTcp {
+        flags,
+        mss: 0,
+        full_segment: 0,
+    };
+    // Options start after the 20-byte header: a data offset above 5 words.
+    if flags & TCP_SYN != 0
+        && data_offset >> 4 > 5
+        && let Some([kind, len, hi, lo]) = f.read::<[u8; 4]>(c.l4_off + 20)
+        && kind == TCP_OPT_MSS
+        && len == 4
+    {
+        tcp.mss = u16::from_be_bytes([hi, lo]);
+        tcp.full_segment = (c.l4_off - c.l2_len + TCP_HLEN) as u32 + tcp.mss as u32;
+    }
+    tcp
+}
 
 /// What one TCP/179 segment says: its peer, its flags, and the BGP
 /// message that starts its payload.

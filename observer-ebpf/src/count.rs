@@ -6,7 +6,7 @@
 
 use aya_ebpf::bindings::BPF_NOEXIST;
 use observer_common::{
-    Direction, FLOW_CACHE_SLOTS, FlowCacheSlot, FlowKey, FlowValue, KeyFacts, Stat,
+    Direction, FLOW_CACHE_SLOTS, FlowCacheSlot, FlowKey, FlowValue, KeyFacts, Stat, TcpCounts,
 };
 
 use crate::{
@@ -15,14 +15,16 @@ use crate::{
     parse::{self, Classified, CommonVxlan, Frame},
 };
 
-/// Adds `packets`/`bytes` to `key`. Returns this CPU's cache slot of the
-/// key when it has one (the key's node facts are cached there).
+/// Adds `packets`/`bytes` and the inner TCP signals `tcp` to `key`.
+/// Returns this CPU's cache slot of the key when it has one (the key's
+/// node facts are cached there).
 #[inline(always)]
 pub fn record(
     key: &FlowKey,
     c: &Classified,
     packets: u64,
     bytes: u64,
+    tcp: &TcpCounts,
 ) -> Option<&'static mut FlowCacheSlot> {
     if c.probe {
         let stat = if key.direction == Direction::Rx as u8 {
@@ -43,18 +45,35 @@ pub fn record(
         // reads it.
         let slot = unsafe { &mut *slot };
         if slot.holds(key) {
-            slot.value.add(c, packets, bytes);
+            slot.value.add(c, packets, bytes, tcp);
             return Some(slot);
         }
         if slot.key.ifindex == 0 {
-            claim(slot, key, c, packets, bytes);
+            claim(slot, key, c, packets, bytes, tcp);
             bump(Stat::FlowCacheClaims);
             return Some(slot);
         }
         bump(Stat::FlowCacheCollisions);
     }
-    record_in_map(key, c, packets, bytes);
+    record_in_map(key, c, packets, bytes, tcp);
     None
+}
+
+/// The inner TCP signals of a settled tunnel packet `c` seen on
+/// `ifindex`: its flags, and for a SYN or SYN-ACK whether its MSS fits the
+/// interface's MTU (looked up only then: handshakes are few).
+#[inline(always)]
+pub fn tcp_signals<F: Frame>(frame: &F, ifindex: u32, c: &Classified) -> TcpCounts {
+    let tcp = parse::inner_tcp(frame, c);
+    if tcp.flags == 0 {
+        return TcpCounts::NONE;
+    }
+    let mtu = if tcp.full_segment != 0 {
+        drops::iface_mtu(ifindex)
+    } else {
+        0
+    };
+    TcpCounts::of(&tcp, mtu)
 }
 
 /// Counts a plain frame that needs nothing more (no drop check, not BGP)
@@ -148,9 +167,16 @@ fn cache_index(key: &FlowKey) -> u32 {
 /// taken, is written last, so that a reader never pairs counts with half
 /// a key.
 #[inline(always)]
-fn claim(slot: &mut FlowCacheSlot, key: &FlowKey, c: &Classified, packets: u64, bytes: u64) {
+fn claim(
+    slot: &mut FlowCacheSlot,
+    key: &FlowKey,
+    c: &Classified,
+    packets: u64,
+    bytes: u64,
+    tcp: &TcpCounts,
+) {
     slot.facts = KeyFacts::default();
-    slot.value = FlowValue::first(c, packets, bytes);
+    slot.value = FlowValue::first(c, packets, bytes, tcp);
     slot.key = FlowKey { ifindex: 0, ..*key };
     core::sync::atomic::compiler_fence(core::sync::atomic::Ordering::Release);
     slot.key.ifindex = key.ifindex;
@@ -158,14 +184,18 @@ fn claim(slot: &mut FlowCacheSlot, key: &FlowKey, c: &Classified, packets: u64, 
 
 /// The LRU path: a key without a cache slot on this CPU.
 #[inline(always)]
-fn record_in_map(key: &FlowKey, c: &Classified, packets: u64, bytes: u64) {
+fn record_in_map(key: &FlowKey, c: &Classified, packets: u64, bytes: u64, tcp: &TcpCounts) {
     if let Some(value) = FLOWS.get_ptr_mut(key) {
         // SAFETY: per-CPU value of this CPU; nothing else writes it concurrently.
-        unsafe { &mut *value }.add(c, packets, bytes);
+        unsafe { &mut *value }.add(c, packets, bytes, tcp);
         return;
     }
     if FLOWS
-        .insert(key, FlowValue::first(c, packets, bytes), BPF_NOEXIST as u64)
+        .insert(
+            key,
+            FlowValue::first(c, packets, bytes, tcp),
+            BPF_NOEXIST as u64,
+        )
         .is_ok()
     {
         bump(Stat::FlowInserts);
@@ -173,7 +203,7 @@ fn record_in_map(key: &FlowKey, c: &Classified, packets: u64, bytes: u64) {
     }
     match FLOWS.get_ptr_mut(key) {
         // SAFETY: as above.
-        Some(value) => unsafe { &mut *value }.add(c, packets, bytes),
+        Some(value) => unsafe { &mut *value }.add(c, packets, bytes, tcp),
         // Another CPU inserted the key between our lookup and insert, and
         // the entry was evicted again before we could find it.
         None => bump(Stat::FlowInsertFailures),

@@ -148,7 +148,7 @@ fn vni_unknown(vni: u32) -> bool {
 
 /// The MTU of interface `ifindex`; 0 when userspace wrote none.
 #[inline(always)]
-fn iface_mtu(ifindex: u32) -> u32 {
+pub fn iface_mtu(ifindex: u32) -> u32 {
     // SAFETY: map value pointer from a successful lookup.
     IFACE_MTU.get_ptr(ifindex).map_or(0, |mtu| unsafe { *mtu })
 }

@@ -212,6 +212,13 @@ fn count_frame<F: Frame>(
     } else {
         (1, len)
     };
-    count::record(&FlowKey::of(ifindex, direction, &c), &c, packets, bytes);
+    let tcp = count::tcp_signals(frame, ifindex, &c);
+    count::record(
+        &FlowKey::of(ifindex, direction, &c),
+        &c,
+        packets,
+        bytes,
+        &tcp,
+    );
     Some(c)
 }

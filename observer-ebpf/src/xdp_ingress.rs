@@ -87,7 +87,8 @@ fn try_observer_xdp(ctx: &XdpContext, buffers: Buffers) {
     if maps::settle(&mut c, SHAPE_XDP).is_none() {
         return;
     }
-    let slot = count::record(&FlowKey::of(ifindex, Direction::Rx, &c), &c, 1, bytes);
+    let tcp = count::tcp_signals(&frame, ifindex, &c);
+    let slot = count::record(&FlowKey::of(ifindex, Direction::Rx, &c), &c, 1, bytes, &tcp);
     if parse::needs_checks(&c) {
         drops::classifier_checks(ifindex, &c, bytes, slot.map(|s| &mut s.facts));
         drops::path_mtu_checks(&frame, ifindex, &c, bytes);

@@ -18,111 +18,17 @@
 
 mod support;
 
-use observer_testkit::pair::{A_MAC_BYTES, B_IP, B_MAC_BYTES, NODE_A, NODE_B, Pair};
+use observer_testkit::pair::{B_IP, NODE_A, NODE_B};
 use serde_json::Value;
 use support::{
     calico::{iptables_counter, iptables_drop, settle},
-    frames::{self, ETH_P_IP},
-    netns::{Netns, ObserverProcess, ObserverRun, send_frames},
+    frames,
+    netns::{Netns, ObserverRun},
+    pods::{Lab, POD},
 };
 
 /// Packets per case (odd, so that it is not mistaken for another count).
 const N: u32 = 7;
-/// A's pod behind caliA1.
-const POD: &str = "198.19.1.5";
-/// The MAC of A's vxlan.calico ([`NODE_A`]'s VTEP).
-const A_VTEP_MAC_BYTES: [u8; 6] = [2, 0, 0, 0, 1, 0x0a];
-/// The MAC of B's vxlan.calico.
-const B_VTEP_MAC_BYTES: [u8; 6] = [2, 0, 0, 0, 1, 0x0b];
-
-/// Nodes A and B with Calico's VXLAN overlay; A also has pod P behind
-/// caliA1 (Calico's way: a /32 route to the pod, the pod's gateway
-/// 169.254.1.1 at caliA1's MAC ee:ee:ee:ee:ee:ee, here a static
-/// neighbour where Calico answers by proxy ARP) and forwards.
-struct Lab {
-    pair: Pair,
-    pod: Netns,
-}
-
-impl Lab {
-    fn new(tag: &str) -> Lab {
-        let pair = Pair::new(tag);
-        pair.calico();
-        let pod = Netns::new(&format!("{tag}p"));
-        let a = &pair.a;
-        a.ip(&[
-            "link",
-            "add",
-            "caliA1",
-            "address",
-            "ee:ee:ee:ee:ee:ee",
-            "type",
-            "veth",
-            "peer",
-            "name",
-            "eth0",
-            "netns",
-            pod.name(),
-        ]);
-        a.ip(&["link", "set", "caliA1", "up"]);
-        a.exec_ok(&["sysctl", "-qw", "net.ipv4.ip_forward=1"]);
-        a.ip(&["route", "add", &format!("{POD}/32"), "dev", "caliA1"]);
-        pod.ip(&["addr", "add", &format!("{POD}/32"), "dev", "eth0"]);
-        pod.ip(&["link", "set", "eth0", "up"]);
-        pod.ip(&[
-            "route",
-            "add",
-            "169.254.1.1",
-            "dev",
-            "eth0",
-            "scope",
-            "link",
-        ]);
-        pod.ip(&[
-            "route",
-            "add",
-            "default",
-            "via",
-            "169.254.1.1",
-            "dev",
-            "eth0",
-        ]);
-        pod.neigh("169.254.1.1", "ee:ee:ee:ee:ee:ee", "eth0");
-        Lab { pair, pod }
-    }
-
-    /// The observer on A's underlay veth, with the default `--after-decap`.
-    fn observe(&self) -> ObserverProcess {
-        let observer = ObserverProcess::start(
-            Some(self.pair.a.name()),
-            &[self.pair.a_iface()],
-            &["--interval", "200ms"],
-        );
-        observer.wait_ready(1);
-        // The data-plane view (and so the watched devices and the block
-        // owners) is read before the first interval.
-        settle(&observer);
-        observer
-    }
-
-    /// `count` VXLAN frames from B's underlay veth to A's vxlan.calico, each
-    /// carrying `inner` (an IPv4 packet) from B's VTEP.
-    fn send_from_b(&self, inner: &[u8], count: u32) {
-        let inner_frame =
-            frames::ethernet(A_VTEP_MAC_BYTES, B_VTEP_MAC_BYTES, &[], ETH_P_IP, inner);
-        let payload = frames::cat(&[&frames::vxlan_header(4096), &inner_frame]);
-        let mut frame = frames::udp_frame(
-            frames::addr(B_IP),
-            frames::addr(NODE_A.underlay),
-            frames::ENTROPY_PORT,
-            4789,
-            &payload,
-        );
-        frames::set_macs(&mut frame, A_MAC_BYTES, B_MAC_BYTES);
-        send_frames(&self.pair.b, self.pair.b_iface(), vec![(frame, count)]);
-    }
-}
-
 /// An IPv4 ICMP echo reply `src` -> `dst` (conntrack has no request for
 /// it: INVALID).
 fn echo_reply(src: &str, dst: &str) -> Vec<u8> {
@@ -348,15 +254,7 @@ fn rp_filter_drops_after_decapsulation_are_attributed_to_the_block_owner() {
 /// `TcpExt: IPReversePathFilter` of `ns` (/proc/net/netstat): packets
 /// the reverse-path check dropped.
 fn rp_filter_counter(ns: &Netns) -> u64 {
-    let output = ns.exec_ok(&["cat", "/proc/net/netstat"]);
-    let text = String::from_utf8_lossy(&output.stdout).into_owned();
-    let mut rows = text.lines().filter(|l| l.starts_with("TcpExt:"));
-    let (names, values) = (rows.next().unwrap(), rows.next().unwrap());
-    let at = names
-        .split_whitespace()
-        .position(|n| n == "IPReversePathFilter")
-        .unwrap_or_else(|| panic!("no IPReversePathFilter in /proc/net/netstat:\n{text}"));
-    values.split_whitespace().nth(at).unwrap().parse().unwrap()
+    support::calico::snmp_counter(ns, "TcpExt", "IPReversePathFilter")
 }
 
 /// `ping -c count` from `ns` to `dst`, each request sent once whether

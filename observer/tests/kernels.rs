@@ -668,6 +668,7 @@ fn probes_are_answered_and_counted_apart_and_drops_after_decapsulation_name_the_
         latest.insert(key, row["packets"].as_u64().unwrap_or(0));
     }
     let in_rows: u64 = latest.values().sum();
+    let handshakes = tcp_handshakes(&pair);
 
     let comment = "observer kernel suite: input on the tunnel";
     calico::iptables_drop(
@@ -694,6 +695,7 @@ fn probes_are_answered_and_counted_apart_and_drops_after_decapsulation_name_the_
         "answers",
     );
     checks.compare("probe_in_rows", in_rows, 0, "nothing");
+    tcp_checks(&mut checks, &run, pair.a_iface(), &handshakes);
 
     let last = calico::final_snapshot(&run);
     let line = |direction: &str| {
@@ -746,6 +748,107 @@ fn probes_are_answered_and_counted_apart_and_drops_after_decapsulation_name_the_
         "{}",
         String::from_utf8_lossy(&output.stderr)
     );
+}
+
+/// What A's TCP stack counted of two connections from A to B's pod
+/// address through the overlay: one answered, one whose SYN-ACKs B drops.
+struct Handshakes {
+    /// SYNs A sent: connections opened (`Tcp:ActiveOpens`) and SYNs
+    /// retransmitted (`TcpExt:TCPSynRetrans`).
+    syns: u64,
+    /// Whether the first connection was answered and the second not.
+    answered: (bool, bool),
+}
+
+/// Two TCP connections from A to a listener on B's pod address
+/// ([`observer_testkit::pair::Pair::calico`]'s overlay), the second after
+/// B drops its SYN-ACKs.
+fn tcp_handshakes(pair: &observer_testkit::pair::Pair) -> Handshakes {
+    use std::net::{SocketAddr, TcpListener, TcpStream};
+    let (a, b) = (&pair.a, &pair.b);
+    let port = support::netns::free_port(b);
+    let addr: SocketAddr = format!("{}:{port}", observer_testkit::pair::NODE_B.pod)
+        .parse()
+        .unwrap();
+    let _listener =
+        support::netns::in_netns(b.name(), move || TcpListener::bind(addr)).expect("bind on B");
+    let opened = |ns: &Netns| {
+        calico::snmp_counter(ns, "Tcp", "ActiveOpens")
+            + calico::snmp_counter(ns, "TcpExt", "TCPSynRetrans")
+    };
+    let before = opened(a);
+    let connect = |timeout| {
+        support::netns::in_netns(a.name(), move || {
+            TcpStream::connect_timeout(&addr, timeout).is_ok()
+        })
+    };
+    let first = connect(Duration::from_secs(10));
+    calico::iptables_drop(
+        b,
+        &[
+            "-A",
+            "OUTPUT",
+            "-p",
+            "tcp",
+            "--tcp-flags",
+            "SYN,ACK",
+            "SYN,ACK",
+        ],
+        "observer kernel suite: SYN-ACKs",
+    );
+    // The first SYN and its retries at 1 and 3 s (1, 2, 3 s from 6.5 on).
+    let second = connect(Duration::from_millis(3500));
+    Handshakes {
+        syns: opened(a) - before,
+        answered: (first, second),
+    }
+}
+
+/// The inner TCP signals of [`tcp_handshakes`] on A's underlay interface
+/// `iface`: every SYN A's stack sent counted, one SYN-ACK, and
+/// `tcp_syn_unanswered` raised.
+fn tcp_checks(checks: &mut Checks, run: &ObserverRun, iface: &str, h: &Handshakes) {
+    use observer_testkit::pair::B_IP;
+    checks.holds(
+        "tcp_answered_then_not",
+        h.answered == (true, false),
+        None,
+        &format!("{:?}", h.answered),
+    );
+    // The rows' totals as of the last interval (they only grow).
+    let tcp = |direction: &str, signal: &str| {
+        run.lines
+            .iter()
+            .filter(|l| {
+                l["type"] == "peer"
+                    && l["iface"] == iface
+                    && l["direction"] == direction
+                    && l["proto"] == "vxlan"
+                    && l["peer"] == B_IP
+            })
+            .filter_map(|l| l["tcp"][signal].as_u64())
+            .max()
+            .unwrap_or(0)
+    };
+    checks.compare(
+        "tcp_syn_tx",
+        tcp("tx", "syn"),
+        h.syns,
+        "Tcp:ActiveOpens + TcpExt:TCPSynRetrans",
+    );
+    checks.compare(
+        "tcp_syn_ack_rx",
+        tcp("rx", "syn_ack"),
+        1,
+        "connections answered",
+    );
+    let raised = run.lines.iter().any(|l| {
+        l["type"] == "anomaly"
+            && l["state"] == "raised"
+            && l["kind"] == "tcp_syn_unanswered"
+            && l["peer"] == B_IP
+    });
+    checks.holds("tcp_syn_unanswered_raised", raised, None, "anomaly line");
 }
 
 /// The lab's incident, with the kernel's own tunl0 where the kernel has

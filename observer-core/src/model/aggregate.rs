@@ -7,19 +7,19 @@ use std::{hash::Hash, net::IpAddr};
 
 use crate::model::{
     read_order::ReadOrderMap,
-    rows::{DropCounters, DropId, FlowCounters, FlowId, Row},
+    rows::{DropCounters, DropId, FlowCounters, FlowId, Row, Tally},
 };
 
-/// Counters the aggregator can fold: packets, bytes and an optional inner
-/// address sample.
+/// Counters the aggregator can fold: packets, bytes, inner TCP signals
+/// and an optional inner address sample.
 pub trait Counters {
-    /// Packets and bytes as read from the kernel.
-    fn totals(&self) -> (u64, u64);
+    /// The counters as read from the kernel.
+    fn totals(&self) -> Tally;
     /// The same totals split by the kernel store holding them; each part
     /// is monotonic until its store loses the key (the LRU map part may be
     /// evicted while the flow-cache part stays).
-    fn parts(&self) -> [(u64, u64); 2] {
-        [self.totals(), (0, 0)]
+    fn parts(&self) -> [Tally; 2] {
+        [self.totals(), Tally::default()]
     }
     /// Inner (source, destination) sample, when there is one.
     fn inner(&self) -> Option<(IpAddr, IpAddr)> {
@@ -28,38 +28,33 @@ pub trait Counters {
 }
 
 impl Counters for FlowCounters {
-    fn totals(&self) -> (u64, u64) {
-        (self.packets, self.bytes)
+    fn totals(&self) -> Tally {
+        self.tally()
     }
     fn inner(&self) -> Option<(IpAddr, IpAddr)> {
         self.inner
     }
-    fn parts(&self) -> [(u64, u64); 2] {
-        let (packets, bytes) = self.cached;
-        [
-            (
-                self.packets.saturating_sub(packets),
-                self.bytes.saturating_sub(bytes),
-            ),
-            self.cached,
-        ]
+    fn parts(&self) -> [Tally; 2] {
+        // The cache part is part of the totals by construction.
+        let map = self.tally().since(&self.cached).unwrap_or_default();
+        [map, self.cached]
     }
 }
 
 impl Counters for DropCounters {
-    fn totals(&self) -> (u64, u64) {
-        (self.packets, self.bytes)
+    fn totals(&self) -> Tally {
+        Tally::counts(self.packets, self.bytes)
     }
 }
 
 #[derive(Debug, Clone, Default)]
 struct State {
     /// Kernel values at the previous read, per store (see [`Counters::parts`]).
-    kernel: [(u64, u64); 2],
+    kernel: [Tally; 2],
     /// Totals since attach.
-    total: (u64, u64),
+    total: Tally,
     /// Totals at the start of the current interval.
-    interval_start: (u64, u64),
+    interval_start: Tally,
     inner: Option<(IpAddr, IpAddr)>,
     /// Update number in which the row last moved.
     last_moved: u64,
@@ -124,20 +119,14 @@ impl<K: Copy + Eq + Hash + Ord> Aggregator<K> {
         self.read_rows += 1;
         let state = self.rows.get_or_insert_with(id, State::default);
         state.read = self.generation;
-        let mut delta = (0, 0);
+        let mut delta = Tally::default();
         for (now, kernel) in counters.parts().into_iter().zip(&mut state.kernel) {
-            let moved = if now.0 >= kernel.0 && now.1 >= kernel.1 {
-                (now.0 - kernel.0, now.1 - kernel.1)
-            } else {
-                now
-            };
+            let moved = now.since(kernel).unwrap_or(now);
             *kernel = now;
-            delta.0 += moved.0;
-            delta.1 += moved.1;
+            delta.add(&moved);
         }
-        state.total.0 += delta.0;
-        state.total.1 += delta.1;
-        if delta != (0, 0) {
+        state.total.add(&delta);
+        if delta != Tally::default() {
             state.last_moved = self.generation;
         }
         if let Some(inner) = counters.inner() {
@@ -152,7 +141,7 @@ impl<K: Copy + Eq + Hash + Ord> Aggregator<K> {
         if self.read_rows < self.rows.len() {
             for (_, state) in self.rows.iter_mut() {
                 if state.read != self.generation {
-                    state.kernel = [(0, 0); 2];
+                    state.kernel = [Tally::default(); 2];
                 }
             }
         }
@@ -187,17 +176,19 @@ impl<K: Copy + Eq + Hash + Ord> Aggregator<K> {
         self.rows
             .iter_mut()
             .map(|(id, state)| {
-                let dp = state.total.0 - state.interval_start.0;
-                let db = state.total.1 - state.interval_start.1;
+                // Totals only grow: the interval's part is never negative.
+                let interval = state.total.since(&state.interval_start).unwrap_or_default();
                 state.interval_start = state.total;
                 Row {
                     id: *id,
-                    packets: state.total.0,
-                    bytes: state.total.1,
-                    pps: dp as f64 / seconds,
-                    bps: db as f64 * 8.0 / seconds,
+                    packets: state.total.packets,
+                    bytes: state.total.bytes,
+                    pps: interval.packets as f64 / seconds,
+                    bps: interval.bytes as f64 * 8.0 / seconds,
                     inner: state.inner,
-                    interval_packets: dp,
+                    interval_packets: interval.packets,
+                    tcp: state.total.tcp,
+                    interval_tcp: interval.tcp,
                 }
             })
             .collect()
@@ -208,7 +199,7 @@ impl<K: Copy + Eq + Hash + Ord> Aggregator<K> {
 mod tests {
     use super::*;
     use crate::model::rows::by_rate;
-    use observer_common::{Direction, Proto, Unclassified};
+    use observer_common::{Direction, Proto, TcpCounts, Unclassified};
 
     fn id(peer: &str) -> FlowId {
         FlowId {
@@ -237,7 +228,7 @@ mod tests {
         let both = |map: (u64, u64), cached: (u64, u64)| FlowCounters {
             packets: map.0 + cached.0,
             bytes: map.1 + cached.1,
-            cached,
+            cached: Tally::counts(cached.0, cached.1),
             ..FlowCounters::default()
         };
         let mut agg = Aggregator::new(10);
@@ -248,6 +239,37 @@ mod tests {
         agg.update(&[(id("10.0.0.1"), both((0, 0), (14, 1400)))]);
         let rows = agg.finish_interval(1.0);
         assert_eq!((rows[0].packets, rows[0].bytes), (21, 2100));
+    }
+
+    /// Inner TCP signals are kept like packets: across an eviction of the
+    /// map part, and per interval.
+    #[test]
+    fn tcp_signals_survive_evictions_and_are_counted_per_interval() {
+        let syns = |packets: u64, syn: u64| FlowCounters {
+            packets,
+            bytes: packets * 100,
+            tcp: TcpCounts {
+                syn,
+                rst: 1,
+                ..TcpCounts::NONE
+            },
+            ..FlowCounters::default()
+        };
+        let mut agg = Aggregator::new(10);
+        agg.update(&[(id("10.0.0.1"), syns(4, 3))]);
+        let rows = agg.finish_interval(1.0);
+        assert_eq!((rows[0].tcp.syn, rows[0].interval_tcp.syn), (3, 3));
+        // Evicted and re-created: 2 SYNs since.
+        agg.update(&[(id("10.0.0.1"), syns(2, 2))]);
+        let rows = agg.finish_interval(1.0);
+        assert_eq!((rows[0].tcp.syn, rows[0].interval_tcp.syn), (5, 2));
+        assert_eq!((rows[0].tcp.rst, rows[0].interval_tcp.rst), (2, 1));
+        agg.update(&[(id("10.0.0.1"), syns(2, 2))]);
+        let rows = agg.finish_interval(1.0);
+        assert_eq!(
+            (rows[0].tcp.syn, rows[0].interval_tcp),
+            (5, TcpCounts::NONE)
+        );
     }
 
     #[test]

@@ -355,7 +355,11 @@ fn speaks_for(kind: Kind, raised_by_receiver: bool) -> bool {
         | Kind::DroppedAfterDecap
         | Kind::EncapMismatch => raised_by_receiver,
         Kind::RouteMissing | Kind::RouteConflict | Kind::StaleRoute => !raised_by_receiver,
-        Kind::Mtu | Kind::BgpDown | Kind::BgpFlap => true,
+        Kind::Mtu
+        | Kind::MssExceedsTunnel
+        | Kind::TcpSynUnanswered
+        | Kind::BgpDown
+        | Kind::BgpFlap => true,
         // Both sides see one-way traffic; the counts say which way.
         Kind::OneWay => false,
     }
@@ -635,6 +639,12 @@ fn next_step(p: &Pair) -> String {
             "{from}'s {proto} packets to {to} do not fit the path: lower the tunnel device's MTU \
              on both nodes or raise the path's; `observer probe` on {from} measures the largest \
              size that passes"
+        ),
+        Verdict::TcpHandshake => format!(
+            "TCP connections between pods on {from} and {to} over {proto} are not answered: \
+             `observer diagnose` on both names the side; check for bad inner checksums \
+             (`ethtool -K <tunnel device> tx-checksum-ip-generic off`, Calico's \
+             ChecksumOffloadBroken) and the pods' network policies"
         ),
         Verdict::OneWay => format!(
             "{from} sent {} {proto} packets to {to} ({ta}) and {to} received none from {fa}: \

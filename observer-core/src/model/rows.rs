@@ -12,7 +12,7 @@ use std::{
 };
 
 use observer_common::{
-    ClassifierDrop, Direction, DropKey, FlowKey, FlowValue, Proto, REASON_NOT_REPORTED,
+    ClassifierDrop, Direction, DropKey, FlowKey, FlowValue, Proto, REASON_NOT_REPORTED, TcpCounts,
     Unclassified, drop_origin, family, stage,
 };
 
@@ -33,6 +33,10 @@ pub struct Row<K = FlowId> {
     pub inner: Option<(IpAddr, IpAddr)>,
     /// Packets counted during the last interval (part of `packets`).
     pub interval_packets: u64,
+    /// Inner TCP signals since attach (tunnel rows).
+    pub tcp: TcpCounts,
+    /// Inner TCP signals counted during the last interval (part of `tcp`).
+    pub interval_tcp: TcpCounts,
 }
 
 impl<K> Row<K> {
@@ -94,13 +98,61 @@ pub struct FlowCounters {
     pub packets: u64,
     /// Bytes as on the wire (Ethernet header included).
     pub bytes: u64,
+    /// Inner TCP signals.
+    pub tcp: TcpCounts,
     /// One (inner source, inner destination) sample, when the encapsulation has one.
     pub inner: Option<(IpAddr, IpAddr)>,
-    /// The part of `packets` and `bytes` read from the per-CPU flow cache
-    /// and plain counters (the rest is the LRU map's). The two parts move independently: the
-    /// cache part only grows, the map part restarts from zero when the LRU
-    /// evicts the key.
-    pub cached: (u64, u64),
+    /// The part of the counters read from the per-CPU flow cache and
+    /// plain counters (the rest is the LRU map's). The two parts move
+    /// independently: the cache part only grows, the map part restarts
+    /// from zero when the LRU evicts the key.
+    pub cached: Tally,
+}
+
+/// What one kernel store holds of a row: the counters the aggregator
+/// keeps monotonic.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Tally {
+    /// Packets.
+    pub packets: u64,
+    /// Bytes.
+    pub bytes: u64,
+    /// Inner TCP signals.
+    pub tcp: TcpCounts,
+}
+
+impl Tally {
+    /// Packets and bytes only.
+    pub fn counts(packets: u64, bytes: u64) -> Tally {
+        Tally {
+            packets,
+            bytes,
+            tcp: TcpCounts::NONE,
+        }
+    }
+
+    /// `self - earlier` when no counter went backwards since `earlier`;
+    /// `None` when one did (the store lost the key and counts anew).
+    pub fn since(&self, earlier: &Tally) -> Option<Tally> {
+        let (a, b) = (&self.tcp, &earlier.tcp);
+        Some(Tally {
+            packets: self.packets.checked_sub(earlier.packets)?,
+            bytes: self.bytes.checked_sub(earlier.bytes)?,
+            tcp: TcpCounts {
+                syn: a.syn.checked_sub(b.syn)?,
+                syn_ack: a.syn_ack.checked_sub(b.syn_ack)?,
+                rst: a.rst.checked_sub(b.rst)?,
+                mss_over: a.mss_over.checked_sub(b.mss_over)?,
+            },
+        })
+    }
+
+    /// Adds `other`.
+    pub fn add(&mut self, other: &Tally) {
+        self.packets += other.packets;
+        self.bytes += other.bytes;
+        self.tcp.add(&other.tcp);
+    }
 }
 
 impl FlowCounters {
@@ -110,6 +162,7 @@ impl FlowCounters {
         for value in values {
             total.packets += value.packets;
             total.bytes += value.bytes;
+            total.tcp.add(&value.tcp);
             if total.inner.is_none()
                 && let (Some(src), Some(dst)) = (
                     decode_addr(&value.inner_src, value.inner_family),
@@ -122,11 +175,29 @@ impl FlowCounters {
         total
     }
 
+    /// The counters as one [`Tally`].
+    pub fn tally(&self) -> Tally {
+        Tally {
+            packets: self.packets,
+            bytes: self.bytes,
+            tcp: self.tcp,
+        }
+    }
+
+    /// Adds `other`'s counters; the inner sample stays this one's when it
+    /// has one.
+    pub fn add(&mut self, other: &FlowCounters) {
+        self.packets += other.packets;
+        self.bytes += other.bytes;
+        self.tcp.add(&other.tcp);
+        self.inner = self.inner.or(other.inner);
+    }
+
     /// Whether the key has an entry in the kernel's LRU flow map: more
     /// than its flow-cache part (every map entry holds at least one
     /// packet; keys only the cache holds can never be evicted).
     pub fn in_map(&self) -> bool {
-        self.packets > self.cached.0
+        self.packets > self.cached.packets
     }
 }
 
@@ -529,7 +600,7 @@ pub fn direction_name(direction: Direction) -> &'static str {
 /// interval) that a test overrides with struct update syntax.
 #[cfg(any(test, feature = "testing"))]
 pub mod testing {
-    use observer_common::{Direction, Proto, Unclassified};
+    use observer_common::{Direction, Proto, TcpCounts, Unclassified};
 
     use super::{DropId, DropRow, FlowId, Origin, Row};
 
@@ -571,6 +642,8 @@ pub mod testing {
             bps: 0.0,
             inner: None,
             interval_packets: packets,
+            tcp: TcpCounts::NONE,
+            interval_tcp: TcpCounts::NONE,
         }
     }
 
@@ -604,7 +677,7 @@ mod tests {
         let counters = |packets: u64, cached: u64| FlowCounters {
             packets,
             bytes: packets * 100,
-            cached: (cached, cached * 100),
+            cached: Tally::counts(cached, cached * 100),
             ..FlowCounters::default()
         };
         let rows = [
@@ -642,6 +715,7 @@ mod tests {
             inner_dst: words(inner),
             inner_family: family::V4,
             _pad: [0; 7],
+            tcp: TcpCounts::NONE,
         };
         let without = FlowValue {
             packets: 3,

@@ -33,8 +33,12 @@ pub enum Verdict {
     /// (`dropped_after_decap`): conntrack, a policy, the reverse-path
     /// filter, a missing FDB or neighbour entry.
     AfterDecap,
-    /// Its tunnel packets do not fit the path (`mtu`).
+    /// Its tunnel packets do not fit the path (`mtu`), or TCP handshakes
+    /// promise segments that do not (`mss_exceeds_tunnel`).
     Mtu,
+    /// TCP handshakes with its pods go unanswered while the tunnel
+    /// carries other traffic (`tcp_syn_unanswered`).
+    TcpHandshake,
     /// Tunnel packets go one way and nothing comes back (`one_way`; in
     /// `observer cluster`: sent by one node, none received by the other).
     OneWay,
@@ -59,7 +63,8 @@ impl Verdict {
             | Kind::StaleRoute => Verdict::RouteLoss,
             Kind::AllowSetDrop | Kind::SnatSuspected => Verdict::PolicyDrop,
             Kind::DroppedAfterDecap => Verdict::AfterDecap,
-            Kind::Mtu => Verdict::Mtu,
+            Kind::Mtu | Kind::MssExceedsTunnel => Verdict::Mtu,
+            Kind::TcpSynUnanswered => Verdict::TcpHandshake,
             Kind::OneWay => Verdict::OneWay,
             Kind::EncapMismatch | Kind::UnknownPeer | Kind::DropSpike => Verdict::Other,
         }
@@ -72,6 +77,7 @@ impl Verdict {
             Verdict::PolicyDrop => "policy drop",
             Verdict::AfterDecap => "dropped after decapsulation",
             Verdict::Mtu => "MTU",
+            Verdict::TcpHandshake => "TCP handshakes unanswered",
             Verdict::OneWay => "one-way",
             Verdict::Loss => "loss",
             Verdict::Other => "other",

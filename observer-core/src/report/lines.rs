@@ -9,7 +9,7 @@ use std::{
 };
 
 use ipnet::IpNet;
-use observer_common::{Proto, Unclassified};
+use observer_common::{Proto, TcpCounts, Unclassified};
 use serde::Serialize;
 
 use crate::{
@@ -94,6 +94,35 @@ pub struct PeerLine<'a> {
     /// Drops of this peer's packets by reason (rx rows only).
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     drops: BTreeMap<&'a str, u64>,
+    /// What the inner TCP segments said since attach (tunnel rows that
+    /// carried a SYN, SYN-ACK or RST).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tcp: Option<TcpLine>,
+}
+
+/// The `tcp` member of a [`PeerLine`].
+#[derive(Serialize)]
+struct TcpLine {
+    /// SYNs (without ACK), retries included.
+    syn: u64,
+    /// SYN-ACKs.
+    syn_ack: u64,
+    /// Segments with RST.
+    rst: u64,
+    /// SYNs and SYN-ACKs whose MSS, encapsulated, exceeds the interface's MTU.
+    mss_over: u64,
+}
+
+impl TcpLine {
+    /// The member for `tcp`, absent when nothing was counted.
+    fn of(tcp: &TcpCounts) -> Option<TcpLine> {
+        (*tcp != TcpCounts::NONE).then_some(TcpLine {
+            syn: tcp.syn,
+            syn_ack: tcp.syn_ack,
+            rst: tcp.rst,
+            mss_over: tcp.mss_over,
+        })
+    }
 }
 
 /// `{"type":"drop",...}`: one (iface, proto, peer, vni, origin, reason).
@@ -593,6 +622,7 @@ fn write_row_lines(out: &mut impl Write, snap: &Snapshot<'_>, ts: &str) -> io::R
                     inner_src: row.inner.map(|i| i.0),
                     inner_dst: row.inner.map(|i| i.1),
                     drops: drops_of(row, &drop_index),
+                    tcp: TcpLine::of(&row.tcp),
                 }),
             )?;
         } else {

@@ -771,7 +771,7 @@ impl Exporter {
         vec![
             family(
                 "observer_anomalies_active",
-                "Anomalies holding now, by kind (one_way, snat_suspected, allow_set_drop, dropped_after_decap, encap_mismatch, mtu, unknown_peer, drop_spike, bgp_down, bgp_flap, route_missing, route_conflict, stale_route); the peers are in the observer's output.",
+                "Anomalies holding now, by kind (one_way, snat_suspected, allow_set_drop, dropped_after_decap, tcp_syn_unanswered, encap_mismatch, mtu, mss_exceeds_tunnel, unknown_peer, drop_spike, bgp_down, bgp_flap, route_missing, route_conflict, stale_route); the peers are in the observer's output.",
                 MetricType::GAUGE,
                 Kind::ALL
                     .iter()

@@ -305,12 +305,10 @@ impl Observer {
     /// use are read while no new one was put to use (`slots`).
     fn read_flow_cache(&self, how: MapRead) -> Result<FastMap<FlowKey, FlowCounters>, MapsError> {
         let mut keys: FastMap<FlowKey, FlowCounters> = FastMap::default();
-        let mut add = |key: FlowKey, packets: u64, bytes: u64, inner| {
+        let mut add = |key: FlowKey, one: &FlowCounters| {
             let counters = keys.entry(key).or_default();
-            counters.packets += packets;
-            counters.bytes += bytes;
-            counters.inner = counters.inner.or(inner);
-            counters.cached = (counters.packets, counters.bytes);
+            counters.add(one);
+            counters.cached = counters.tally();
         };
         let mut trackers = self.slot_reads.lock().map_err(|_| MapsError::Poisoned)?;
         let cache = self
@@ -325,8 +323,7 @@ impl Observer {
             |slots: &[FlowCacheSlot]| slots.iter().any(|slot| slot.key.ifindex != 0),
             |_, slots| {
                 for slot in slots.iter().filter(|slot| slot.key.ifindex != 0) {
-                    let one = FlowCounters::sum([&slot.value]);
-                    add(slot.key, one.packets, one.bytes, one.inner);
+                    add(slot.key, &FlowCounters::sum([&slot.value]));
                 }
             },
         )?;
@@ -344,7 +341,12 @@ impl Observer {
                 let packets = cpus.iter().map(|c| c.packets).sum();
                 if packets != 0 {
                     let bytes = cpus.iter().map(|c| c.bytes).sum();
-                    add(FlowKey::of_plain_slot(slot), packets, bytes, None);
+                    let plain = FlowCounters {
+                        packets,
+                        bytes,
+                        ..FlowCounters::default()
+                    };
+                    add(FlowKey::of_plain_slot(slot), &plain);
                 }
             },
         )?;
@@ -440,9 +442,7 @@ impl CacheMerge {
         if !self.0.is_empty()
             && let Some(from_cache) = self.0.remove(key)
         {
-            counters.packets += from_cache.packets;
-            counters.bytes += from_cache.bytes;
-            counters.inner = counters.inner.or(from_cache.inner);
+            counters.add(&from_cache);
             counters.cached = from_cache.cached;
         }
         counters
@@ -825,6 +825,7 @@ mod tests {
     use observer_common::{ClassifierDrop, Proto};
 
     use super::*;
+    use crate::model::rows::Tally;
     use crate::model::aggregate::DropAggregator;
 
     #[test]
@@ -975,9 +976,9 @@ mod tests {
             packets,
             bytes: packets * 100,
             cached: if cached {
-                (packets, packets * 100)
+                Tally::counts(packets, packets * 100)
             } else {
-                (0, 0)
+                Tally::default()
             },
             ..FlowCounters::default()
         };
@@ -991,7 +992,10 @@ mod tests {
         merged.extend(merge.only_cached());
         let rows: Vec<(FlowId, u64, u64, (u64, u64))> = merged
             .iter()
-            .map(|(key, c)| (FlowId::from_key(key), c.packets, c.bytes, c.cached))
+            .map(|(key, c)| {
+                let cached = (c.cached.packets, c.cached.bytes);
+                (FlowId::from_key(key), c.packets, c.bytes, cached)
+            })
             .collect();
         assert_eq!(
             rows,

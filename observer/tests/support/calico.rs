@@ -497,3 +497,22 @@ impl Drop for ToolLog {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
+
+/// The kernel's SNMP counter `name` of group `group` (`TcpExt`, `Tcp`, ...)
+/// in `ns`, from `/proc/net/netstat` or `/proc/net/snmp` (a line of names,
+/// then a line of values, each starting with the group).
+pub fn snmp_counter(ns: &Netns, group: &str, name: &str) -> u64 {
+    let prefix = format!("{group}:");
+    for file in ["/proc/net/netstat", "/proc/net/snmp"] {
+        let output = ns.exec_ok(&["cat", file]);
+        let text = String::from_utf8_lossy(&output.stdout).into_owned();
+        let mut rows = text.lines().filter(|l| l.starts_with(&prefix));
+        let (Some(names), Some(values)) = (rows.next(), rows.next()) else {
+            continue;
+        };
+        if let Some(at) = names.split_whitespace().position(|n| n == name) {
+            return values.split_whitespace().nth(at).unwrap().parse().unwrap();
+        }
+    }
+    panic!("no {group}:{name} in /proc/net/netstat or /proc/net/snmp")
+}

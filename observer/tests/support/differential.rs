@@ -212,7 +212,16 @@ fn l4(rng: &mut Rng, src: IpAddr, dst: IpAddr) -> (u8, Vec<u8>) {
             // IPv4.
             let (a, b) = (addr("172.16.0.1"), addr("172.16.0.2"));
             let (proto, l4) = if rng.chance(50) {
-                (IPPROTO_TCP, tcp(a, b, 1000, 80, &rng.some_bytes(40)))
+                // Handshakes and resets (inner TCP signals) take the full
+                // path; a SYN with Linux's MSS option first, or none.
+                let options: &[u8] = if rng.chance(50) {
+                    &[2, 4, 0x05, 0xb4]
+                } else {
+                    &[]
+                };
+                let mut segment = tcp_with_options(a, b, 1000, 80, options, &rng.some_bytes(40));
+                segment[13] = rng.pick(&[0x18, 0x10, 0x02, 0x12, 0x04, 0x14, 0x11]);
+                (IPPROTO_TCP, segment)
             } else {
                 (IPPROTO_UDP, udp(a, b, 1000, 53, &rng.some_bytes(40)))
             };
@@ -549,7 +558,9 @@ fn vxlan_exit_agrees(
         && c.inner_family == family::V4
         && c.inner_src == [v.inner_src, 0, 0, 0]
         && c.inner_dst == [v.inner_dst, 0, 0, 0]
-        && !c.probe;
+        && !c.probe
+        // The exit counts no inner TCP signal: it must take none.
+        && parse::inner_tcp(&SliceFrame(&f.data), c).flags & (parse::TCP_SYN | parse::TCP_RST) == 0;
     if !same {
         return Err(format!(
             "frame {} ({direction:?}) takes the VXLAN early exit as {early:?}, but the full parse says \

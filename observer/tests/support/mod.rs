@@ -12,6 +12,7 @@ pub mod frames;
 pub mod kernel_suite;
 pub mod lab;
 pub mod netns;
+pub mod pods;
 pub mod prometheus;
 pub mod tcpdump;
 pub mod tunnels;

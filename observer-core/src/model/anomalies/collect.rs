@@ -9,7 +9,7 @@ use std::{
 };
 
 use foldhash::HashMap;
-use observer_common::{ClassifierDrop, Direction, Proto};
+use observer_common::{ClassifierDrop, Direction, Proto, TcpCounts};
 use smallvec::SmallVec;
 
 use super::Key;
@@ -40,6 +40,14 @@ pub(super) struct Totals {
     /// Kernel drops after decapsulation (stage tunnel or pod): part of
     /// `kernel_drops`, never of `netfilter` (not the allow-set's rules).
     pub(super) after_decap: u64,
+    /// Inner TCP SYNs sent to the peer's pods, and received from them.
+    pub(super) syn_tx: u64,
+    pub(super) syn_rx: u64,
+    /// Answers to SYNs (SYN-ACKs and RSTs) sent to the peer, and received.
+    pub(super) answers_tx: u64,
+    pub(super) answers_rx: u64,
+    /// SYNs and SYN-ACKs either way whose MSS the tunnel cannot carry.
+    pub(super) mss_over: u64,
 }
 
 impl Totals {
@@ -55,15 +63,30 @@ impl Totals {
             kernel_drops: self.kernel_drops.saturating_sub(base.kernel_drops),
             classifier_drops: self.classifier_drops.saturating_sub(base.classifier_drops),
             after_decap: self.after_decap.saturating_sub(base.after_decap),
+            syn_tx: self.syn_tx.saturating_sub(base.syn_tx),
+            syn_rx: self.syn_rx.saturating_sub(base.syn_rx),
+            answers_tx: self.answers_tx.saturating_sub(base.answers_tx),
+            answers_rx: self.answers_rx.saturating_sub(base.answers_rx),
+            mss_over: self.mss_over.saturating_sub(base.mss_over),
         }
     }
 
-    /// Adds `packets` of a flow row.
-    fn add_flow(&mut self, direction: Direction, packets: u64) {
+    /// Adds `packets` of a flow row, and its inner TCP signals `tcp`.
+    fn add_flow(&mut self, direction: Direction, packets: u64, tcp: &TcpCounts) {
+        let answers = tcp.syn_ack + tcp.rst;
         match direction {
-            Direction::Tx => self.tx += packets,
-            Direction::Rx => self.rx += packets,
+            Direction::Tx => {
+                self.tx += packets;
+                self.syn_tx += tcp.syn;
+                self.answers_tx += answers;
+            }
+            Direction::Rx => {
+                self.rx += packets;
+                self.syn_rx += tcp.syn;
+                self.answers_rx += answers;
+            }
         }
+        self.mss_over += tcp.mss_over;
     }
 
     /// Adds `packets` of a drop row of `origin` (`classifier`: its
@@ -159,11 +182,23 @@ pub(super) struct Part<'a> {
     pub(super) interval_packets: u64,
 }
 
+/// Which of a row's counts a [`Part`] adds.
+#[derive(Clone, Copy)]
+pub(super) enum Span {
+    /// Since attach.
+    Attach,
+    /// The last interval.
+    Interval,
+}
+
 /// Which counters a row adds to.
 enum What<'a> {
     Flow {
         direction: Direction,
         inner_src: Option<IpAddr>,
+        /// Inner TCP signals since attach, and in the last interval.
+        tcp: &'a TcpCounts,
+        interval_tcp: &'a TcpCounts,
     },
     Drop {
         origin: Origin,
@@ -176,14 +211,25 @@ enum What<'a> {
 }
 
 impl Part<'_> {
-    /// Adds `packets` of this row to `t`, and what it says to `extra`.
-    pub(super) fn add(&self, packets: u64, t: &mut Totals, extra: &mut Extra) {
+    /// Adds this row's counts over `span` to `t`, and what it says to
+    /// `extra`.
+    pub(super) fn add(&self, span: Span, t: &mut Totals, extra: &mut Extra) {
+        let packets = match span {
+            Span::Attach => self.packets,
+            Span::Interval => self.interval_packets,
+        };
         match self.what {
             What::Flow {
                 direction,
                 inner_src,
+                tcp,
+                interval_tcp,
             } => {
-                t.add_flow(direction, packets);
+                let tcp = match span {
+                    Span::Attach => tcp,
+                    Span::Interval => interval_tcp,
+                };
+                t.add_flow(direction, packets, tcp);
                 if inner_src.is_some() {
                     extra.inner_src = inner_src;
                 }
@@ -248,6 +294,8 @@ pub(super) fn tunnel_parts<'a>(
                     Direction::Rx => row.inner.map(|(src, _)| src),
                     Direction::Tx => None,
                 },
+                tcp: &row.tcp,
+                interval_tcp: &row.interval_tcp,
             },
             packets: row.packets,
             interval_packets: row.interval_packets,
@@ -304,7 +352,7 @@ pub(super) fn collect(
     let mut tunnels: HashMap<Key, (Totals, Extra)> = HashMap::default();
     for part in tunnel_parts(rows.iter(), drops.iter(), local) {
         let (t, extra) = tunnels.entry(part.key).or_default();
-        part.add(part.packets, t, extra);
+        part.add(Span::Attach, t, extra);
     }
     tunnels
 }

@@ -15,7 +15,7 @@ use observer_common::Proto;
 
 use super::{
     ActiveKey, Anomaly, Event, Key, Kind, Known, MAX_ACTIVE, MAX_TRACKED_PEERS, Thresholds,
-    collect::{Extra, Part, Totals, tunnel_parts},
+    collect::{Extra, Part, Span, Totals, tunnel_parts},
     rules::{self, Finding, PeerFacts},
 };
 use ipnet::IpNet;
@@ -705,7 +705,7 @@ impl Track {
             self.samples.drain(..stale);
         }
         if let Some((_, totals)) = self.samples.last_mut() {
-            part.add(part.interval_packets, totals, &mut self.extra);
+            part.add(Span::Interval, totals, &mut self.extra);
         }
     }
 }

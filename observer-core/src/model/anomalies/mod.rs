@@ -93,6 +93,14 @@ pub enum Kind {
     /// conntrack, a policy, the reverse-path filter, a missing FDB or
     /// neighbour entry.
     DroppedAfterDecap,
+    /// Inner TCP SYNs to or from the peer's pods retried without an
+    /// answer (SYN-ACK or RST): handshakes fail while other traffic may
+    /// pass (the checksum-offload bug's signature).
+    TcpSynUnanswered,
+    /// Inner TCP handshakes with the peer's pods advertise an MSS whose
+    /// full segments, encapsulated, exceed the interface's MTU (no MSS
+    /// clamping on a tunnel with a smaller MTU).
+    MssExceedsTunnel,
     /// A BGP session of the node's BIRD is not established.
     BgpDown,
     /// A BGP session re-established more often than the threshold.
@@ -110,13 +118,15 @@ pub enum Kind {
 
 impl Kind {
     /// Every kind, in the order findings are listed (most decisive first).
-    pub const ALL: [Kind; 13] = [
+    pub const ALL: [Kind; 15] = [
         Kind::OneWay,
         Kind::SnatSuspected,
         Kind::AllowSetDrop,
         Kind::DroppedAfterDecap,
+        Kind::TcpSynUnanswered,
         Kind::EncapMismatch,
         Kind::Mtu,
+        Kind::MssExceedsTunnel,
         Kind::UnknownPeer,
         Kind::DropSpike,
         Kind::BgpDown,
@@ -137,6 +147,8 @@ impl Kind {
             Kind::UnknownPeer => "unknown_peer",
             Kind::DropSpike => "drop_spike",
             Kind::DroppedAfterDecap => "dropped_after_decap",
+            Kind::TcpSynUnanswered => "tcp_syn_unanswered",
+            Kind::MssExceedsTunnel => "mss_exceeds_tunnel",
             Kind::BgpDown => "bgp_down",
             Kind::BgpFlap => "bgp_flap",
             Kind::RouteMissing => "route_missing",
@@ -167,6 +179,12 @@ impl Kind {
             Kind::DropSpike => "a large share of this peer's packets is dropped",
             Kind::DroppedAfterDecap => {
                 "the overlay delivers these packets and this node drops them after decapsulation (conntrack, a policy, the reverse-path filter, a missing FDB or neighbour entry)"
+            }
+            Kind::TcpSynUnanswered => {
+                "TCP connections between pods here and the peer's are not answered: SYNs are retried (at 1, 3, 7, 15, 31 s) while other traffic may pass"
+            }
+            Kind::MssExceedsTunnel => {
+                "TCP handshakes with the peer's pods promise segments the tunnel cannot carry whole: small requests work, large responses stall (no MSS clamping)"
             }
             Kind::BgpDown => {
                 "the BGP session with this peer is down: its routes (pod blocks) are withdrawn here, and ours there"

@@ -128,6 +128,8 @@ fn rule(kind: Kind) -> Option<fn(&PeerFacts<'_>) -> Option<Finding>> {
         Kind::UnknownPeer => unknown_peer,
         Kind::DropSpike => drop_spike,
         Kind::DroppedAfterDecap => dropped_after_decap,
+        Kind::TcpSynUnanswered => tcp_syn_unanswered,
+        Kind::MssExceedsTunnel => mss_exceeds_tunnel,
         Kind::BgpDown
         | Kind::BgpFlap
         | Kind::RouteMissing
@@ -572,6 +574,81 @@ fn after_decap_hint(reason: &str, place: &str) -> String {
             "the kernel drops them {place} with reason {reason}: the drop rows name the device and function"
         ),
     }
+}
+
+/// Unanswered SYNs one way before `tcp_syn_unanswered` holds: a
+/// connection's first SYN and two retries (1 and 3 s later).
+const MIN_UNANSWERED_SYNS: u64 = 3;
+
+/// SYNs left unanswered of `syns` with `answers` (SYN-ACKs and RSTs the
+/// other way): at least [`MIN_UNANSWERED_SYNS`] and most of them (a busy
+/// pair's SYN answered in the next read, or a few to closed ports, do not
+/// count).
+fn unanswered(syns: u64, answers: u64) -> Option<u64> {
+    let left = syns.saturating_sub(answers);
+    (left >= MIN_UNANSWERED_SYNS && answers * 2 < syns).then_some(left)
+}
+
+/// Inner TCP SYNs to the peer's pods (or from them) retried without a
+/// SYN-ACK or RST back over the window.
+fn tcp_syn_unanswered(f: &PeerFacts<'_>) -> Option<Finding> {
+    let (d, peer, p, secs) = (f.window, f.peer, f.name(), f.secs());
+    let out = unanswered(d.syn_tx, d.answers_rx);
+    let from = unanswered(d.syn_rx, d.answers_tx);
+    if out.is_none() && from.is_none() {
+        return None;
+    }
+    f.found(|| {
+        let mut said = Vec::new();
+        if out.is_some() {
+            said.push(format!(
+                "{} SYNs sent to its pods, {} answered",
+                d.syn_tx, d.answers_rx
+            ));
+        }
+        if from.is_some() {
+            said.push(format!(
+                "{} SYNs from its pods, {} answered here",
+                d.syn_rx, d.answers_tx
+            ));
+        }
+        Finding {
+            evidence: BTreeMap::from([
+                ("syn_sent", json!(d.syn_tx)),
+                ("answers_received", json!(d.answers_rx)),
+                ("syn_received", json!(d.syn_rx)),
+                ("answers_sent", json!(d.answers_tx)),
+                ("window_s", json!(secs)),
+            ]),
+            summary: format!(
+                "TCP handshakes with pods of {peer} over {p} go unanswered in {secs} s: {} (answers: SYN-ACK or RST; a client retries at 1, 3, 7, 15, 31 s)",
+                said.join("; ")
+            ),
+            hint: format!(
+                "the SYNs or their answers are lost between the pods while other packets pass: look for bad inner checksums (`bad_checksum`, the VXLAN checksum-offload bug: `ethtool -K <tunnel device> tx-checksum-ip-generic off` on both nodes, Calico's ChecksumOffloadBroken), drops after decapsulation here or on {peer} (`dropped_after_decap`), and the destination pods' network policies"
+            ),
+        }
+    })
+}
+
+/// Inner TCP handshakes with the peer's pods whose MSS makes full
+/// segments larger than the interface carries once encapsulated.
+fn mss_exceeds_tunnel(f: &PeerFacts<'_>) -> Option<Finding> {
+    let (d, peer, p, secs) = (f.window, f.peer, f.name(), f.secs());
+    if d.mss_over == 0 {
+        return None;
+    }
+    f.found(|| Finding {
+        evidence: BTreeMap::from([
+            ("handshakes", json!(d.mss_over)),
+            ("window_s", json!(secs)),
+        ]),
+        summary: format!(
+            "{} TCP SYNs or SYN-ACKs with pods of {peer} over {p} in {secs} s advertised an MSS whose full segments, encapsulated, exceed this interface's MTU",
+            d.mss_over
+        ),
+        hint: "the pods' MTU is larger than the tunnel carries and nothing clamps the MSS: clamp it on every node (`iptables -t mangle -A FORWARD -p tcp --tcp-flags SYN,RST SYN -j TCPMSS --clamp-mss-to-pmtu`), or set the pods' MTU to the tunnel device's (Calico: FelixConfiguration `vxlanMTU` / `ipipMTU`, flannel: the subnet MTU)".to_string(),
+    })
 }
 
 /// A node's routes prescribe other encapsulations than the one on the wire.

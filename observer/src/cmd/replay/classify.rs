@@ -5,13 +5,15 @@
 use std::{collections::HashMap, hash::Hash, net::IpAddr};
 
 use anyhow::Result;
-use observer_common::{Direction, Proto, Unclassified};
+use observer_common::{Direction, Proto, TcpCounts, Unclassified};
 
 use observer_core::capture::{self, Frame};
 
 use crate::{
     model::aggregate::{Aggregator, DropAggregator},
-    model::rows::{DropCounters, DropId, FlowCounters, FlowId, KernelReasons, KernelStats, Row},
+    model::rows::{
+        DropCounters, DropId, FlowCounters, FlowId, KernelReasons, KernelStats, Row, Tally,
+    },
     monitor::refresher::AllowSetSink,
 };
 
@@ -103,8 +105,8 @@ pub struct CaptureRows {
     flows: Aggregator,
     drops: DropAggregator,
     /// Totals at the end of the previous capture.
-    flow_seen: HashMap<FlowId, (u64, u64)>,
-    drop_seen: HashMap<DropId, (u64, u64)>,
+    flow_seen: HashMap<FlowId, Tally>,
+    drop_seen: HashMap<DropId, Tally>,
     /// Captured bytes the classifier did not count, per row (frames cut to
     /// a test run's limit; totals since the start).
     flow_top_up: HashMap<FlowId, u64>,
@@ -170,6 +172,8 @@ impl CaptureRows {
                 bps: 0.0,
                 inner: None,
                 interval_packets: packets,
+                tcp: TcpCounts::NONE,
+                interval_tcp: TcpCounts::NONE,
             }),
         }
     }
@@ -269,25 +273,31 @@ fn topped_up<K: Eq + Hash>(mut rows: Vec<Row<K>>, top_up: &HashMap<K, u64>) -> V
 /// (relabelled by `label`); updates `seen`.
 fn grown<K: Copy + Eq + Hash>(
     totals: Vec<Row<K>>,
-    seen: &mut HashMap<K, (u64, u64)>,
+    seen: &mut HashMap<K, Tally>,
     seconds: f64,
     label: impl Fn(K) -> K,
 ) -> Vec<Row<K>> {
     totals
         .into_iter()
         .filter_map(|row| {
-            let before = seen
-                .insert(row.id, (row.packets, row.bytes))
-                .unwrap_or((0, 0));
-            let (packets, bytes) = (row.packets - before.0, row.bytes - before.1);
-            (packets > 0 || bytes > 0).then(|| Row {
+            let now = Tally {
+                packets: row.packets,
+                bytes: row.bytes,
+                tcp: row.tcp,
+            };
+            let before = seen.insert(row.id, now).unwrap_or_default();
+            // Totals since the start only grow.
+            let grew = now.since(&before).unwrap_or(now);
+            (grew.packets > 0 || grew.bytes > 0).then(|| Row {
                 id: label(row.id),
-                packets,
-                bytes,
-                pps: rate(packets, seconds),
-                bps: rate(bytes * 8, seconds),
+                packets: grew.packets,
+                bytes: grew.bytes,
+                pps: rate(grew.packets, seconds),
+                bps: rate(grew.bytes * 8, seconds),
                 inner: row.inner,
-                interval_packets: packets,
+                interval_packets: grew.packets,
+                tcp: grew.tcp,
+                interval_tcp: grew.tcp,
             })
         })
         .collect()

@@ -16,7 +16,7 @@ use std::{collections::HashMap, net::IpAddr};
 
 use anyhow::{Result, anyhow};
 use observer_common::{
-    ClassifierDrop, Direction, DropKey, FlowKey, FlowValue,
+    ClassifierDrop, Direction, DropKey, FlowKey, FlowValue, TcpCounts,
     checks::{self, CheckFacts},
     drop_origin,
     parse::{self, Classified, SliceFrame},
@@ -129,10 +129,12 @@ impl Classifier for NativeClassifier {
         // Probe packets are counted apart by the programs (`count::record`),
         // never in a flow row: the same here.
         if !c.probe {
+            // A capture has no interface MTU: SYNs' MSS is not judged.
+            let tcp = TcpCounts::of(&parse::inner_tcp(&f, &c), 0);
             self.flows
                 .entry(FlowKey::of(0, direction, &c))
-                .and_modify(|value| value.add(&c, 1, bytes))
-                .or_insert_with(|| FlowValue::first(&c, 1, bytes));
+                .and_modify(|value| value.add(&c, 1, bytes, &tcp))
+                .or_insert_with(|| FlowValue::first(&c, 1, bytes, &tcp));
         }
         if !tx && parse::needs_checks(&c) {
             let drops = &mut self.drops;

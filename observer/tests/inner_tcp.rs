@@ -1,0 +1,227 @@
+//! End-to-end tests of inner TCP health: real TCP connections from a pod
+//! behind node A to a server on node B's pod address, through Calico's
+//! VXLAN overlay (`support::pods`), counted by the observer on A's
+//! underlay veth and by tcpdump on the same veth.
+//!
+//! - SYN-ACKs dropped on B (iptables): the observer counts exactly the
+//!   SYNs tcpdump sees leave A, no SYN-ACK back, and raises
+//!   `tcp_syn_unanswered`; an answered connection raises nothing.
+//! - The pod's MTU (1500) above the tunnel's (vxlan.calico, 1450) without
+//!   MSS clamping: the SYN's MSS (1460) makes 1,550-byte packets on a
+//!   1,500-byte underlay, `mss_exceeds_tunnel`; clamping (`TCPMSS
+//!   --clamp-mss-to-pmtu`) makes the next SYN's MSS 1410, which fits, and
+//!   the anomaly clears.
+
+mod support;
+
+use std::{
+    net::{SocketAddr, TcpListener, TcpStream},
+    time::Duration,
+};
+
+use observer_testkit::pair::{B_IP, NODE_B};
+use serde_json::Value;
+use support::{
+    calico::{final_snapshot, iptables_counter, iptables_drop},
+    netns::{Netns, ObserverRun, Tcpdump, free_port, in_netns},
+    pods::Lab,
+};
+
+/// tcpdump's filter for VXLAN frames (outer IPv4 without options, UDP
+/// 4789) whose inner IPv4 packet (without options) is TCP with `flags` of
+/// SYN and ACK: offsets from the UDP header: 8 UDP + 8 VXLAN + 14 inner
+/// Ethernet, then the inner IPv4 header (protocol at 9) and TCP's flags
+/// at 20 + 13.
+fn vxlan_tcp(flags: u8) -> String {
+    format!("udp port 4789 and udp[30 + 9] == 6 and udp[30 + 33] & 0x12 == {flags:#04x}")
+}
+
+/// Inner SYN (without ACK) and SYN-ACK as tcpdump selects them.
+const SYN: u8 = 0x02;
+const SYN_ACK: u8 = 0x12;
+
+/// A listener on B's pod address (on B's lo): the kernel answers SYNs
+/// with SYN-ACKs whether or not anything accepts.
+fn listen_on_b(b: &Netns) -> (TcpListener, SocketAddr) {
+    let port = free_port(b);
+    let addr: SocketAddr = format!("{}:{port}", NODE_B.pod).parse().unwrap();
+    let listener = in_netns(b.name(), move || TcpListener::bind(addr)).expect("bind on B's pod");
+    (listener, addr)
+}
+
+/// One connection attempt from pod P to `addr`: whether it was answered.
+fn connect_from_pod(pod: &Netns, addr: SocketAddr, timeout: Duration) -> bool {
+    in_netns(pod.name(), move || {
+        TcpStream::connect_timeout(&addr, timeout).is_ok()
+    })
+}
+
+/// The `tcp` member of the final snapshot's peer line on `iface` in
+/// `direction` for B (all zero when it has none).
+fn tcp_of(run: &ObserverRun, iface: &str, direction: &str) -> [u64; 4] {
+    let line = final_snapshot(run)
+        .iter()
+        .find(|l| {
+            l["type"] == "peer"
+                && l["iface"] == iface
+                && l["direction"] == direction
+                && l["proto"] == "vxlan"
+                && l["peer"] == B_IP
+        })
+        .unwrap_or_else(|| {
+            panic!(
+                "no {direction} vxlan peer line for {B_IP}: {:#?}",
+                run.lines
+            )
+        });
+    let n = |k: &str| line["tcp"][k].as_u64().unwrap_or(0);
+    [n("syn"), n("syn_ack"), n("rst"), n("mss_over")]
+}
+
+/// Anomaly lines of `kind` about B in `state`.
+fn anomalies<'a>(run: &'a ObserverRun, kind: &str, state: &str) -> Vec<&'a Value> {
+    run.lines
+        .iter()
+        .filter(|l| {
+            l["type"] == "anomaly" && l["kind"] == kind && l["state"] == state && l["peer"] == B_IP
+        })
+        .collect()
+}
+
+#[test]
+fn unanswered_syns_are_counted_as_tcpdump_sees_them_and_raise_tcp_syn_unanswered() {
+    if !support::have_root("unanswered_syns_raise_tcp_syn_unanswered") {
+        return;
+    }
+    let lab = Lab::new("itsyn");
+    let (a, b) = (&lab.pair.a, &lab.pair.b);
+    let iface = lab.pair.a_iface();
+    let (_listener, addr) = listen_on_b(b);
+    let observer = lab.observe_with(&["--anomaly-window", "20s"]);
+    let tcpdump = Tcpdump::start(a, iface, "udp port 4789");
+
+    // Answered: one SYN out, one SYN-ACK back.
+    assert!(connect_from_pod(&lab.pod, addr, Duration::from_secs(5)));
+    // Then B's SYN-ACKs are dropped as they leave its socket.
+    iptables_drop(
+        b,
+        &[
+            "-A",
+            "OUTPUT",
+            "-p",
+            "tcp",
+            "--tcp-flags",
+            "SYN,ACK",
+            "SYN,ACK",
+        ],
+        "observer drops SYN-ACKs",
+    );
+    // The kernel retries the SYN (1 s apart, then doubling, from 6.5 on;
+    // doubling from 1 s before): tcpdump counts them.
+    assert!(!connect_from_pod(&lab.pod, addr, Duration::from_secs(8)));
+    let dropped = iptables_counter(b, "observer drops SYN-ACKs").0;
+    support::calico::settle(&observer);
+    let run = observer.stop_ok();
+    let capture = tcpdump.stop_after(0);
+
+    let syns = capture.count(&format!("dst host {B_IP} and {}", vxlan_tcp(SYN)));
+    let syn_acks = capture.count(&format!("src host {B_IP} and {}", vxlan_tcp(SYN_ACK)));
+    // One answered SYN, then the failing attempt's first SYN and its
+    // retries (at least 1, 3 and 7 s later), whose answers B dropped
+    // (with its own SYN-ACK retransmissions: at least one per SYN).
+    assert!(syns >= 4, "tcpdump saw {syns} SYNs");
+    assert_eq!(syn_acks, 1);
+    assert!(dropped >= 3, "the SYN-ACK rule dropped {dropped}");
+    let [syn_tx, syn_ack_tx, _, _] = tcp_of(&run, iface, "tx");
+    let [syn_rx, syn_ack_rx, _, _] = tcp_of(&run, iface, "rx");
+    assert_eq!((syn_tx, syn_ack_rx), (syns, syn_acks));
+    assert_eq!((syn_rx, syn_ack_tx), (0, 0));
+
+    let raised = anomalies(&run, "tcp_syn_unanswered", "raised");
+    assert_eq!(raised.len(), 1, "{:#?}", run.lines);
+    let evidence = &raised[0]["evidence"];
+    // Raised on the third unanswered SYN (the second retry).
+    assert_eq!(
+        (
+            evidence["syn_sent"].as_u64(),
+            evidence["answers_received"].as_u64()
+        ),
+        (Some(4), Some(1)),
+        "{}",
+        raised[0]
+    );
+    let summary = raised[0]["summary"].as_str().unwrap();
+    assert!(
+        summary.contains("4 SYNs sent to its pods, 1 answered"),
+        "{summary}"
+    );
+}
+
+#[test]
+fn an_mss_larger_than_the_tunnel_carries_raises_mss_exceeds_tunnel_until_clamped() {
+    if !support::have_root("an_mss_larger_than_the_tunnel_carries") {
+        return;
+    }
+    let lab = Lab::new("itmss");
+    let (a, b) = (&lab.pair.a, &lab.pair.b);
+    let iface = lab.pair.a_iface();
+    let (_listener, addr) = listen_on_b(b);
+    let observer = lab.observe_with(&["--anomaly-window", "2s"]);
+    let tcpdump = Tcpdump::start(a, iface, "udp port 4789");
+
+    // Pod P's MTU is 1500: its SYN says MSS 1460, 1460 + 40 + 50 > 1500.
+    assert!(connect_from_pod(&lab.pod, addr, Duration::from_secs(5)));
+    assert!(
+        observer.wait_for_lines(|lines| lines
+            .iter()
+            .any(|l| l["type"] == "anomaly" && l["kind"] == "mss_exceeds_tunnel")),
+        "no mss_exceeds_tunnel: {:#?}",
+        observer.lines()
+    );
+    // Clamped to the route's MTU (vxlan.calico's 1450): MSS 1410.
+    a.exec_ok(&[
+        "iptables",
+        "-w",
+        "-t",
+        "mangle",
+        "-A",
+        "FORWARD",
+        "-p",
+        "tcp",
+        "--tcp-flags",
+        "SYN,RST",
+        "SYN",
+        "-j",
+        "TCPMSS",
+        "--clamp-mss-to-pmtu",
+    ]);
+    assert!(connect_from_pod(&lab.pod, addr, Duration::from_secs(5)));
+    assert!(
+        observer.wait_for_lines(|lines| lines.iter().any(|l| l["type"] == "anomaly"
+            && l["kind"] == "mss_exceeds_tunnel"
+            && l["state"] == "cleared")),
+        "mss_exceeds_tunnel did not clear: {:#?}",
+        observer.lines()
+    );
+    let run = observer.stop_ok();
+    let capture = tcpdump.stop_after(0);
+
+    // tcpdump's reading of the two SYNs' MSS options (the inner TCP header
+    // without options is 20 bytes; MSS is the first option).
+    let mss = |value: u16| {
+        capture.count(&format!(
+            "dst host {B_IP} and {} and udp[30 + 40 : 2] == 0x0204 and udp[30 + 42 : 2] == {value}",
+            vxlan_tcp(SYN)
+        ))
+    };
+    assert_eq!((mss(1460), mss(1410)), (1, 1));
+    // Only the first SYN is over; B's SYN-ACKs (its route's MTU, 1450:
+    // MSS 1410) fit.
+    let [syn_tx, _, _, over_tx] = tcp_of(&run, iface, "tx");
+    let [_, syn_ack_rx, _, over_rx] = tcp_of(&run, iface, "rx");
+    assert_eq!((syn_tx, over_tx, syn_ack_rx, over_rx), (2, 1, 2, 0));
+    let raised = anomalies(&run, "mss_exceeds_tunnel", "raised");
+    assert_eq!(raised.len(), 1, "{:#?}", run.lines);
+    assert_eq!(raised[0]["evidence"]["handshakes"], 1, "{}", raised[0]);
+    assert!(anomalies(&run, "tcp_syn_unanswered", "raised").is_empty());
+}

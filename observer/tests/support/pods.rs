@@ -1,0 +1,116 @@
+//! Node A with a pod behind a Calico-style veth, node B, and Calico's
+//! VXLAN overlay between them: the topology of the tests of what happens
+//! after decapsulation (`after_decap.rs`) and of inner TCP (`inner_tcp.rs`).
+//!
+//! ```text
+//!   pod P: eth0 198.19.1.5/32 <-veth-> caliA1   node A: va 198.18.0.1  <-veth->  node B: vb 198.18.0.2
+//!                                               vxlan.calico, block 198.19.1.0/24   vxlan.calico, block 198.19.2.0/24
+//! ```
+
+use observer_testkit::pair::{A_MAC_BYTES, B_IP, B_MAC_BYTES, NODE_A, Pair};
+
+use super::{
+    calico::settle,
+    frames::{self, ETH_P_IP},
+    netns::{Netns, ObserverProcess, send_frames},
+};
+
+/// A's pod behind caliA1.
+pub const POD: &str = "198.19.1.5";
+/// The MAC of A's vxlan.calico ([`NODE_A`]'s VTEP).
+const A_VTEP_MAC_BYTES: [u8; 6] = [2, 0, 0, 0, 1, 0x0a];
+/// The MAC of B's vxlan.calico.
+const B_VTEP_MAC_BYTES: [u8; 6] = [2, 0, 0, 0, 1, 0x0b];
+
+/// Nodes A and B with Calico's VXLAN overlay; A also has pod P behind
+/// caliA1 (Calico's way: a /32 route to the pod, the pod's gateway
+/// 169.254.1.1 at caliA1's MAC ee:ee:ee:ee:ee:ee, here a static
+/// neighbour where Calico answers by proxy ARP) and forwards.
+pub struct Lab {
+    pub pair: Pair,
+    pub pod: Netns,
+}
+
+impl Lab {
+    pub fn new(tag: &str) -> Lab {
+        let pair = Pair::new(tag);
+        pair.calico();
+        let pod = Netns::new(&format!("{tag}p"));
+        let a = &pair.a;
+        a.ip(&[
+            "link",
+            "add",
+            "caliA1",
+            "address",
+            "ee:ee:ee:ee:ee:ee",
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "eth0",
+            "netns",
+            pod.name(),
+        ]);
+        a.ip(&["link", "set", "caliA1", "up"]);
+        a.exec_ok(&["sysctl", "-qw", "net.ipv4.ip_forward=1"]);
+        a.ip(&["route", "add", &format!("{POD}/32"), "dev", "caliA1"]);
+        pod.ip(&["addr", "add", &format!("{POD}/32"), "dev", "eth0"]);
+        pod.ip(&["link", "set", "eth0", "up"]);
+        pod.ip(&[
+            "route",
+            "add",
+            "169.254.1.1",
+            "dev",
+            "eth0",
+            "scope",
+            "link",
+        ]);
+        pod.ip(&[
+            "route",
+            "add",
+            "default",
+            "via",
+            "169.254.1.1",
+            "dev",
+            "eth0",
+        ]);
+        pod.neigh("169.254.1.1", "ee:ee:ee:ee:ee:ee", "eth0");
+        Lab { pair, pod }
+    }
+
+    /// The observer on A's underlay veth, with the default `--after-decap`.
+    pub fn observe(&self) -> ObserverProcess {
+        self.observe_with(&[])
+    }
+
+    /// The same, with more options `args`.
+    pub fn observe_with(&self, args: &[&str]) -> ObserverProcess {
+        let observer = ObserverProcess::start(
+            Some(self.pair.a.name()),
+            &[self.pair.a_iface()],
+            &[&["--interval", "200ms"], args].concat(),
+        );
+        observer.wait_ready(1);
+        // The data-plane view (and so the watched devices and the block
+        // owners) is read before the first interval.
+        settle(&observer);
+        observer
+    }
+
+    /// `count` VXLAN frames from B's underlay veth to A's vxlan.calico, each
+    /// carrying `inner` (an IPv4 packet) from B's VTEP.
+    pub fn send_from_b(&self, inner: &[u8], count: u32) {
+        let inner_frame =
+            frames::ethernet(A_VTEP_MAC_BYTES, B_VTEP_MAC_BYTES, &[], ETH_P_IP, inner);
+        let payload = frames::cat(&[&frames::vxlan_header(4096), &inner_frame]);
+        let mut frame = frames::udp_frame(
+            frames::addr(B_IP),
+            frames::addr(NODE_A.underlay),
+            frames::ENTROPY_PORT,
+            4789,
+            &payload,
+        );
+        frames::set_macs(&mut frame, A_MAC_BYTES, B_MAC_BYTES);
+        send_frames(&self.pair.b, self.pair.b_iface(), vec![(frame, count)]);
+    }
+}
