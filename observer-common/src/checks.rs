@@ -6,7 +6,7 @@
 
 use crate::{
     ClassifierDrop, Proto, VXLAN_FLAG_I,
-    parse::{Classified, CommonVxlan, ETH_HLEN},
+    parse::{self, Classified, CommonVxlan, ETH_HLEN, Frame},
 };
 
 /// IPv6's minimum link MTU (RFC 8200).
@@ -107,4 +107,24 @@ fn over_mtu<K: CheckFacts>(wire_len: u64, l2_len: usize, facts: &K) -> bool {
 #[inline(always)]
 pub fn common_vxlan_clean<K: CheckFacts>(v: &CommonVxlan, wire_len: u64, facts: &K) -> bool {
     !facts.vni_unknown(v.vni) && !over_mtu(wire_len, ETH_HLEN, facts)
+}
+
+/// Calls `flag` once per checksum reason the received tunnel frame `c`
+/// earns (`parse::checksums`: handshake and reset segments only): a wrong
+/// inner TCP checksum, a wrong outer UDP checksum, a zero one.
+#[inline(always)]
+pub fn checksum_drops<F: Frame>(f: &F, c: &Classified, mut flag: impl FnMut(ClassifierDrop)) {
+    if c.proto == Proto::Other {
+        return;
+    }
+    let sums = parse::checksums(f, c);
+    if sums.bad_inner {
+        flag(ClassifierDrop::BadInnerChecksum);
+    }
+    if sums.bad_outer {
+        flag(ClassifierDrop::BadOuterChecksum);
+    }
+    if sums.zero_outer {
+        flag(ClassifierDrop::ZeroUdpChecksum);
+    }
 }

@@ -954,6 +954,8 @@ pub const CHECKS_MAP: &str = "CHECKS";
 pub const BGP_PROG_MAP: &str = "BGP_PROG";
 /// Name of the program array XDP tail-calls BGP counting from.
 pub const XDP_BGP_PROG_MAP: &str = "XDP_BGP_PROG";
+/// Name of the program array XDP tail-calls its checksum checks from.
+pub const XDP_CHECKSUM_PROG_MAP: &str = "XDP_CHECKSUM_PROG";
 /// Name of the global holding the [`SkbLayout`].
 pub const SKB_LAYOUT_GLOBAL: &str = "SKB_LAYOUT";
 
@@ -1013,17 +1015,29 @@ pub enum ClassifierDrop {
     /// below the tunnel's. Counted against the tunnel peer the packet was
     /// for, with the reported next-hop MTU in the key's `vni` field.
     PathMtu = 6,
+    /// The inner TCP checksum of a handshake or reset segment is wrong
+    /// (`parse::checksums`): the receiving stack drops it.
+    BadInnerChecksum = 7,
+    /// The outer UDP checksum of such a packet is wrong: the receiving
+    /// node drops it before decapsulation.
+    BadOuterChecksum = 8,
+    /// The outer UDP checksum of such a packet is zero (not computed):
+    /// legal, counted apart, no drop.
+    ZeroUdpChecksum = 9,
 }
 
 impl ClassifierDrop {
     /// Every reason.
-    pub const ALL: [ClassifierDrop; 6] = [
+    pub const ALL: [ClassifierDrop; 9] = [
         ClassifierDrop::CalicoAllowSet,
         ClassifierDrop::VxlanNoIFlag,
         ClassifierDrop::VniUnknown,
         ClassifierDrop::OuterFragment,
         ClassifierDrop::OverMtu,
         ClassifierDrop::PathMtu,
+        ClassifierDrop::BadInnerChecksum,
+        ClassifierDrop::BadOuterChecksum,
+        ClassifierDrop::ZeroUdpChecksum,
     ];
 
     /// Decodes a stored reason.
@@ -1040,6 +1054,9 @@ impl ClassifierDrop {
             ClassifierDrop::OuterFragment => "outer_fragment",
             ClassifierDrop::OverMtu => "over_mtu",
             ClassifierDrop::PathMtu => "path_mtu",
+            ClassifierDrop::BadInnerChecksum => "bad_inner_checksum",
+            ClassifierDrop::BadOuterChecksum => "bad_outer_checksum",
+            ClassifierDrop::ZeroUdpChecksum => "zero_udp_checksum",
         }
     }
 }

@@ -153,6 +153,18 @@ pub fn iface_mtu(ifindex: u32) -> u32 {
     IFACE_MTU.get_ptr(ifindex).map_or(0, |mtu| unsafe { *mtu })
 }
 
+/// Flags the wrong and zero checksums of a received tunnel packet's
+/// handshake or reset segment (`checks::checksum_drops`). Summing headers
+/// of many possible lengths multiplies the verifier's states of what
+/// follows: XDP runs it in a program of its own (`xdp_checksums`), tc in
+/// its checks program, each last.
+#[inline(always)]
+pub fn checksum_checks<F: crate::parse::Frame>(f: &F, ifindex: u32, c: &Classified, wire_len: u64) {
+    checks::checksum_drops(f, c, |reason: ClassifierDrop| {
+        record(ifindex, c, drop_origin::CLASSIFIER, reason as u32, wire_len)
+    });
+}
+
 /// Counts a router's "too big" ICMP error about a tunnel packet this node
 /// sent, against the tunnel peer it was sent to (see `parse::too_big`).
 #[inline(always)]

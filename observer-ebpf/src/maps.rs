@@ -76,6 +76,10 @@ pub static BGP_PROG: ProgramArray = ProgramArray::with_max_entries(1, 0);
 #[map(name = "XDP_BGP_PROG")]
 pub static XDP_BGP_PROG: ProgramArray = ProgramArray::with_max_entries(1, 0);
 
+/// XDP's checksum program (`xdp_checksums.rs`), of the same buffer mode.
+#[map(name = "XDP_CHECKSUM_PROG")]
+pub static XDP_CHECKSUM_PROG: ProgramArray = ProgramArray::with_max_entries(1, 0);
+
 /// Self counters indexed by `observer_common::Stat`.
 #[map(name = "STATS")]
 pub static STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(STAT_COUNT, 0);
@@ -202,9 +206,13 @@ pub struct Pending {
     pub direction: u8,
 }
 
-/// The [`Pending`] slot of each CPU.
+/// The [`Pending`] slots of each CPU, one per hook kind.
 #[map(name = "PENDING")]
-pub static PENDING: PerCpuArray<Pending> = PerCpuArray::with_max_entries(1, 0);
+pub static PENDING: PerCpuArray<Pending> = PerCpuArray::with_max_entries(2, 0);
+/// [`PENDING`] slot of the tc hooks.
+pub const PENDING_TC: u32 = 0;
+/// [`PENDING`] slot of XDP.
+pub const PENDING_XDP: u32 = 1;
 
 /// Declares [`Shape`] with the fields it shares with `Classified`, and
 /// the copies between the two, naming each field once.

@@ -8,7 +8,7 @@ use observer_common::Direction;
 
 use crate::{
     bgp,
-    maps::{PENDING, SCRATCH, SCRATCH_TC},
+    maps::{PENDING, PENDING_TC, SCRATCH, SCRATCH_TC},
     parse::{CopiedFrame, HEADER_WINDOW, PacketFrame},
     tc_skb::TC_PASS,
 };
@@ -23,7 +23,7 @@ pub fn observer_tc_bgp(ctx: TcContext) -> i32 {
 #[inline(always)]
 fn try_bgp(ctx: &TcContext) -> Option<()> {
     // SAFETY: this CPU's slot, written by the caller just before.
-    let pending = unsafe { *PENDING.get_ptr(0)? };
+    let pending = unsafe { *PENDING.get_ptr(PENDING_TC)? };
     let direction = if pending.direction == Direction::Tx as u8 {
         Direction::Tx
     } else {

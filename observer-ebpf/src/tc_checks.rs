@@ -1,5 +1,5 @@
-//! tc ingress, second part: the drop checks (classifier reasons and
-//! `path_mtu`) of a frame `tc_skb::observe` classified and counted, reached
+//! tc ingress, second part: the drop checks (classifier reasons,
+//! `path_mtu` and checksums) of a frame `tc_skb::observe` classified and counted, reached
 //! by a tail call with the classification in the per-CPU `PENDING` slot.
 //! Always returns the pass verdict.
 
@@ -9,7 +9,7 @@ use observer_common::{Direction, FlowKey};
 
 use crate::{
     count, drops,
-    maps::{PENDING, SCRATCH, SCRATCH_TC},
+    maps::{PENDING, PENDING_TC, SCRATCH, SCRATCH_TC},
     parse::{CopiedFrame, HEADER_WINDOW, PacketFrame},
     tc_skb::TC_PASS,
 };
@@ -24,7 +24,7 @@ pub fn observer_tc_chk(ctx: TcContext) -> i32 {
 #[inline(always)]
 fn try_checks(ctx: &TcContext) -> Option<()> {
     // SAFETY: this CPU's slot, written by the caller just before.
-    let pending = unsafe { *PENDING.get_ptr(0)? };
+    let pending = unsafe { *PENDING.get_ptr(PENDING_TC)? };
     let c = &pending.classified;
     // The flow's cache slot holds its node facts.
     let slot = count::cached_slot(&FlowKey::of(pending.ifindex, Direction::Rx, c));
@@ -40,6 +40,7 @@ fn try_checks(ctx: &TcContext) -> Option<()> {
             end: ctx.data_end(),
         };
         drops::path_mtu_checks(&frame, pending.ifindex, c, pending.wire_len);
+        drops::checksum_checks(&frame, pending.ifindex, c, pending.wire_len);
     } else {
         // The caller's copy of the header window is still in the scratch
         // buffer of this CPU.
@@ -48,6 +49,7 @@ fn try_checks(ctx: &TcContext) -> Option<()> {
             len: (pending.copied as usize).min(HEADER_WINDOW),
         };
         drops::path_mtu_checks(&frame, pending.ifindex, c, pending.wire_len);
+        drops::checksum_checks(&frame, pending.ifindex, c, pending.wire_len);
     }
     Some(())
 }

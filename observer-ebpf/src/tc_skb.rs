@@ -9,7 +9,10 @@ use observer_common::{Direction, FlowKey};
 
 use crate::{
     count,
-    maps::{self, BGP_PROG, CHECKS, MapPorts, PENDING, Pending, SCRATCH, SCRATCH_TC, SHAPE_TC},
+    maps::{
+        self, BGP_PROG, CHECKS, MapPorts, PENDING, PENDING_TC, Pending, SCRATCH, SCRATCH_TC,
+        SHAPE_TC,
+    },
     parse::{self, CopiedFrame, Frame, HEADER_WINDOW, PacketFrame},
 };
 
@@ -159,7 +162,7 @@ fn hand_over(
     if !checks && !bgp {
         return;
     }
-    let Some(pending) = PENDING.get_ptr_mut(0) else {
+    let Some(pending) = PENDING.get_ptr_mut(PENDING_TC) else {
         return;
     };
     // SAFETY: this CPU's slot; the next program reads it right after, on

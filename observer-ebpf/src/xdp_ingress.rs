@@ -11,7 +11,9 @@ use observer_common::{Direction, FlowKey};
 
 use crate::{
     count, drops,
-    maps::{self, MapPorts, SHAPE_XDP, XDP_BGP_PROG},
+    maps::{
+        self, MapPorts, PENDING, PENDING_XDP, Pending, SHAPE_XDP, XDP_BGP_PROG, XDP_CHECKSUM_PROG,
+    },
     parse,
 };
 
@@ -92,6 +94,27 @@ fn try_observer_xdp(ctx: &XdpContext, buffers: Buffers) {
     if parse::needs_checks(&c) {
         drops::classifier_checks(ifindex, &c, bytes, slot.map(|s| &mut s.facts));
         drops::path_mtu_checks(&frame, ifindex, &c, bytes);
+        if tcp.syn + tcp.syn_ack + tcp.rst != 0 {
+            // A handshake or reset: its checksums are verified in a program
+            // of their own (`xdp_checksums`; inline they took this
+            // program's verification from 95k to 745k instructions).
+            // Returns only when the slot is empty.
+            if let Some(pending) = PENDING.get_ptr_mut(PENDING_XDP) {
+                // SAFETY: this CPU's slot; the checksum program reads it
+                // right after, on the same CPU.
+                unsafe {
+                    *pending = Pending {
+                        classified: c,
+                        wire_len: bytes,
+                        ifindex,
+                        copied: 0,
+                        segments: 1,
+                        direction: Direction::Rx as u8,
+                    };
+                    XDP_CHECKSUM_PROG.tail_call(ctx, 0);
+                }
+            }
+        }
     } else if parse::plain_bgp(&frame, &c) {
         // BGP at the wire is its own program (`xdp_bgp`): parsed here, it
         // tripled this program's verification (964k of the 1M

@@ -11,6 +11,10 @@
 //!   1,500-byte underlay, `mss_exceeds_tunnel`; clamping (`TCPMSS
 //!   --clamp-mss-to-pmtu`) makes the next SYN's MSS 1410, which fits, and
 //!   the anomaly clears.
+//! - Checksums: crafted VXLAN SYNs from B with a wrong inner TCP checksum,
+//!   sent from a raw socket, raise `bad_checksum` with their exact count;
+//!   right ones, and the real connections above (whose segments cross the
+//!   veth with their checksums still pending, offloaded), never do.
 
 mod support;
 
@@ -23,8 +27,9 @@ use observer_testkit::pair::{B_IP, NODE_B};
 use serde_json::Value;
 use support::{
     calico::{final_snapshot, iptables_counter, iptables_drop},
+    frames::{TCP_SYN, TCP_SYN_ACK},
     netns::{Netns, ObserverRun, Tcpdump, free_port, in_netns},
-    pods::Lab,
+    pods::{Lab, POD, syn_from_b_pod},
 };
 
 /// tcpdump's filter for VXLAN frames (outer IPv4 without options, UDP
@@ -35,10 +40,6 @@ use support::{
 fn vxlan_tcp(flags: u8) -> String {
     format!("udp port 4789 and udp[30 + 9] == 6 and udp[30 + 33] & 0x12 == {flags:#04x}")
 }
-
-/// Inner SYN (without ACK) and SYN-ACK as tcpdump selects them.
-const SYN: u8 = 0x02;
-const SYN_ACK: u8 = 0x12;
 
 /// A listener on B's pod address (on B's lo): the kernel answers SYNs
 /// with SYN-ACKs whether or not anything accepts.
@@ -76,6 +77,29 @@ fn tcp_of(run: &ObserverRun, iface: &str, direction: &str) -> [u64; 4] {
         });
     let n = |k: &str| line["tcp"][k].as_u64().unwrap_or(0);
     [n("syn"), n("syn_ack"), n("rst"), n("mss_over")]
+}
+
+/// Packets of the final snapshot's drop lines on `iface` for B with
+/// `reason`.
+fn flagged(run: &ObserverRun, iface: &str, reason: &str) -> u64 {
+    final_snapshot(run)
+        .iter()
+        .filter(|l| {
+            l["type"] == "drop" && l["iface"] == iface && l["peer"] == B_IP && l["reason"] == reason
+        })
+        .map(|l| l["packets"].as_u64().unwrap())
+        .sum()
+}
+
+/// A real connection's segments are never flagged for their checksums
+/// (their inner checksums cross the veth still pending, offloaded, and
+/// vxlan computes the outer one, `udpcsum`): no `bad_*_checksum` drop
+/// line, no `bad_checksum` anomaly.
+fn assert_checksums_clean(run: &ObserverRun, iface: &str) {
+    for reason in ["bad_inner_checksum", "bad_outer_checksum"] {
+        assert_eq!(flagged(run, iface, reason), 0, "{reason}: {:#?}", run.lines);
+    }
+    assert!(anomalies(run, "bad_checksum", "raised").is_empty());
 }
 
 /// Anomaly lines of `kind` about B in `state`.
@@ -124,8 +148,8 @@ fn unanswered_syns_are_counted_as_tcpdump_sees_them_and_raise_tcp_syn_unanswered
     let run = observer.stop_ok();
     let capture = tcpdump.stop_after(0);
 
-    let syns = capture.count(&format!("dst host {B_IP} and {}", vxlan_tcp(SYN)));
-    let syn_acks = capture.count(&format!("src host {B_IP} and {}", vxlan_tcp(SYN_ACK)));
+    let syns = capture.count(&format!("dst host {B_IP} and {}", vxlan_tcp(TCP_SYN)));
+    let syn_acks = capture.count(&format!("src host {B_IP} and {}", vxlan_tcp(TCP_SYN_ACK)));
     // One answered SYN, then the failing attempt's first SYN and its
     // retries (at least 1, 3 and 7 s later), whose answers B dropped
     // (with its own SYN-ACK retransmissions: at least one per SYN).
@@ -155,6 +179,7 @@ fn unanswered_syns_are_counted_as_tcpdump_sees_them_and_raise_tcp_syn_unanswered
         summary.contains("4 SYNs sent to its pods, 1 answered"),
         "{summary}"
     );
+    assert_checksums_clean(&run, iface);
 }
 
 #[test]
@@ -211,7 +236,7 @@ fn an_mss_larger_than_the_tunnel_carries_raises_mss_exceeds_tunnel_until_clamped
     let mss = |value: u16| {
         capture.count(&format!(
             "dst host {B_IP} and {} and udp[30 + 40 : 2] == 0x0204 and udp[30 + 42 : 2] == {value}",
-            vxlan_tcp(SYN)
+            vxlan_tcp(TCP_SYN)
         ))
     };
     assert_eq!((mss(1460), mss(1410)), (1, 1));
@@ -224,4 +249,48 @@ fn an_mss_larger_than_the_tunnel_carries_raises_mss_exceeds_tunnel_until_clamped
     assert_eq!(raised.len(), 1, "{:#?}", run.lines);
     assert_eq!(raised[0]["evidence"]["handshakes"], 1, "{}", raised[0]);
     assert!(anomalies(&run, "tcp_syn_unanswered", "raised").is_empty());
+    assert_checksums_clean(&run, iface);
+}
+
+#[test]
+fn wrong_inner_checksums_raise_bad_checksum_with_their_count_and_right_ones_do_not() {
+    if !support::have_root("wrong_inner_checksums_raise_bad_checksum") {
+        return;
+    }
+    const RIGHT: u32 = 5;
+    const WRONG: u32 = 7;
+    let lab = Lab::new("itsum");
+    let iface = lab.pair.a_iface();
+    let observer = lab.observe();
+    let errors = || support::calico::snmp_counter(&lab.pod, "Tcp", "InCsumErrors");
+    let before = errors();
+    lab.send_from_b(&syn_from_b_pod(POD, false), RIGHT);
+    lab.send_from_b(&syn_from_b_pod(POD, true), WRONG);
+    support::calico::settle(&observer);
+    let run = observer.stop_ok();
+    // The pod's stack is the outside reference: it drops exactly those.
+    assert_eq!(errors() - before, u64::from(WRONG));
+
+    assert_eq!(
+        flagged(&run, iface, "bad_inner_checksum"),
+        u64::from(WRONG),
+        "{:#?}",
+        run.lines
+    );
+    // The frames carry a computed outer UDP checksum, which is right.
+    assert_eq!(flagged(&run, iface, "bad_outer_checksum"), 0);
+    assert_eq!(flagged(&run, iface, "zero_udp_checksum"), 0);
+    let [syn, ..] = tcp_of(&run, iface, "rx");
+    assert_eq!(syn, u64::from(RIGHT + WRONG));
+    let raised = anomalies(&run, "bad_checksum", "raised");
+    assert_eq!(raised.len(), 1, "{:#?}", run.lines);
+    assert_eq!(raised[0]["evidence"]["bad"], WRONG, "{}", raised[0]);
+    assert!(
+        raised[0]["hint"]
+            .as_str()
+            .unwrap()
+            .contains("tx-checksum-ip-generic off"),
+        "{}",
+        raised[0]
+    );
 }

@@ -669,6 +669,7 @@ fn probes_are_answered_and_counted_apart_and_drops_after_decapsulation_name_the_
     }
     let in_rows: u64 = latest.values().sum();
     let handshakes = tcp_handshakes(&pair);
+    let checksum_errors = wrong_checksums_to_a(&pair);
 
     let comment = "observer kernel suite: input on the tunnel";
     calico::iptables_drop(
@@ -696,6 +697,18 @@ fn probes_are_answered_and_counted_apart_and_drops_after_decapsulation_name_the_
     );
     checks.compare("probe_in_rows", in_rows, 0, "nothing");
     tcp_checks(&mut checks, &run, pair.a_iface(), &handshakes);
+    let flagged: u64 = calico::final_snapshot(&run)
+        .iter()
+        .filter(|l| l["type"] == "drop" && l["reason"] == "bad_inner_checksum" && l["peer"] == B_IP)
+        .filter_map(|l| l["packets"].as_u64())
+        .sum();
+    checks.compare(
+        "bad_inner_checksum_rx",
+        flagged,
+        checksum_errors,
+        "Tcp:InCsumErrors",
+    );
+    checks.compare("bad_inner_checksum_sent", checksum_errors, 5, "frames sent");
 
     let last = calico::final_snapshot(&run);
     let line = |direction: &str| {
@@ -802,6 +815,18 @@ fn tcp_handshakes(pair: &observer_testkit::pair::Pair) -> Handshakes {
         syns: opened(a) - before,
         answered: (first, second),
     }
+}
+
+/// Five VXLAN SYNs with a wrong inner TCP checksum and three right ones
+/// from B to A's pod address: what A's TCP stack then counted as checksum
+/// errors (`Tcp:InCsumErrors`).
+fn wrong_checksums_to_a(pair: &observer_testkit::pair::Pair) -> u64 {
+    use observer_testkit::pair::NODE_A;
+    use support::pods::{send_vxlan_from_b, syn_from_b_pod};
+    let before = calico::snmp_counter(&pair.a, "Tcp", "InCsumErrors");
+    send_vxlan_from_b(pair, &syn_from_b_pod(NODE_A.pod, true), 5);
+    send_vxlan_from_b(pair, &syn_from_b_pod(NODE_A.pod, false), 3);
+    calico::snmp_counter(&pair.a, "Tcp", "InCsumErrors") - before
 }
 
 /// The inner TCP signals of [`tcp_handshakes`] on A's underlay interface

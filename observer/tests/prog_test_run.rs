@@ -2343,3 +2343,103 @@ fn bgp_segments_are_counted_by_flags_and_first_message() {
         assert_eq!(stats.bgp_inserts, 2, "{test}: one insert per key");
     }
 }
+
+// ------------------------------------------------- inner TCP and checksums
+
+/// A VXLAN frame `o.0` -> `o.1` carrying the IPv4 TCP `segment` `i.0` ->
+/// `i.1` (outer UDP checksum computed over it).
+fn vxlan_tcp(o: (IpAddr, IpAddr), i: (IpAddr, IpAddr), segment: &[u8]) -> Vec<u8> {
+    let inner = ipv4(v4(i.0), v4(i.1), IPPROTO_TCP, segment);
+    vxlan_frame(o.0, o.1, 4096, &eth(ETH_P_IP, &inner))
+}
+
+/// Where a [`vxlan_tcp`] frame keeps its outer UDP checksum and its inner
+/// TCP checksum (untagged, IPv4 headers without options).
+const OUTER_UDP_CHECK: usize = 14 + 20 + 6;
+const INNER_TCP_CHECK: usize = 14 + 20 + 8 + 8 + 14 + 20 + 16;
+
+/// Handshake and reset segments' checksums are verified on receive: a
+/// wrong inner TCP or outer UDP checksum is flagged, a zero outer one
+/// counted apart, a pending one (the pseudo-header sum a sender with
+/// checksum offload leaves for the device) and a right one never flagged;
+/// every inner SYN, SYN-ACK and RST is counted in its row either way.
+#[test]
+fn handshake_checksums_are_verified_and_pending_ones_left_alone() {
+    use observer_common::{ClassifierDrop, TcpCounts};
+    let test = "handshake_checksums_are_verified_and_pending_ones_left_alone";
+    if !support::have_root(test) {
+        return;
+    }
+    let mut h = Harness::new(&LoadConfig::default());
+    let o = pair("192.0.2.201", "192.0.2.202");
+    let i = pair("10.9.1.1", "10.9.1.2");
+    let segment = |flags, options: &[u8]| tcp_segment(i.0, i.1, [40000, 80], flags, options, &[]);
+    let syn = segment(TCP_SYN, &TCP_OPT_MSS_1460);
+    let good = vxlan_tcp(o, i, &syn);
+    let mut bad_inner = syn.clone();
+    bad_inner[16] ^= 0x5a;
+    let bad_inner = vxlan_tcp(o, i, &bad_inner);
+    let mut bad_outer = good.clone();
+    bad_outer[OUTER_UDP_CHECK] ^= 0x5a;
+    let mut zero_outer = vxlan_tcp(o, i, &segment(TCP_SYN_ACK, &TCP_OPT_MSS_1460));
+    zero_outer[OUTER_UDP_CHECK..OUTER_UDP_CHECK + 2].copy_from_slice(&[0, 0]);
+    // What a sender with checksum offload writes: the folded sum of the
+    // pseudo-header, not complemented.
+    let mut pending = vxlan_tcp(o, i, &segment(TCP_RST, &[]));
+    let seed = !internet_checksum(&[&pseudo_header(i.0, i.1, IPPROTO_TCP, 20)]);
+    pending[INNER_TCP_CHECK..INNER_TCP_CHECK + 2].copy_from_slice(&seed.to_be_bytes());
+    // A data segment: no signal, never verified.
+    let mut data = vxlan_tcp(o, i, &segment(TCP_PSH_ACK, &[]));
+    data[INNER_TCP_CHECK] ^= 0x5a;
+
+    let frames = [&good, &bad_inner, &bad_outer, &zero_outer, &pending, &data];
+    let mut rx_runs = 0;
+    for hook in [Hook::Xdp, Hook::TcIngress] {
+        for frame in frames {
+            h.run(hook, frame, None, 3).expect("runs");
+        }
+        rx_runs += 3;
+    }
+    let drops: BTreeMap<u32, u64> = h
+        .obs
+        .read_drops()
+        .expect("reading drops")
+        .into_iter()
+        .filter(|(id, _)| id.peer == Some(o.0))
+        .map(|(id, c)| (id.reason, c.packets))
+        .collect();
+    let reason = |r: ClassifierDrop| drops.get(&(r as u32)).copied().unwrap_or(0);
+    assert_eq!(
+        (
+            reason(ClassifierDrop::BadInnerChecksum),
+            reason(ClassifierDrop::BadOuterChecksum),
+            reason(ClassifierDrop::ZeroUdpChecksum),
+        ),
+        (rx_runs, rx_runs, rx_runs),
+        "{test}: {drops:?}"
+    );
+    assert_eq!(drops.len(), 3, "{test}: nothing else flagged: {drops:?}");
+    let rows = h.obs.read_flows().expect("reading flows");
+    let (_, row) = rows
+        .iter()
+        .find(|(id, _)| id.peer == Some(o.0) && id.direction == Direction::Rx)
+        .expect("the tunnel's rx row");
+    // SYNs: good, bad inner, bad outer; the SYN-ACK; the RST. No MTU is
+    // known for the test runs' loopback, so no MSS is judged.
+    let per_run = TcpCounts {
+        syn: 3,
+        syn_ack: 1,
+        rst: 1,
+        mss_over: 0,
+    };
+    assert_eq!(
+        row.tcp,
+        TcpCounts {
+            syn: per_run.syn * rx_runs,
+            syn_ack: per_run.syn_ack * rx_runs,
+            rst: per_run.rst * rx_runs,
+            mss_over: 0,
+        },
+        "{test}"
+    );
+}

@@ -353,6 +353,7 @@ fn speaks_for(kind: Kind, raised_by_receiver: bool) -> bool {
         | Kind::UnknownPeer
         | Kind::DropSpike
         | Kind::DroppedAfterDecap
+        | Kind::BadChecksum
         | Kind::EncapMismatch => raised_by_receiver,
         Kind::RouteMissing | Kind::RouteConflict | Kind::StaleRoute => !raised_by_receiver,
         Kind::Mtu

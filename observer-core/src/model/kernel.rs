@@ -121,6 +121,14 @@ impl XdpProgram {
             XdpProgram::SingleBuffer => "observer_xdp_bgp_sb",
         }
     }
+
+    /// Name of its checksum program (tail-called; the same variant).
+    pub fn checksum_program_name(self) -> &'static str {
+        match self {
+            XdpProgram::MultiBuffer => "observer_xdp_sum",
+            XdpProgram::SingleBuffer => "observer_xdp_sum_sb",
+        }
+    }
 }
 
 /// Which kfree_skb program variant to load.

@@ -423,6 +423,15 @@ fn classifier_meaning(reason: ClassifierDrop, mtu: u32, allow_sets: &str) -> Str
         ClassifierDrop::PathMtu => {
             format!("too big for the path (a router reported next-hop MTU {mtu})")
         }
+        ClassifierDrop::BadInnerChecksum => {
+            "inner TCP checksum wrong (a handshake or reset the receiving stack drops)".to_string()
+        }
+        ClassifierDrop::BadOuterChecksum => {
+            "outer UDP checksum wrong (dropped before decapsulation)".to_string()
+        }
+        ClassifierDrop::ZeroUdpChecksum => {
+            "outer UDP checksum zero: not computed, legal, no drop".to_string()
+        }
     }
 }
 

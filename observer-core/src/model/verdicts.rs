@@ -37,7 +37,8 @@ pub enum Verdict {
     /// promise segments that do not (`mss_exceeds_tunnel`).
     Mtu,
     /// TCP handshakes with its pods go unanswered while the tunnel
-    /// carries other traffic (`tcp_syn_unanswered`).
+    /// carries other traffic (`tcp_syn_unanswered`), or its packets carry
+    /// wrong checksums (`bad_checksum`).
     TcpHandshake,
     /// Tunnel packets go one way and nothing comes back (`one_way`; in
     /// `observer cluster`: sent by one node, none received by the other).
@@ -64,7 +65,7 @@ impl Verdict {
             Kind::AllowSetDrop | Kind::SnatSuspected => Verdict::PolicyDrop,
             Kind::DroppedAfterDecap => Verdict::AfterDecap,
             Kind::Mtu | Kind::MssExceedsTunnel => Verdict::Mtu,
-            Kind::TcpSynUnanswered => Verdict::TcpHandshake,
+            Kind::TcpSynUnanswered | Kind::BadChecksum => Verdict::TcpHandshake,
             Kind::OneWay => Verdict::OneWay,
             Kind::EncapMismatch | Kind::UnknownPeer | Kind::DropSpike => Verdict::Other,
         }
@@ -77,7 +78,7 @@ impl Verdict {
             Verdict::PolicyDrop => "policy drop",
             Verdict::AfterDecap => "dropped after decapsulation",
             Verdict::Mtu => "MTU",
-            Verdict::TcpHandshake => "TCP handshakes unanswered",
+            Verdict::TcpHandshake => "TCP handshakes fail",
             Verdict::OneWay => "one-way",
             Verdict::Loss => "loss",
             Verdict::Other => "other",

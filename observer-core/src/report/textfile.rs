@@ -750,7 +750,7 @@ impl Exporter {
             ),
             drops.family(
                 "observer_drops_total",
-                "Received packets dropped by the kernel (reason = kernel drop reason name) or flagged by the observer (calico_allow_set, vni_unknown, vxlan_no_i_flag, outer_fragment, over_mtu, path_mtu), by interface, encapsulation, peer, stage and direction (underlay: on an attached interface, peer the outer source, direction rx; tunnel or pod: after decapsulation on a tunnel or pod device, peer the node whose pod block holds the inner source (direction rx) or, for a packet on its way out, the inner destination (tx)).",
+                "Received packets dropped by the kernel (reason = kernel drop reason name) or flagged by the observer (calico_allow_set, vni_unknown, vxlan_no_i_flag, outer_fragment, over_mtu, path_mtu, bad_inner_checksum, bad_outer_checksum; zero_udp_checksum and outer_fragment are no drops), by interface, encapsulation, peer, stage and direction (underlay: on an attached interface, peer the outer source, direction rx; tunnel or pod: after decapsulation on a tunnel or pod device, peer the node whose pod block holds the inner source (direction rx) or, for a packet on its way out, the inner destination (tx)).",
             ),
             family(
                 "observer_path_mtu_bytes",
@@ -771,7 +771,7 @@ impl Exporter {
         vec![
             family(
                 "observer_anomalies_active",
-                "Anomalies holding now, by kind (one_way, snat_suspected, allow_set_drop, dropped_after_decap, tcp_syn_unanswered, encap_mismatch, mtu, mss_exceeds_tunnel, unknown_peer, drop_spike, bgp_down, bgp_flap, route_missing, route_conflict, stale_route); the peers are in the observer's output.",
+                "Anomalies holding now, by kind (one_way, snat_suspected, allow_set_drop, dropped_after_decap, tcp_syn_unanswered, bad_checksum, encap_mismatch, mtu, mss_exceeds_tunnel, unknown_peer, drop_spike, bgp_down, bgp_flap, route_missing, route_conflict, stale_route); the peers are in the observer's output.",
                 MetricType::GAUGE,
                 Kind::ALL
                     .iter()

@@ -16,6 +16,7 @@ use aya::{
 };
 use observer_common::{
     BGP_PROG_MAP, FLOWS_MAP, SKB_LAYOUT_GLOBAL, SkbLayout, UDP_PORT_TAGS_GLOBAL, XDP_BGP_PROG_MAP,
+    XDP_CHECKSUM_PROG_MAP,
 };
 
 use super::{
@@ -316,6 +317,19 @@ impl Observer {
                 .inspect_err(|e| bgp_unavailable("XDP", e))
                 .ok()
         };
+        let xdp_checksums = if xdp_failed {
+            None
+        } else {
+            let name = plan.xdp.checksum_program_name();
+            load_tail_program(&mut ebpf, name, XDP_CHECKSUM_PROG_MAP, &features.release)
+                .inspect_err(|e| {
+                    tracing::warn!(
+                        error = %error_chain(e),
+                        "checksum checks unavailable on XDP (handshake checksums are not verified there)"
+                    )
+                })
+                .ok()
+        };
         // tc ingress now unless deferred; and always when XDP cannot count.
         let tc_ingress_loaded = !config.defer_tc_ingress || xdp_failed;
         let mut tc_checks = None;
@@ -345,6 +359,7 @@ impl Observer {
             tc_checks,
             tc_bgp,
             xdp_bgp,
+            xdp_checksums,
             attachments: Vec::new(),
             links: Vec::new(),
             kernel_reasons: KernelReasons {
@@ -452,6 +467,14 @@ impl Observer {
     /// Kernel info of XDP's BGP program (tail-called; never attached).
     pub fn xdp_bgp_info(&self) -> Result<aya::programs::ProgramInfo, LoadError> {
         self.tail_program_info(self.plan.xdp.bgp_program_name(), self.xdp_bgp.is_some())
+    }
+
+    /// Kernel info of XDP's checksum program (tail-called; never attached).
+    pub fn xdp_checksums_info(&self) -> Result<aya::programs::ProgramInfo, LoadError> {
+        self.tail_program_info(
+            self.plan.xdp.checksum_program_name(),
+            self.xdp_checksums.is_some(),
+        )
     }
 
     fn tail_program_info(

@@ -825,8 +825,8 @@ mod tests {
     use observer_common::{ClassifierDrop, Proto};
 
     use super::*;
-    use crate::model::rows::Tally;
     use crate::model::aggregate::DropAggregator;
+    use crate::model::rows::Tally;
 
     #[test]
     fn a_cache_slot_holds_its_own_key_and_no_other() {

@@ -124,6 +124,11 @@ fn program_checks(observer: &mut Observer) -> Vec<ProgramCheck> {
         observer.plan().xdp.bgp_program_name(),
         observer.xdp_bgp_info(),
     ));
+    loaded.push((
+        "xdp_checksums",
+        observer.plan().xdp.checksum_program_name(),
+        observer.xdp_checksums_info(),
+    ));
     if let Some(program) = observer.plan().drops.program_name() {
         loaded.push(("kernel_drops", program, observer.load_drop_program()));
     }

@@ -474,7 +474,7 @@ pub fn ip_hlen(a: IpAddr) -> usize {
 
 // ---------------------------------------------------------------- layer 4
 
-fn pseudo_header(src: IpAddr, dst: IpAddr, proto: u8, len: usize) -> Vec<u8> {
+pub fn pseudo_header(src: IpAddr, dst: IpAddr, proto: u8, len: usize) -> Vec<u8> {
     match (src, dst) {
         (IpAddr::V4(s), IpAddr::V4(d)) => {
             let mut p = Vec::with_capacity(12);
@@ -513,7 +513,7 @@ pub fn udp(src: IpAddr, dst: IpAddr, sport: u16, dport: u16, payload: &[u8]) -> 
     u
 }
 
-/// A TCP segment (20-byte header, ACK|PSH, checksum set) for `src` -> `dst`.
+/// A TCP segment (20-byte header, PSH|ACK, checksum set) for `src` -> `dst`.
 pub fn tcp(src: IpAddr, dst: IpAddr, sport: u16, dport: u16, payload: &[u8]) -> Vec<u8> {
     tcp_with_options(src, dst, sport, dport, &[], payload)
 }
@@ -531,6 +531,28 @@ pub fn tcp_with_options(
     options: &[u8],
     payload: &[u8],
 ) -> Vec<u8> {
+    tcp_segment(src, dst, [sport, dport], TCP_PSH_ACK, options, payload)
+}
+
+/// TCP flags: SYN, SYN-ACK, RST, PSH|ACK.
+pub const TCP_SYN: u8 = 0x02;
+pub const TCP_SYN_ACK: u8 = 0x12;
+pub const TCP_RST: u8 = 0x04;
+pub const TCP_PSH_ACK: u8 = 0x18;
+/// Linux's MSS option for a 1,500-byte MTU (MSS 1460).
+pub const TCP_OPT_MSS_1460: [u8; 4] = [2, 4, 0x05, 0xb4];
+
+/// A TCP segment with `flags` from `ports[0]` to `ports[1]`, its header
+/// carrying `options` (padded with zeros to a multiple of four; at most
+/// 40 bytes), checksum set.
+pub fn tcp_segment(
+    src: IpAddr,
+    dst: IpAddr,
+    [sport, dport]: [u16; 2],
+    flags: u8,
+    options: &[u8],
+    payload: &[u8],
+) -> Vec<u8> {
     let mut opts = options.to_vec();
     while !opts.len().is_multiple_of(4) {
         opts.push(0);
@@ -543,7 +565,7 @@ pub fn tcp_with_options(
     t.extend_from_slice(&1000u32.to_be_bytes()); // sequence
     t.extend_from_slice(&2000u32.to_be_bytes()); // acknowledgment
     t.push(((hlen / 4) as u8) << 4);
-    t.push(0x18); // PSH | ACK
+    t.push(flags);
     t.extend_from_slice(&64240u16.to_be_bytes()); // window
     t.extend_from_slice(&[0, 0, 0, 0]); // checksum, urgent pointer
     t.extend_from_slice(&opts);

@@ -100,17 +100,42 @@ impl Lab {
     /// `count` VXLAN frames from B's underlay veth to A's vxlan.calico, each
     /// carrying `inner` (an IPv4 packet) from B's VTEP.
     pub fn send_from_b(&self, inner: &[u8], count: u32) {
-        let inner_frame =
-            frames::ethernet(A_VTEP_MAC_BYTES, B_VTEP_MAC_BYTES, &[], ETH_P_IP, inner);
-        let payload = frames::cat(&[&frames::vxlan_header(4096), &inner_frame]);
-        let mut frame = frames::udp_frame(
-            frames::addr(B_IP),
-            frames::addr(NODE_A.underlay),
-            frames::ENTROPY_PORT,
-            4789,
-            &payload,
-        );
-        frames::set_macs(&mut frame, A_MAC_BYTES, B_MAC_BYTES);
-        send_frames(&self.pair.b, self.pair.b_iface(), vec![(frame, count)]);
+        send_vxlan_from_b(&self.pair, inner, count);
     }
+}
+
+/// `count` VXLAN frames from B's underlay veth to A's vxlan.calico
+/// ([`Pair::calico`]), each carrying `inner` (an IPv4 packet) from B's
+/// VTEP, the outer UDP checksum computed.
+pub fn send_vxlan_from_b(pair: &Pair, inner: &[u8], count: u32) {
+    let inner_frame = frames::ethernet(A_VTEP_MAC_BYTES, B_VTEP_MAC_BYTES, &[], ETH_P_IP, inner);
+    let payload = frames::cat(&[&frames::vxlan_header(4096), &inner_frame]);
+    let mut frame = frames::udp_frame(
+        frames::addr(B_IP),
+        frames::addr(NODE_A.underlay),
+        frames::ENTROPY_PORT,
+        4789,
+        &payload,
+    );
+    frames::set_macs(&mut frame, A_MAC_BYTES, B_MAC_BYTES);
+    send_frames(&pair.b, pair.b_iface(), vec![(frame, count)]);
+}
+
+/// An IPv4 TCP SYN from B's pod to A's pod `dst` (MSS 1460), its checksum
+/// right or, with `wrong`, off by a flipped byte: what a node whose
+/// checksum offload is broken sends.
+pub fn syn_from_b_pod(dst: &str, wrong: bool) -> Vec<u8> {
+    use observer_testkit::pair::NODE_B;
+    let mut syn = frames::tcp_segment(
+        frames::addr(NODE_B.pod),
+        frames::addr(dst),
+        [40000, 8080],
+        frames::TCP_SYN,
+        &frames::TCP_OPT_MSS_1460,
+        &[],
+    );
+    if wrong {
+        syn[16] ^= 0x5a;
+    }
+    frames::ipv4(frames::addr4(NODE_B.pod), frames::addr4(dst), 6, &syn)
 }

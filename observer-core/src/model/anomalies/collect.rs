@@ -48,6 +48,8 @@ pub(super) struct Totals {
     pub(super) answers_rx: u64,
     /// SYNs and SYN-ACKs either way whose MSS the tunnel cannot carry.
     pub(super) mss_over: u64,
+    /// Packets with a wrong inner TCP or outer UDP checksum.
+    pub(super) bad_checksum: u64,
 }
 
 impl Totals {
@@ -68,6 +70,7 @@ impl Totals {
             answers_tx: self.answers_tx.saturating_sub(base.answers_tx),
             answers_rx: self.answers_rx.saturating_sub(base.answers_rx),
             mss_over: self.mss_over.saturating_sub(base.mss_over),
+            bad_checksum: self.bad_checksum.saturating_sub(base.bad_checksum),
         }
     }
 
@@ -100,7 +103,7 @@ impl Totals {
     ) {
         match (origin, classifier) {
             (Origin::Kernel, _) => self.kernel_drops += packets,
-            (_, Some(ClassifierDrop::OuterFragment)) => {}
+            (_, Some(ClassifierDrop::OuterFragment | ClassifierDrop::ZeroUdpChecksum)) => {}
             _ => self.classifier_drops += packets,
         }
         match classifier {
@@ -108,6 +111,9 @@ impl Totals {
             Some(ClassifierDrop::OverMtu) => self.over_mtu += packets,
             Some(ClassifierDrop::OuterFragment) => self.outer_fragment += packets,
             Some(ClassifierDrop::PathMtu) => self.path_mtu += packets,
+            Some(ClassifierDrop::BadInnerChecksum | ClassifierDrop::BadOuterChecksum) => {
+                self.bad_checksum += packets
+            }
             _ if netfilter => self.netfilter += packets,
             _ => {}
         }

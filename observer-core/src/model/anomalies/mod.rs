@@ -97,6 +97,9 @@ pub enum Kind {
     /// answer (SYN-ACK or RST): handshakes fail while other traffic may
     /// pass (the checksum-offload bug's signature).
     TcpSynUnanswered,
+    /// The peer's tunnel packets carry wrong inner TCP or outer UDP
+    /// checksums (the checksum-offload bug's cause).
+    BadChecksum,
     /// Inner TCP handshakes with the peer's pods advertise an MSS whose
     /// full segments, encapsulated, exceed the interface's MTU (no MSS
     /// clamping on a tunnel with a smaller MTU).
@@ -118,11 +121,12 @@ pub enum Kind {
 
 impl Kind {
     /// Every kind, in the order findings are listed (most decisive first).
-    pub const ALL: [Kind; 15] = [
+    pub const ALL: [Kind; 16] = [
         Kind::OneWay,
         Kind::SnatSuspected,
         Kind::AllowSetDrop,
         Kind::DroppedAfterDecap,
+        Kind::BadChecksum,
         Kind::TcpSynUnanswered,
         Kind::EncapMismatch,
         Kind::Mtu,
@@ -148,6 +152,7 @@ impl Kind {
             Kind::DropSpike => "drop_spike",
             Kind::DroppedAfterDecap => "dropped_after_decap",
             Kind::TcpSynUnanswered => "tcp_syn_unanswered",
+            Kind::BadChecksum => "bad_checksum",
             Kind::MssExceedsTunnel => "mss_exceeds_tunnel",
             Kind::BgpDown => "bgp_down",
             Kind::BgpFlap => "bgp_flap",
@@ -182,6 +187,9 @@ impl Kind {
             }
             Kind::TcpSynUnanswered => {
                 "TCP connections between pods here and the peer's are not answered: SYNs are retried (at 1, 3, 7, 15, 31 s) while other traffic may pass"
+            }
+            Kind::BadChecksum => {
+                "the peer's tunnel packets arrive with wrong checksums, which the receiving stack drops: its checksum offload for encapsulated packets is broken"
             }
             Kind::MssExceedsTunnel => {
                 "TCP handshakes with the peer's pods promise segments the tunnel cannot carry whole: small requests work, large responses stall (no MSS clamping)"

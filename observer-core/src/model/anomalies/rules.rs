@@ -129,6 +129,7 @@ fn rule(kind: Kind) -> Option<fn(&PeerFacts<'_>) -> Option<Finding>> {
         Kind::DropSpike => drop_spike,
         Kind::DroppedAfterDecap => dropped_after_decap,
         Kind::TcpSynUnanswered => tcp_syn_unanswered,
+        Kind::BadChecksum => bad_checksum,
         Kind::MssExceedsTunnel => mss_exceeds_tunnel,
         Kind::BgpDown
         | Kind::BgpFlap
@@ -626,6 +627,36 @@ fn tcp_syn_unanswered(f: &PeerFacts<'_>) -> Option<Finding> {
             ),
             hint: format!(
                 "the SYNs or their answers are lost between the pods while other packets pass: look for bad inner checksums (`bad_checksum`, the VXLAN checksum-offload bug: `ethtool -K <tunnel device> tx-checksum-ip-generic off` on both nodes, Calico's ChecksumOffloadBroken), drops after decapsulation here or on {peer} (`dropped_after_decap`), and the destination pods' network policies"
+            ),
+        }
+    })
+}
+
+/// The peer's handshake and reset segments with wrong inner TCP or outer
+/// UDP checksums over the window (any: a checksum is right or not).
+fn bad_checksum(f: &PeerFacts<'_>) -> Option<Finding> {
+    let (d, peer, p, secs) = (f.window, f.peer, f.name(), f.secs());
+    if d.bad_checksum == 0 {
+        return None;
+    }
+    f.found(|| {
+        let by_reason: BTreeMap<&str, u64> = f
+            .extra
+            .reasons()
+            .filter(|(r, _)| r.starts_with("bad_") && r.ends_with("_checksum"))
+            .collect();
+        Finding {
+            evidence: BTreeMap::from([
+                ("bad", json!(d.bad_checksum)),
+                ("since_tracked", json!(by_reason)),
+                ("window_s", json!(secs)),
+            ]),
+            summary: format!(
+                "{} {p} packets from {peer} in {secs} s carried a wrong checksum (inner TCP or outer UDP; handshakes and resets are verified): this node's stack drops them",
+                d.bad_checksum
+            ),
+            hint: format!(
+                "{peer}'s checksum offload for encapsulated packets is broken: on {peer}, `ethtool -K <tunnel device> tx-checksum-ip-generic off` (vxlan.calico, flannel.1); Calico: FelixConfiguration `featureDetectOverride: ChecksumOffloadBroken=true`; then check the NIC driver and kernel"
             ),
         }
     })

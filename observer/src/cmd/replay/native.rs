@@ -141,6 +141,7 @@ impl Classifier for NativeClassifier {
             checks::classifier_drops(&c, bytes, &mut self.facts, |reason| {
                 flag(drops, &c, reason, bytes)
             });
+            checks::checksum_drops(&f, &c, |reason| flag(drops, &c, reason, bytes));
             if let Some(quoted) = parse::too_big(&f, &c, &self.ports) {
                 flag(drops, &quoted, ClassifierDrop::PathMtu, bytes);
             }
