@@ -125,7 +125,7 @@ fn write_text(out: &mut impl Write, report: &Report) -> io::Result<()> {
         };
         writeln!(
             out,
-            "  {:<14} {state:<7} {:<17} {insns}",
+            "  {:<14} {state:<7} {:<19} {insns}",
             p.hook.replace('_', " "),
             p.program
         )?;
@@ -214,8 +214,8 @@ mod tests {
                 "observer check: kernel 5.10.0-32-amd64\n\n\
                  \x20 privileges     ok\n\
                  \x20 BTF            ok (/sys/kernel/btf/vmlinux)\n\
-                 \x20 tc ingress     ok      observer_tc_in    verifier: 190975 of 1000000 instructions\n\
-                 \x20 kernel drops   FAILED  observer_kfree2   invalid argument\n\
+                 \x20 tc ingress     ok      observer_tc_in      verifier: 190975 of 1000000 instructions\n\
+                 \x20 kernel drops   FAILED  observer_kfree2     invalid argument\n\
                  \x20 tc attach      clsact\n\
                  \x20 drop reasons   not reported by this kernel (Linux 5.17+)\n\
                  \x20 tunnel kinds   vxlan (module)\n\

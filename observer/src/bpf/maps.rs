@@ -150,6 +150,13 @@ impl Observer {
         }
     }
 
+    /// Pauses (`false`) or resumes the counting of the XDP and tc hooks
+    /// (`observer_common::config::PAUSED`): a run attaches its
+    /// interfaces paused, so that every direction starts at once.
+    pub fn set_counting(&mut self, on: bool) -> Result<(), MapsError> {
+        set_switch(self, config::PAUSED, !on).map(drop)
+    }
+
     /// Counts the kernel's drops on tunnel or pod device `ifindex` of the
     /// current namespace as drops after decapsulation at `stage`
     /// (`observer_common::stage`).

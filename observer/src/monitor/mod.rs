@@ -392,10 +392,15 @@ impl<'a> Monitor<'a> {
                 tracing::warn!(error = %format!("{e:#}"), "data plane unreadable: drops after decapsulation are watched from the first interval")
             }
         }
+        // Attached paused, then counted from one instant: received and
+        // sent packets alike (`config::PAUSED`).
+        observer.set_counting(false)?;
         for iface in &interfaces {
             observer.attach(iface, settings.xdp_mode)?;
-            let program_ids = observer.program_ids()?;
-            let attachment = observer.attachments().last().expect("attached just now");
+        }
+        observer.set_counting(true)?;
+        let program_ids = observer.program_ids()?;
+        for attachment in observer.attachments() {
             tracing::info!(
                 iface = %attachment.iface,
                 rx = %attachment.rx,

@@ -8,12 +8,12 @@ use std::{
     time::{Duration, SystemTime},
 };
 
-use observer_common::{ClassifierDrop, Direction, Proto};
+use observer_common::{ClassifierDrop, Direction, Proto, TcpCounts};
 
 use super::{Engine, Event, Kind, Known, Thresholds};
 use crate::model::{
     facts::{AllowSet, AllowSets, ExpectedPeer, SetSource},
-    rows::{DropId, DropRow, FlowId, Origin, Row, testing},
+    rows::{DropId, DropRow, FlowId, Origin, Row, Tally, testing},
 };
 
 pub(super) fn ip(s: &str) -> IpAddr {
@@ -30,6 +30,14 @@ pub(super) fn flow(peer: &str, proto: Proto, direction: Direction, packets: u64)
         },
         packets,
     )
+}
+
+/// The tunnel row of `packets` since attach whose inner TCP said `tcp`.
+pub(super) fn tcp_flow(peer: &str, direction: Direction, packets: u64, tcp: TcpCounts) -> Row {
+    Row {
+        tcp,
+        ..flow(peer, Proto::Vxlan, direction, packets)
+    }
 }
 
 /// A classifier drop row; `vni_or_mtu` is the MTU of a `path_mtu` row,
@@ -112,13 +120,20 @@ pub(super) fn drive(
     let mut events = Vec::new();
     // Each row's packets at the previous read: what moved since is its
     // interval's, as the aggregator says.
-    let mut flows_before: HashMap<FlowId, u64> = HashMap::new();
+    let mut flows_before: HashMap<FlowId, Tally> = HashMap::new();
     let mut drops_before: HashMap<DropId, u64> = HashMap::new();
     for t in 1..=seconds {
         let (mut rows, mut drops) = read(t);
         for row in &mut rows {
-            let before = flows_before.insert(row.id, row.packets).unwrap_or(0);
-            row.interval_packets = row.packets.saturating_sub(before);
+            let now = Tally {
+                packets: row.packets,
+                bytes: 0,
+                tcp: row.tcp,
+            };
+            let before = flows_before.insert(row.id, now).unwrap_or_default();
+            let moved = now.since(&before).unwrap_or(now);
+            row.interval_packets = moved.packets;
+            row.interval_tcp = moved.tcp;
         }
         for drop in &mut drops {
             let before = drops_before

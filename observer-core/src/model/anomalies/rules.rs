@@ -863,12 +863,16 @@ fn set_names(proto: Proto) -> String {
 mod tests {
     use std::collections::BTreeSet;
 
-    use observer_common::{ClassifierDrop, Direction};
+    use observer_common::{ClassifierDrop, Direction, TcpCounts};
 
     use super::*;
-    use crate::model::anomalies::{
-        Anomaly, Engine, Event,
-        fixtures::{drive, drop, flow, ip, known, raised, th},
+    use crate::model::{
+        anomalies::{
+            Anomaly, Engine, Event,
+            fixtures::{drive, drop, flow, ip, known, raised, tcp_flow, th},
+        },
+        rows::Row,
+        verdicts::Verdict,
     };
 
     #[test]
@@ -1292,5 +1296,138 @@ mod tests {
                 Kind::DropSpike,
             ]
         );
+    }
+
+    /// SYNs sent to a peer's pods, one a second.
+    fn syns(t: u32, answered: u64) -> Vec<Row> {
+        let n = t as u64;
+        vec![
+            tcp_flow(
+                "10.10.60.127",
+                Direction::Tx,
+                n * 10,
+                TcpCounts {
+                    syn: n,
+                    ..TcpCounts::NONE
+                },
+            ),
+            tcp_flow(
+                "10.10.60.127",
+                Direction::Rx,
+                n * 10,
+                TcpCounts {
+                    syn_ack: answered.min(n),
+                    ..TcpCounts::NONE
+                },
+            ),
+        ]
+    }
+
+    #[test]
+    fn syns_retried_without_answers_raise_tcp_syn_unanswered_on_the_third() {
+        let mut e = Engine::new(th(), 0.0);
+        let events = drive(&mut e, &known(), 2, |t| (syns(t, 0), vec![]));
+        assert_eq!(raised(&events), vec![], "two unanswered SYNs are not yet");
+        let mut e = Engine::new(th(), 0.0);
+        let events = drive(&mut e, &known(), 3, |t| (syns(t, 0), vec![]));
+        assert_eq!(
+            raised(&events),
+            vec![(Kind::TcpSynUnanswered, "10.10.60.127".into())]
+        );
+        let a = e.active()[0];
+        assert_eq!(
+            (
+                a.evidence["syn_sent"].clone(),
+                a.evidence["answers_received"].clone()
+            ),
+            (json!(3), json!(0))
+        );
+        assert!(
+            a.summary.contains("3 SYNs sent to its pods, 0 answered"),
+            "{}",
+            a.summary
+        );
+        assert!(a.hint.contains("tx-checksum-ip-generic off"), "{}", a.hint);
+        // Answered, or mostly answered: nothing.
+        for answered in [u64::MAX, 2] {
+            let mut e = Engine::new(th(), 0.0);
+            let events = drive(&mut e, &known(), 4, |t| (syns(t, answered), vec![]));
+            assert_eq!(raised(&events), vec![], "answered {answered}");
+        }
+    }
+
+    #[test]
+    fn an_oversized_mss_raises_mss_exceeds_tunnel_and_clears_a_window_later() {
+        let mut e = Engine::new(th(), 0.0);
+        // One SYN with a too large MSS at t = 1, then only data.
+        let events = drive(&mut e, &known(), 9, |t| {
+            let over = TcpCounts {
+                syn: 1,
+                mss_over: 1,
+                ..TcpCounts::NONE
+            };
+            (
+                vec![
+                    tcp_flow("10.10.60.127", Direction::Tx, t as u64 * 10, over),
+                    flow("10.10.60.127", Proto::Vxlan, Direction::Rx, t as u64 * 10),
+                ],
+                vec![],
+            )
+        });
+        assert_eq!(
+            raised(&events),
+            vec![(Kind::MssExceedsTunnel, "10.10.60.127".into())]
+        );
+        let cleared = events.iter().any(|e| {
+            matches!(e, Event::Cleared { anomaly, .. } if anomaly.kind == Kind::MssExceedsTunnel)
+        });
+        assert!(cleared, "{events:?}");
+        assert_eq!(Verdict::of(Kind::MssExceedsTunnel), Verdict::Mtu);
+    }
+
+    #[test]
+    fn wrong_checksums_raise_bad_checksum_and_zero_ones_are_no_drop() {
+        let rows = |t: u32| {
+            vec![
+                flow("10.10.60.127", Proto::Vxlan, Direction::Tx, t as u64 * 10),
+                flow("10.10.60.127", Proto::Vxlan, Direction::Rx, t as u64 * 10),
+            ]
+        };
+        let mut e = Engine::new(th(), 0.0);
+        let events = drive(&mut e, &known(), 2, |t| {
+            (
+                rows(t),
+                vec![drop(
+                    "10.10.60.127",
+                    Proto::Vxlan,
+                    ClassifierDrop::BadInnerChecksum,
+                    t as u64,
+                    4096,
+                )],
+            )
+        });
+        assert_eq!(
+            raised(&events),
+            vec![(Kind::BadChecksum, "10.10.60.127".into())]
+        );
+        let a = e.active()[0];
+        assert_eq!(a.evidence["bad"], json!(2));
+        assert!(a.hint.contains("ChecksumOffloadBroken"), "{}", a.hint);
+        // Zero outer checksums, many of them: legal, nothing raised (no
+        // drop spike either).
+        let mut e = Engine::new(th(), 0.0);
+        let events = drive(&mut e, &known(), 4, |t| {
+            (
+                rows(t),
+                vec![drop(
+                    "10.10.60.127",
+                    Proto::Vxlan,
+                    ClassifierDrop::ZeroUdpChecksum,
+                    t as u64 * 100,
+                    4096,
+                )],
+            )
+        });
+        assert_eq!(raised(&events), vec![]);
     }
 }
