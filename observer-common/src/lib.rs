@@ -979,7 +979,8 @@ pub mod config {
     /// MTUs), never 0: userspace increments it after every change, which
     /// voids the facts cached in [`super::FlowCacheSlot::facts`].
     pub const FACTS_GENERATION: u32 = 5;
-    /// The hooks pass packets without counting them. Set while a run
+    /// The hooks pass packets without counting them in the flow
+    /// counters (drop flags and BGP at the wire go on). Set while a run
     /// attaches its interfaces and cleared once every hook is attached,
     /// so that both directions of every interface are counted from the
     /// same instant: XDP attached before tc egress counted requests whose

@@ -26,6 +26,9 @@ pub fn record(
     bytes: u64,
     tcp: &TcpCounts,
 ) -> Option<&'static mut FlowCacheSlot> {
+    if paused() {
+        return None;
+    }
     if c.probe {
         let stat = if key.direction == Direction::Rx as u8 {
             Stat::ProbeRxPackets
@@ -99,6 +102,9 @@ pub fn record_plain_only<F: Frame>(
 /// `false` when it has none, and nothing was counted.
 #[inline(always)]
 pub fn record_plain(key: &FlowKey, packets: u64, bytes: u64) -> bool {
+    if paused() {
+        return true;
+    }
     let Some(plain) = key.plain_slot().and_then(|slot| PLAIN.get_ptr_mut(slot)) else {
         return false;
     };
@@ -126,6 +132,9 @@ pub fn record_common_vxlan(
     bytes: u64,
     checks: bool,
 ) -> bool {
+    if paused() {
+        return true;
+    }
     let Some(slot) = cached_slot(&FlowKey::common_vxlan(ifindex, direction, v)) else {
         return false;
     };
@@ -208,6 +217,16 @@ fn record_in_map(key: &FlowKey, c: &Classified, packets: u64, bytes: u64, tcp: &
         // the entry was evicted again before we could find it.
         None => bump(Stat::FlowInsertFailures),
     }
+}
+
+/// Whether the hooks are attached but not counting yet
+/// (`config::PAUSED`): a counting function then counts nothing and says
+/// the packet was handled. Checked where packets are counted, not at the
+/// hooks' entry: a branch there took XDP on 6.1 from 321k to 419k
+/// verified instructions.
+#[inline(always)]
+fn paused() -> bool {
+    crate::maps::config_on(observer_common::config::PAUSED)
 }
 
 /// Adds one to this CPU's `stat`.

@@ -5,7 +5,7 @@
 use core::ptr::read_volatile;
 
 use aya_ebpf::{helpers::generated::bpf_skb_load_bytes, programs::TcContext};
-use observer_common::{Direction, FlowKey, config};
+use observer_common::{Direction, FlowKey};
 
 use crate::{
     count,
@@ -29,10 +29,6 @@ pub const TC_PASS: i32 = -1; // TC_ACT_UNSPEC == TCX_NEXT
 /// header field; here each path is verified once.
 #[inline(always)]
 pub fn observe(ctx: &TcContext, direction: Direction) {
-    // Attached, not counting yet (see `config::PAUSED`).
-    if maps::config_on(config::PAUSED) {
-        return;
-    }
     if count_common(ctx, direction) {
         return;
     }

@@ -7,7 +7,7 @@ use aya_ebpf::{
     bindings::xdp_action, helpers::generated::bpf_xdp_get_buff_len, macros::xdp,
     programs::XdpContext,
 };
-use observer_common::{Direction, FlowKey, config};
+use observer_common::{Direction, FlowKey};
 
 use crate::{
     count, drops,
@@ -47,10 +47,6 @@ enum Buffers {
 
 #[inline(always)]
 fn try_observer_xdp(ctx: &XdpContext, buffers: Buffers) {
-    // Attached, not counting yet (see `config::PAUSED`).
-    if maps::config_on(config::PAUSED) {
-        return;
-    }
     let Xdp { frame, ifindex } = Xdp::read(ctx);
     // Plain TCP and UDP (most packets on many nodes) end here, before the
     // full parse; so does common VXLAN on a flow whose checks are known.

@@ -30,7 +30,7 @@ use support::{
     calico::{final_snapshot, iptables_counter, iptables_drop},
     frames::{TCP_SYN, TCP_SYN_ACK},
     netns::{Netns, ObserverRun, Tcpdump, free_port, in_netns},
-    pods::{Lab, POD, syn_from_b_pod},
+    pods::{Lab, POD, syn_from_b_pod, tcp_of},
 };
 
 /// tcpdump's filter for VXLAN frames (outer IPv4 without options, UDP
@@ -76,28 +76,6 @@ fn transfer_from_pod(pod: &Netns, listener: &TcpListener, addr: SocketAddr, byte
             .expect("send from the pod");
     });
     reader.join().expect("reader")
-}
-
-/// The `tcp` member of the final snapshot's peer line on `iface` in
-/// `direction` for B (all zero when it has none).
-fn tcp_of(run: &ObserverRun, iface: &str, direction: &str) -> [u64; 4] {
-    let line = final_snapshot(run)
-        .iter()
-        .find(|l| {
-            l["type"] == "peer"
-                && l["iface"] == iface
-                && l["direction"] == direction
-                && l["proto"] == "vxlan"
-                && l["peer"] == B_IP
-        })
-        .unwrap_or_else(|| {
-            panic!(
-                "no {direction} vxlan peer line for {B_IP}: {:#?}",
-                run.lines
-            )
-        });
-    let n = |k: &str| line["tcp"][k].as_u64().unwrap_or(0);
-    [n("syn"), n("syn_ack"), n("rst"), n("mss_over")]
 }
 
 /// Packets of the final snapshot's drop lines on `iface` for B with

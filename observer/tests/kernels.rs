@@ -905,33 +905,15 @@ fn tcp_checks(checks: &mut Checks, run: &ObserverRun, iface: &str, h: &Handshake
         None,
         &format!("{:?}", h.answered),
     );
-    // The rows' totals as of the last interval (they only grow).
-    let tcp = |direction: &str, signal: &str| {
-        run.lines
-            .iter()
-            .filter(|l| {
-                l["type"] == "peer"
-                    && l["iface"] == iface
-                    && l["direction"] == direction
-                    && l["proto"] == "vxlan"
-                    && l["peer"] == B_IP
-            })
-            .filter_map(|l| l["tcp"][signal].as_u64())
-            .max()
-            .unwrap_or(0)
-    };
+    let [syn_tx, ..] = support::pods::tcp_of(run, iface, "tx");
+    let [_, syn_ack_rx, ..] = support::pods::tcp_of(run, iface, "rx");
     checks.compare(
         "tcp_syn_tx",
-        tcp("tx", "syn"),
+        syn_tx,
         h.syns,
         "Tcp:ActiveOpens + TcpExt:TCPSynRetrans",
     );
-    checks.compare(
-        "tcp_syn_ack_rx",
-        tcp("rx", "syn_ack"),
-        1,
-        "connections answered",
-    );
+    checks.compare("tcp_syn_ack_rx", syn_ack_rx, 1, "connections answered");
     let raised = run.lines.iter().any(|l| {
         l["type"] == "anomaly"
             && l["state"] == "raised"

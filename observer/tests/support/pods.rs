@@ -10,9 +10,9 @@
 use observer_testkit::pair::{A_MAC_BYTES, B_IP, B_MAC_BYTES, NODE_A, Pair};
 
 use super::{
-    calico::settle,
+    calico::{final_snapshot, settle},
     frames::{self, ETH_P_IP},
-    netns::{Netns, ObserverProcess, send_frames},
+    netns::{Netns, ObserverProcess, ObserverRun, send_frames},
 };
 
 /// A's pod behind caliA1.
@@ -138,4 +138,20 @@ pub fn syn_from_b_pod(dst: &str, wrong: bool) -> Vec<u8> {
         syn[16] ^= 0x5a;
     }
     frames::ipv4(frames::addr4(NODE_B.pod), frames::addr4(dst), 6, &syn)
+}
+
+/// The `tcp` member (SYN, SYN-ACK, RST, MSS over) of the final snapshot's
+/// VXLAN peer line on `iface` in `direction` for B; zeros without one.
+pub fn tcp_of(run: &ObserverRun, iface: &str, direction: &str) -> [u64; 4] {
+    let Some(line) = final_snapshot(run).iter().find(|l| {
+        l["type"] == "peer"
+            && l["iface"] == iface
+            && l["direction"] == direction
+            && l["proto"] == "vxlan"
+            && l["peer"] == B_IP
+    }) else {
+        return [0; 4];
+    };
+    let n = |k: &str| line["tcp"][k].as_u64().unwrap_or(0);
+    [n("syn"), n("syn_ack"), n("rst"), n("mss_over")]
 }
