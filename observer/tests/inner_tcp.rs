@@ -24,13 +24,13 @@ use std::{
     time::Duration,
 };
 
-use observer_testkit::pair::{B_IP, NODE_B};
+use observer_testkit::pair::B_IP;
 use serde_json::Value;
 use support::{
-    calico::{final_snapshot, iptables_counter, iptables_drop},
+    calico::{final_snapshot, iptables_counter},
     frames::{TCP_SYN, TCP_SYN_ACK},
-    netns::{Netns, ObserverRun, Tcpdump, free_port, in_netns},
-    pods::{Lab, POD, syn_from_b_pod, tcp_of},
+    netns::{Netns, ObserverRun, Tcpdump, in_netns},
+    pods::{Lab, POD, connect_from, drop_syn_acks, listen_on_b_pod, syn_from_b_pod, tcp_of},
 };
 
 /// tcpdump's filter for VXLAN frames (outer IPv4 without options, UDP
@@ -40,22 +40,6 @@ use support::{
 /// at 20 + 13.
 fn vxlan_tcp(flags: u8) -> String {
     format!("udp port 4789 and udp[30 + 9] == 6 and udp[30 + 33] & 0x12 == {flags:#04x}")
-}
-
-/// A listener on B's pod address (on B's lo): the kernel answers SYNs
-/// with SYN-ACKs whether or not anything accepts.
-fn listen_on_b(b: &Netns) -> (TcpListener, SocketAddr) {
-    let port = free_port(b);
-    let addr: SocketAddr = format!("{}:{port}", NODE_B.pod).parse().unwrap();
-    let listener = in_netns(b.name(), move || TcpListener::bind(addr)).expect("bind on B's pod");
-    (listener, addr)
-}
-
-/// One connection attempt from pod P to `addr`: whether it was answered.
-fn connect_from_pod(pod: &Netns, addr: SocketAddr, timeout: Duration) -> bool {
-    in_netns(pod.name(), move || {
-        TcpStream::connect_timeout(&addr, timeout).is_ok()
-    })
 }
 
 /// Pod P sends `bytes` to B's `listener` (at `addr`) over one connection,
@@ -119,29 +103,17 @@ fn unanswered_syns_are_counted_as_tcpdump_sees_them_and_raise_tcp_syn_unanswered
     let lab = Lab::new("itsyn");
     let (a, b) = (&lab.pair.a, &lab.pair.b);
     let iface = lab.pair.a_iface();
-    let (_listener, addr) = listen_on_b(b);
+    let (_listener, addr) = listen_on_b_pod(b);
     let observer = lab.observe_with(&["--anomaly-window", "20s"]);
     let tcpdump = Tcpdump::start(a, iface, "udp port 4789");
 
     // Answered: one SYN out, one SYN-ACK back.
-    assert!(connect_from_pod(&lab.pod, addr, Duration::from_secs(5)));
+    assert!(connect_from(&lab.pod, addr, Duration::from_secs(5)));
     // Then B's SYN-ACKs are dropped as they leave its socket.
-    iptables_drop(
-        b,
-        &[
-            "-A",
-            "OUTPUT",
-            "-p",
-            "tcp",
-            "--tcp-flags",
-            "SYN,ACK",
-            "SYN,ACK",
-        ],
-        "observer drops SYN-ACKs",
-    );
+    drop_syn_acks(b, "observer drops SYN-ACKs");
     // The kernel retries the SYN (1 s apart, then doubling, from 6.5 on;
     // doubling from 1 s before): tcpdump counts them.
-    assert!(!connect_from_pod(&lab.pod, addr, Duration::from_secs(8)));
+    assert!(!connect_from(&lab.pod, addr, Duration::from_secs(8)));
     let dropped = iptables_counter(b, "observer drops SYN-ACKs").0;
     support::calico::settle(&observer);
     let run = observer.stop_ok();
@@ -189,7 +161,7 @@ fn an_mss_larger_than_the_tunnel_carries_raises_mss_exceeds_tunnel_until_clamped
     let lab = Lab::new("itmss");
     let (a, b) = (&lab.pair.a, &lab.pair.b);
     let iface = lab.pair.a_iface();
-    let (listener, addr) = listen_on_b(b);
+    let (listener, addr) = listen_on_b_pod(b);
     let observer = lab.observe_with(&["--anomaly-window", "2s"]);
     let tcpdump = Tcpdump::start(a, iface, "udp port 4789");
 
@@ -226,7 +198,7 @@ fn an_mss_larger_than_the_tunnel_carries_raises_mss_exceeds_tunnel_until_clamped
         "TCPMSS",
         "--clamp-mss-to-pmtu",
     ]);
-    assert!(connect_from_pod(&lab.pod, addr, Duration::from_secs(5)));
+    assert!(connect_from(&lab.pod, addr, Duration::from_secs(5)));
     assert!(
         observer.wait_for_lines(|lines| lines.iter().any(|l| l["type"] == "anomaly"
             && l["kind"] == "mss_exceeds_tunnel"

@@ -842,40 +842,18 @@ struct Handshakes {
 /// ([`observer_testkit::pair::Pair::calico`]'s overlay), the second after
 /// B drops its SYN-ACKs.
 fn tcp_handshakes(pair: &observer_testkit::pair::Pair) -> Handshakes {
-    use std::net::{SocketAddr, TcpListener, TcpStream};
+    use support::pods::{connect_from, drop_syn_acks, listen_on_b_pod};
     let (a, b) = (&pair.a, &pair.b);
-    let port = support::netns::free_port(b);
-    let addr: SocketAddr = format!("{}:{port}", observer_testkit::pair::NODE_B.pod)
-        .parse()
-        .unwrap();
-    let _listener =
-        support::netns::in_netns(b.name(), move || TcpListener::bind(addr)).expect("bind on B");
+    let (_listener, addr) = listen_on_b_pod(b);
     let opened = |ns: &Netns| {
         calico::snmp_counter(ns, "Tcp", "ActiveOpens")
             + calico::snmp_counter(ns, "TcpExt", "TCPSynRetrans")
     };
     let before = opened(a);
-    let connect = |timeout| {
-        support::netns::in_netns(a.name(), move || {
-            TcpStream::connect_timeout(&addr, timeout).is_ok()
-        })
-    };
-    let first = connect(Duration::from_secs(10));
-    calico::iptables_drop(
-        b,
-        &[
-            "-A",
-            "OUTPUT",
-            "-p",
-            "tcp",
-            "--tcp-flags",
-            "SYN,ACK",
-            "SYN,ACK",
-        ],
-        "observer kernel suite: SYN-ACKs",
-    );
+    let first = connect_from(a, addr, Duration::from_secs(10));
+    drop_syn_acks(b, "observer kernel suite: SYN-ACKs");
     // The first SYN and its retries at 1 and 3 s (1, 2, 3 s from 6.5 on).
-    let second = connect(Duration::from_millis(3500));
+    let second = connect_from(a, addr, Duration::from_millis(3500));
     Handshakes {
         syns: opened(a) - before,
         answered: (first, second),

@@ -155,3 +155,40 @@ pub fn tcp_of(run: &ObserverRun, iface: &str, direction: &str) -> [u64; 4] {
     let n = |k: &str| line["tcp"][k].as_u64().unwrap_or(0);
     [n("syn"), n("syn_ack"), n("rst"), n("mss_over")]
 }
+
+/// A listener on B's pod address (on B's lo, [`Pair::calico`]): the kernel
+/// answers SYNs with SYN-ACKs whether or not anything accepts.
+pub fn listen_on_b_pod(b: &Netns) -> (std::net::TcpListener, std::net::SocketAddr) {
+    let port = super::netns::free_port(b);
+    let addr: std::net::SocketAddr = format!("{}:{port}", observer_testkit::pair::NODE_B.pod)
+        .parse()
+        .unwrap();
+    let listener = super::netns::in_netns(b.name(), move || std::net::TcpListener::bind(addr))
+        .expect("bind on B's pod");
+    (listener, addr)
+}
+
+/// One connection attempt from namespace `ns` to `addr`: whether it was
+/// answered within `timeout`.
+pub fn connect_from(ns: &Netns, addr: std::net::SocketAddr, timeout: std::time::Duration) -> bool {
+    super::netns::in_netns(ns.name(), move || {
+        std::net::TcpStream::connect_timeout(&addr, timeout).is_ok()
+    })
+}
+
+/// Drops the SYN-ACKs `ns` sends (iptables OUTPUT, commented `comment`).
+pub fn drop_syn_acks(ns: &Netns, comment: &str) {
+    super::calico::iptables_drop(
+        ns,
+        &[
+            "-A",
+            "OUTPUT",
+            "-p",
+            "tcp",
+            "--tcp-flags",
+            "SYN,ACK",
+            "SYN,ACK",
+        ],
+        comment,
+    );
+}

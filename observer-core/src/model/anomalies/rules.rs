@@ -6,7 +6,7 @@
 
 use std::{collections::BTreeMap, net::IpAddr};
 
-use observer_common::Proto;
+use observer_common::{ClassifierDrop, Proto};
 use serde_json::{Value, json};
 
 use super::{
@@ -643,7 +643,11 @@ fn bad_checksum(f: &PeerFacts<'_>) -> Option<Finding> {
         let by_reason: BTreeMap<&str, u64> = f
             .extra
             .reasons()
-            .filter(|(r, _)| r.starts_with("bad_") && r.ends_with("_checksum"))
+            .filter(|(r, _)| {
+                [ClassifierDrop::BadInnerChecksum, ClassifierDrop::BadOuterChecksum]
+                    .iter()
+                    .any(|c| c.name() == *r)
+            })
             .collect();
         Finding {
             evidence: BTreeMap::from([
