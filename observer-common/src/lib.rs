@@ -692,6 +692,14 @@ pub enum Stat {
     /// [`PLAIN_MAP`] slots (per CPU) that counted their first packet:
     /// userspace reads every slot only after this moves.
     PlainSlotsUsed = 7,
+    /// Evidence records handed to [`EVIDENCE_MAP`] (`--capture-dir`).
+    EvidenceSent = 8,
+    /// Evidence records the perf ring of their CPU had no room for (the
+    /// helper failed): lost, exactly.
+    EvidenceLost = 9,
+    /// Flagged or dropped frames not captured because their CPU had used
+    /// its `config::EVIDENCE_RATE` for the second.
+    EvidenceRateLimited = 10,
 }
 
 /// The first bytes of the inner ICMP payload of every `observer probe`
@@ -699,7 +707,7 @@ pub enum Stat {
 pub const PROBE_MAGIC: [u8; 8] = *b"OBSPROBE";
 
 /// Number of slots in [`STATS_MAP`].
-pub const STAT_COUNT: u32 = 8;
+pub const STAT_COUNT: u32 = 11;
 
 /// Proves at compile time, on both sides, that a map type has no padding:
 /// its size is the sum of its fields' sizes and its last field ends it.
@@ -793,6 +801,25 @@ assert_no_padding!(
     _pad
 );
 assert_no_padding!(DropValue { packets, bytes }, bytes);
+assert_no_padding!(
+    EvidenceHeader {
+        key,
+        time_ns,
+        reasons,
+        wire_len,
+        captured,
+        link
+    },
+    link
+);
+assert_no_padding!(EvidenceCopy { header, data }, data);
+assert_no_padding!(
+    EvidenceBudget {
+        second_start_ns,
+        sent
+    },
+    sent
+);
 assert_no_padding!(PlainCounters { packets, bytes }, bytes);
 assert_no_padding!(
     BgpKey {
@@ -853,6 +880,7 @@ mod pod {
     unsafe impl aya::Pod for super::WatchedIface {}
     unsafe impl aya::Pod for super::SkbLayout {}
     unsafe impl aya::Pod for super::BlockPeer {}
+    unsafe impl aya::Pod for super::EvidenceHeader {}
 }
 
 /// Name of the per-CPU LRU hash map of [`DropKey`] -> [`DropValue`]:
@@ -956,6 +984,14 @@ pub const BGP_PROG_MAP: &str = "BGP_PROG";
 pub const XDP_BGP_PROG_MAP: &str = "XDP_BGP_PROG";
 /// Name of the program array XDP tail-calls its checksum checks from.
 pub const XDP_CHECKSUM_PROG_MAP: &str = "XDP_CHECKSUM_PROG";
+/// Name of the program array XDP tail-calls evidence capture from.
+pub const XDP_EVIDENCE_PROG_MAP: &str = "XDP_EVIDENCE_PROG";
+/// Name of the perf event array evidence records go through
+/// (`--capture-dir`): an [`EvidenceHeader`] followed by
+/// [`EvidenceHeader::captured`] bytes of the frame.
+pub const EVIDENCE_MAP: &str = "EVIDENCE";
+/// The most bytes of a frame an evidence record carries.
+pub const EVIDENCE_MAX_SNAP: u32 = 1024;
 /// Name of the global holding the [`SkbLayout`].
 pub const SKB_LAYOUT_GLOBAL: &str = "SKB_LAYOUT";
 
@@ -986,8 +1022,16 @@ pub mod config {
     /// same instant: XDP attached before tc egress counted requests whose
     /// replies left uncounted (3 of 30 GRE pings under qemu on 6.1).
     pub const PAUSED: u32 = 6;
+    /// Evidence capture (`--capture-dir`): bytes of each flagged or
+    /// dropped frame to hand to userspace, at most
+    /// [`super::EVIDENCE_MAX_SNAP`]; 0: no capture (the programs then
+    /// never look at the evidence maps).
+    pub const EVIDENCE_SNAP: u32 = 7;
+    /// Evidence records each CPU may send per second; the rest are
+    /// counted as `Stat::EvidenceRateLimited`.
+    pub const EVIDENCE_RATE: u32 = 8;
     /// Number of slots.
-    pub const COUNT: u32 = 7;
+    pub const COUNT: u32 = 9;
 }
 
 /// Where a drop was seen.
@@ -1070,7 +1114,7 @@ impl ClassifierDrop {
 
 /// Key of [`DROPS_MAP`].
 #[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
 pub struct DropKey {
     /// Outer source of the dropped packet (zero for `Other`); for
     /// [`ClassifierDrop::PathMtu`] the destination of the quoted packet;
@@ -1128,6 +1172,63 @@ impl DropKey {
             location: 0,
         }
     }
+}
+
+/// What an evidence record's bytes start with ([`EvidenceHeader::link`]).
+pub mod evidence_link {
+    /// The frame from its Ethernet header (XDP and tc).
+    pub const ETHERNET: u32 = 0;
+    /// The packet from its IP header (kernel drops: the skb's network
+    /// header, which every stage has; an underlay drop's outer packet).
+    pub const RAW_IP: u32 = 1;
+}
+
+/// The head of one record of [`EVIDENCE_MAP`]: a frame the programs
+/// flagged or saw dropped, followed by [`captured`](Self::captured) of its
+/// bytes. Also each CPU's evidence slots, where the checks of one frame
+/// gather its reasons before the record is sent.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct EvidenceHeader {
+    /// The drop's key: peer, interface, stage, direction, origin,
+    /// location; `reason` the kernel's (origin kernel) or the last
+    /// classifier reason.
+    pub key: DropKey,
+    /// `bpf_ktime_get_ns` when sent (CLOCK_MONOTONIC).
+    pub time_ns: u64,
+    /// Classifier drops: bit `1 << reason` for each [`ClassifierDrop`]
+    /// flagged on the frame; 0 for kernel drops.
+    pub reasons: u32,
+    /// The frame's length (the skb's for kernel drops).
+    pub wire_len: u32,
+    /// Bytes of the frame after this header.
+    pub captured: u32,
+    /// [`evidence_link`].
+    pub link: u32,
+}
+
+/// A kernel drop's evidence record, assembled in a per-CPU buffer (a
+/// tracepoint cannot append packet bytes the way XDP and tc can).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct EvidenceCopy {
+    /// The record's head.
+    pub header: EvidenceHeader,
+    /// The packet's first bytes (`header.captured` of them are sent).
+    /// Twice [`EVIDENCE_MAX_SNAP`]: the program bounds the length it
+    /// copies with a mask (`len & (2 * EVIDENCE_MAX_SNAP - 1)`), which
+    /// every verifier follows, where 5.10's loses a minimum's bound.
+    pub data: [u8; 2 * EVIDENCE_MAX_SNAP as usize],
+}
+
+/// A CPU's evidence budget: the second it counts and what it sent in it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct EvidenceBudget {
+    /// `bpf_ktime_get_ns` at the start of the second counted.
+    pub second_start_ns: u64,
+    /// Records sent within it.
+    pub sent: u64,
 }
 
 /// Per-CPU value of [`DROPS_MAP`].

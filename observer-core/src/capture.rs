@@ -15,7 +15,13 @@ use std::{
 use pcap_file::{
     PcapError, TsResolution,
     pcap::PcapReader,
-    pcapng::{Block, PcapNgReader, blocks::interface_description::InterfaceDescriptionOption},
+    pcapng::{
+        Block, PcapNgReader,
+        blocks::{
+            enhanced_packet::EnhancedPacketOption,
+            interface_description::InterfaceDescriptionOption,
+        },
+    },
 };
 
 /// LINKTYPE_ETHERNET.
@@ -91,6 +97,10 @@ pub struct Frame {
     pub captured_len: u32,
     /// Length on the wire, on the capture's own link.
     pub original_len: u32,
+    /// The first comment (`opt_comment`) of a pcapng enhanced packet
+    /// block, where the observer's evidence files say why it kept the
+    /// frame; `None` for pcap records and other blocks.
+    pub comment: Option<String>,
 }
 
 impl Frame {
@@ -332,6 +342,7 @@ impl<R: Read> Frames<R> {
         timestamp: Duration,
         data: Vec<u8>,
         original_len: u32,
+        comment: Option<String>,
     ) -> Result<Frame, CaptureError> {
         self.count += 1;
         if !supported(link_type) {
@@ -355,6 +366,7 @@ impl<R: Read> Frames<R> {
             link_type,
             captured_len,
             original_len,
+            comment,
         })
     }
 
@@ -391,7 +403,7 @@ impl<R: Read> Frames<R> {
         let timestamp = Duration::from_secs(u64::from(packet.ts_sec)) + Duration::from_nanos(frac);
         let original_len = packet.orig_len;
         let data = packet.data.into_owned();
-        Some(self.frame(link_type, timestamp, data, original_len))
+        Some(self.frame(link_type, timestamp, data, original_len, None))
     }
 
     fn next_pcapng(&mut self) -> Option<Result<Frame, CaptureError>> {
@@ -405,7 +417,7 @@ impl<R: Read> Frames<R> {
             };
             // pcap-file reads timestamps as nanoseconds; they are in the
             // interface's units (microseconds unless if_tsresol says).
-            let (interface, timestamp, data, original_len) = match block {
+            let (interface, timestamp, data, original_len, comment) = match block {
                 Block::SectionHeader(_) => {
                     // A new section starts its own interface list.
                     interfaces.clear();
@@ -433,19 +445,24 @@ impl<R: Read> Frames<R> {
                     Some(u64::try_from(epb.timestamp.as_nanos()).unwrap_or(u64::MAX)),
                     epb.data.into_owned(),
                     epb.original_len,
+                    epb.options.into_iter().find_map(|o| match o {
+                        EnhancedPacketOption::Comment(c) => Some(c.into_owned()),
+                        _ => None,
+                    }),
                 ),
                 Block::Packet(pb) => (
                     u32::from(pb.interface_id),
                     Some(pb.timestamp),
                     pb.data.into_owned(),
                     pb.original_len,
+                    None,
                 ),
                 // A simple packet has no time and no captured length: its
                 // data runs to the end of the block, padding included.
                 Block::SimplePacket(spb) => {
                     let mut data = spb.data.into_owned();
                     data.truncate(spb.original_len as usize);
-                    (0, None, data, spb.original_len)
+                    (0, None, data, spb.original_len, None)
                 }
                 _ => continue,
             };
@@ -461,7 +478,7 @@ impl<R: Read> Frames<R> {
             let timestamp = timestamp.map_or(self.last_timestamp, |units| {
                 iface.resolution.duration(units)
             });
-            return Some(self.frame(iface.link_type, timestamp, data, original_len));
+            return Some(self.frame(iface.link_type, timestamp, data, original_len, comment));
         }
     }
 }
@@ -868,6 +885,53 @@ mod tests {
             "{err}"
         );
         assert!(!err.is_damage());
+    }
+
+    #[test]
+    fn pcapng_packets_carry_their_first_comment() {
+        use pcap_file::{
+            DataLink,
+            pcapng::{
+                PcapNgWriter,
+                blocks::{
+                    enhanced_packet::EnhancedPacketBlock,
+                    interface_description::InterfaceDescriptionBlock,
+                },
+            },
+        };
+        use std::borrow::Cow;
+        let frame = ethernet(ETH_P_IP, &ipv4_header([198, 18, 0, 2]));
+        let mut writer = PcapNgWriter::new(Vec::new()).unwrap();
+        writer
+            .write_pcapng_block(InterfaceDescriptionBlock {
+                linktype: DataLink::ETHERNET,
+                snaplen: 256,
+                options: vec![InterfaceDescriptionOption::IfTsResol(9)],
+            })
+            .unwrap();
+        let packet = |options| EnhancedPacketBlock {
+            interface_id: 0,
+            timestamp: Duration::new(1_700_000_000, 7),
+            original_len: frame.len() as u32,
+            data: Cow::Borrowed(&frame[..]),
+            options,
+        };
+        writer
+            .write_pcapng_block(packet(vec![
+                EnhancedPacketOption::Flags(1),
+                EnhancedPacketOption::Comment(Cow::Borrowed("first")),
+                EnhancedPacketOption::Comment(Cow::Borrowed("second")),
+            ]))
+            .unwrap();
+        writer.write_pcapng_block(packet(vec![])).unwrap();
+        let file = writer.into_inner();
+        let frames: Vec<Frame> = all(&file).into_iter().map(Result::unwrap).collect();
+        assert_eq!(frames[0].comment.as_deref(), Some("first"));
+        assert_eq!(frames[0].timestamp, Duration::new(1_700_000_000, 7));
+        assert_eq!(frames[1].comment, None);
+        // pcap records have none.
+        let file = pcap(1, &[(&frame, frame.len() as u32)]);
+        assert_eq!(all(&file)[0].as_ref().unwrap().comment, None);
     }
 
     #[test]

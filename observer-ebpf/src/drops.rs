@@ -9,6 +9,7 @@ use observer_common::{
 };
 
 use crate::{
+    evidence,
     maps::{
         DROPS, IFACE_MTU, IPIP_ALLOW4, IPIP_ALLOW6, LOCAL_VNIS, MapPorts, VXLAN_ALLOW4,
         VXLAN_ALLOW6, config_on, config_word,
@@ -16,10 +17,14 @@ use crate::{
     parse::{Classified, CommonVxlan, clobbered},
 };
 
-/// Adds one packet to the drop counters of (ifindex, peer, origin, reason).
+/// Adds one packet flagged with classifier `reason` to the drop counters
+/// of (ifindex, peer, reason), and to the evidence the hook with evidence
+/// slot `evidence` gathers for it.
 #[inline(always)]
-pub fn record(ifindex: u32, c: &Classified, origin: u8, reason: u32, bytes: u64) {
-    record_key(DropKey::of(ifindex, c, origin, reason), bytes);
+fn record(evidence: u32, ifindex: u32, c: &Classified, reason: ClassifierDrop, bytes: u64) {
+    let key = DropKey::of(ifindex, c, drop_origin::CLASSIFIER, reason as u32);
+    evidence::flag(evidence, &key, reason as u32, bytes);
+    record_key(key, bytes);
 }
 
 /// Adds one packet of `bytes` to the drop counters of `key`.
@@ -44,7 +49,13 @@ pub fn record_key(key: DropKey, bytes: u64) {
 /// the node facts cached for the flow's key, when it has a cache slot:
 /// read there when current, else decided and stored (`current_facts`).
 #[inline(always)]
-pub fn classifier_checks(ifindex: u32, c: &Classified, wire_len: u64, slot: Option<&mut KeyFacts>) {
+pub fn classifier_checks(
+    evidence: u32,
+    ifindex: u32,
+    c: &Classified,
+    wire_len: u64,
+    slot: Option<&mut KeyFacts>,
+) {
     let mut facts = match slot {
         Some(slot) => MapFacts {
             ifindex,
@@ -58,7 +69,7 @@ pub fn classifier_checks(ifindex: u32, c: &Classified, wire_len: u64, slot: Opti
         },
     };
     checks::classifier_drops(c, wire_len, &mut facts, |reason: ClassifierDrop| {
-        record(ifindex, c, drop_origin::CLASSIFIER, reason as u32, wire_len)
+        record(evidence, ifindex, c, reason, wire_len)
     });
 }
 
@@ -159,22 +170,34 @@ pub fn iface_mtu(ifindex: u32) -> u32 {
 /// follows: XDP runs it in a program of its own (`xdp_checksums`), tc in
 /// its checks program, each last.
 #[inline(always)]
-pub fn checksum_checks<F: crate::parse::Frame>(f: &F, ifindex: u32, c: &Classified, wire_len: u64) {
+pub fn checksum_checks<F: crate::parse::Frame>(
+    f: &F,
+    evidence: u32,
+    ifindex: u32,
+    c: &Classified,
+    wire_len: u64,
+) {
     checks::checksum_drops(f, c, |reason: ClassifierDrop| {
-        record(ifindex, c, drop_origin::CLASSIFIER, reason as u32, wire_len)
+        record(evidence, ifindex, c, reason, wire_len)
     });
 }
 
 /// Counts a router's "too big" ICMP error about a tunnel packet this node
 /// sent, against the tunnel peer it was sent to (see `parse::too_big`).
 #[inline(always)]
-pub fn path_mtu_checks<F: crate::parse::Frame>(f: &F, ifindex: u32, c: &Classified, wire_len: u64) {
+pub fn path_mtu_checks<F: crate::parse::Frame>(
+    f: &F,
+    evidence: u32,
+    ifindex: u32,
+    c: &Classified,
+    wire_len: u64,
+) {
     if let Some(quoted) = crate::parse::too_big(f, c, &MapPorts) {
         record(
+            evidence,
             ifindex,
             &quoted,
-            drop_origin::CLASSIFIER,
-            ClassifierDrop::PathMtu as u32,
+            ClassifierDrop::PathMtu,
             wire_len,
         );
     }

@@ -5,20 +5,22 @@
 //! does, or the inner destination's for a packet on its way out
 //! (`BLOCKS`). The reason numbers and locations are passed through;
 //! userspace names them from the running kernel's BTF and
-//! `/proc/kallsyms`. Field offsets come from `SKB_LAYOUT`, filled from BTF
-//! at load time, so the same object runs on kernels whose sk_buff differs.
+//! `/proc/kallsyms`. With capture on, each counted drop also sends its
+//! packet's first bytes as evidence (`evidence::send_drop`). Field offsets
+//! come from `SKB_LAYOUT`, filled from BTF at load time, so the same object
+//! runs on kernels whose sk_buff differs.
 
 use aya_ebpf::{
     helpers::generated::bpf_probe_read_kernel as bpf_probe_read_kernel_buf, macros::btf_tracepoint,
     maps::lpm_trie::Key, programs::BtfTracePointContext,
 };
 use observer_common::{
-    Direction, DropKey, Proto, REASON_NOT_REPORTED, WatchedIface, drop_origin, family, stage,
-    v4_mapped,
+    Direction, DropKey, Proto, REASON_NOT_REPORTED, WatchedIface, drop_origin, evidence_link,
+    family, stage, v4_mapped,
 };
 
 use crate::{
-    drops,
+    drops, evidence,
     maps::{BLOCKS, MapPorts, SCRATCH, SCRATCH_DROPS, SKB_LAYOUT, WATCHED, is_watched_bit},
     parse,
 };
@@ -30,7 +32,7 @@ const MAC_HEADER_UNSET: u16 = 0xffff;
 /// typed arguments (skb, location, reason, ...).
 #[btf_tracepoint(function = "kfree_skb")]
 pub fn observer_kfree(ctx: BtfTracePointContext) -> i32 {
-    observe_drop(ctx.arg(0), ctx.arg(1), ctx.arg(2));
+    observe_drop(&ctx, ctx.arg(0), ctx.arg(1), ctx.arg(2));
     0
 }
 
@@ -39,7 +41,7 @@ pub fn observer_kfree(ctx: BtfTracePointContext) -> i32 {
 /// with reason [`REASON_NOT_REPORTED`].
 #[btf_tracepoint(function = "kfree_skb")]
 pub fn observer_kfree2(ctx: BtfTracePointContext) -> i32 {
-    observe_drop(ctx.arg(0), ctx.arg(1), REASON_NOT_REPORTED);
+    observe_drop(&ctx, ctx.arg(0), ctx.arg(1), REASON_NOT_REPORTED);
     0
 }
 
@@ -59,8 +61,8 @@ fn field<T: Copy>(base: usize, offset: u32) -> T {
 }
 
 #[inline(always)]
-fn observe_drop(skb: usize, location: u64, reason: u32) {
-    let _ = try_observe_drop(skb, location, reason);
+fn observe_drop(ctx: &BtfTracePointContext, skb: usize, location: u64, reason: u32) {
+    let _ = try_observe_drop(ctx, skb, location, reason);
 }
 
 /// The offset `field` of [`SKB_LAYOUT`] selects, read where it is needed:
@@ -73,7 +75,12 @@ macro_rules! offset {
 }
 
 #[inline(always)]
-fn try_observe_drop(skb: usize, location: u64, reason: u32) -> Option<()> {
+fn try_observe_drop(
+    ctx: &BtfTracePointContext,
+    skb: usize,
+    location: u64,
+    reason: u32,
+) -> Option<()> {
     if offset!(valid) == 0 || skb == 0 {
         return None;
     }
@@ -92,7 +99,7 @@ fn try_observe_drop(skb: usize, location: u64, reason: u32) -> Option<()> {
     // SAFETY: map value pointer from a successful lookup.
     let stage = unsafe { *WATCHED.get_ptr(WatchedIface { netns, ifindex })? };
     if stage != stage::UNDERLAY {
-        return observe_inner(skb, ifindex, stage, location, reason);
+        return observe_inner(ctx, skb, ifindex, stage, location, reason);
     }
 
     let head: usize = field(skb, offset!(skb_head));
@@ -121,7 +128,15 @@ fn try_observe_drop(skb: usize, location: u64, reason: u32) -> Option<()> {
     let mut key = DropKey::of(ifindex, &c, drop_origin::KERNEL, reason);
     key.location = location;
     drops::record_key(key, bytes);
-    Some(())
+    // The evidence is the frame as it arrived, from its Ethernet header.
+    let available = tail.saturating_sub(u32::from(mac));
+    evidence::send_drop(
+        ctx,
+        &key,
+        bytes,
+        (start, available),
+        evidence_link::ETHERNET,
+    )
 }
 
 /// Bytes of the inner IP header read after decapsulation: an IPv6 header
@@ -133,7 +148,14 @@ const INNER_HEADER: usize = 40;
 /// from; else its destination's the node it was going to; else no peer
 /// (counted on tunnel devices only).
 #[inline(always)]
-fn observe_inner(skb: usize, ifindex: u32, stage: u8, location: u64, reason: u32) -> Option<()> {
+fn observe_inner(
+    ctx: &BtfTracePointContext,
+    skb: usize,
+    ifindex: u32,
+    stage: u8,
+    location: u64,
+    reason: u32,
+) -> Option<()> {
     let head: usize = field(skb, offset!(skb_head));
     let network: u16 = field(skb, offset!(skb_network_header));
     let data: usize = field(skb, offset!(skb_data));
@@ -219,7 +241,14 @@ fn observe_inner(skb: usize, ifindex: u32, stage: u8, location: u64, reason: u32
     // inner IP header and it (nothing once the stack pulled to it).
     let bytes = len as u64 + data.saturating_sub(start) as u64;
     drops::record_key(key, bytes);
-    Some(())
+    // The evidence is the inner IP packet (a tunnel device may have no
+    // link header; userspace puts a synthetic Ethernet one before it), at
+    // most what the linear part holds (none when the header lies beyond
+    // it: the record still goes, so that every counted drop is sent,
+    // rate-limited or lost).
+    let tail: u32 = field(skb, offset!(skb_tail));
+    let available = tail.saturating_sub(u32::from(network));
+    evidence::send_drop(ctx, &key, bytes, (start, available), evidence_link::RAW_IP)
 }
 
 /// The address word at `at` of `header`, in packet byte order as the

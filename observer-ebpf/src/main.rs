@@ -12,6 +12,7 @@ use observer_common::parse;
 mod bgp;
 mod count;
 mod drops;
+mod evidence;
 mod kfree_skb;
 mod maps;
 mod tc_bgp;
@@ -21,6 +22,7 @@ mod tc_ingress;
 mod tc_skb;
 mod xdp_bgp;
 mod xdp_checksums;
+mod xdp_evidence;
 mod xdp_ingress;
 
 #[cfg(target_arch = "bpf")]

@@ -5,14 +5,17 @@ use core::ptr::read_volatile;
 use aya_ebpf::{
     bindings::BPF_F_NO_PREALLOC,
     macros::map,
-    maps::{HashMap, LpmTrie, LruHashMap, LruPerCpuHashMap, PerCpuArray, ProgramArray},
+    maps::{
+        HashMap, LpmTrie, LruHashMap, LruPerCpuHashMap, PerCpuArray, PerfEventArray, ProgramArray,
+    },
 };
 use observer_common::parse::{self, Classified, PortTable, Scratch, clobbered};
 use observer_common::{
     ALLOW_SET_MAX_PREFIXES, BGP_MAX_KEYS, BLOCKS_MAX, BgpCounters, BgpKey, BlockPeer, ConfigWords,
-    DEFAULT_MAX_FLOWS, DropKey, DropValue, FLOW_CACHE_SLOTS, FlowCacheSlot, FlowKey, FlowValue,
-    LOCAL_VNIS_MAX, PLAIN_SLOTS, PlainCounters, Proto, STAT_COUNT, SkbLayout, Unclassified,
-    WATCHED_BITS_WORDS, WATCHED_MAX, WatchedIface, config, watched_bit,
+    DEFAULT_MAX_FLOWS, DropKey, DropValue, EvidenceBudget, EvidenceCopy, EvidenceHeader,
+    FLOW_CACHE_SLOTS, FlowCacheSlot, FlowKey, FlowValue, LOCAL_VNIS_MAX, PLAIN_SLOTS,
+    PlainCounters, Proto, STAT_COUNT, SkbLayout, Unclassified, WATCHED_BITS_WORDS, WATCHED_MAX,
+    WatchedIface, config, watched_bit,
 };
 
 /// Per (interface, direction, protocol, peer, VNI) packet and byte counters.
@@ -79,6 +82,30 @@ pub static XDP_BGP_PROG: ProgramArray = ProgramArray::with_max_entries(1, 0);
 /// XDP's checksum program (`xdp_checksums.rs`), of the same buffer mode.
 #[map(name = "XDP_CHECKSUM_PROG")]
 pub static XDP_CHECKSUM_PROG: ProgramArray = ProgramArray::with_max_entries(1, 0);
+
+/// XDP's evidence program (`xdp_evidence.rs`), of the same buffer mode.
+#[map(name = "XDP_EVIDENCE_PROG")]
+pub static XDP_EVIDENCE_PROG: ProgramArray = ProgramArray::with_max_entries(1, 0);
+
+/// Evidence records to userspace (`observer_common::EVIDENCE_MAP`): one
+/// perf ring per CPU, sized by userspace; a full ring loses the record
+/// and `Stat::EvidenceLost` counts it.
+#[map(name = "EVIDENCE")]
+pub static EVIDENCE: PerfEventArray<EvidenceHeader> = PerfEventArray::new(0);
+
+/// Each CPU's evidence slots, one per hook kind (the same indexes as
+/// [`PENDING`]): the reasons the checks flagged on the frame in hand,
+/// gathered until the hook sends them with the frame's bytes.
+#[map(name = "EVIDENCE_SLOTS")]
+pub static EVIDENCE_SLOTS: PerCpuArray<EvidenceHeader> = PerCpuArray::with_max_entries(2, 0);
+
+/// Each CPU's kernel-drop evidence record, assembled before it is sent.
+#[map(name = "EVIDENCE_COPY")]
+pub static EVIDENCE_COPY: PerCpuArray<EvidenceCopy> = PerCpuArray::with_max_entries(1, 0);
+
+/// Each CPU's evidence budget (`config::EVIDENCE_RATE` per second).
+#[map(name = "EVIDENCE_BUDGET")]
+pub static EVIDENCE_BUDGET: PerCpuArray<EvidenceBudget> = PerCpuArray::with_max_entries(1, 0);
 
 /// Self counters indexed by `observer_common::Stat`.
 #[map(name = "STATS")]

@@ -1,6 +1,7 @@
 //! tc ingress, second part: the drop checks (classifier reasons,
 //! `path_mtu` and checksums) of a frame `tc_skb::observe` classified and counted, reached
-//! by a tail call with the classification in the per-CPU `PENDING` slot.
+//! by a tail call with the classification in the per-CPU `PENDING` slot;
+//! then the evidence of what they flagged (`evidence::send_flagged`).
 //! Always returns the pass verdict.
 
 use aya_ebpf::{macros::classifier, programs::TcContext};
@@ -9,6 +10,7 @@ use observer_common::{Direction, FlowKey};
 
 use crate::{
     count, drops,
+    evidence::{self, EVIDENCE_TC},
     maps::{PENDING, PENDING_TC, SCRATCH, SCRATCH_TC},
     parse::{CopiedFrame, HEADER_WINDOW, PacketFrame},
     tc_skb::TC_PASS,
@@ -29,6 +31,7 @@ fn try_checks(ctx: &TcContext) -> Option<()> {
     // The flow's cache slot holds its node facts.
     let slot = count::cached_slot(&FlowKey::of(pending.ifindex, Direction::Rx, c));
     drops::classifier_checks(
+        EVIDENCE_TC,
         pending.ifindex,
         c,
         pending.wire_len,
@@ -39,8 +42,8 @@ fn try_checks(ctx: &TcContext) -> Option<()> {
             start: ctx.data(),
             end: ctx.data_end(),
         };
-        drops::path_mtu_checks(&frame, pending.ifindex, c, pending.wire_len);
-        drops::checksum_checks(&frame, pending.ifindex, c, pending.wire_len);
+        drops::path_mtu_checks(&frame, EVIDENCE_TC, pending.ifindex, c, pending.wire_len);
+        drops::checksum_checks(&frame, EVIDENCE_TC, pending.ifindex, c, pending.wire_len);
     } else {
         // The caller's copy of the header window is still in the scratch
         // buffer of this CPU.
@@ -48,8 +51,11 @@ fn try_checks(ctx: &TcContext) -> Option<()> {
             buf: SCRATCH.get_ptr(SCRATCH_TC)?,
             len: (pending.copied as usize).min(HEADER_WINDOW),
         };
-        drops::path_mtu_checks(&frame, pending.ifindex, c, pending.wire_len);
-        drops::checksum_checks(&frame, pending.ifindex, c, pending.wire_len);
+        drops::path_mtu_checks(&frame, EVIDENCE_TC, pending.ifindex, c, pending.wire_len);
+        drops::checksum_checks(&frame, EVIDENCE_TC, pending.ifindex, c, pending.wire_len);
     }
-    Some(())
+    // The helper appends the skb's bytes: at most its length.
+    // SAFETY: a read of the program's own __sk_buff context.
+    let len = unsafe { (*ctx.skb.skb).len };
+    evidence::send_flagged(ctx, EVIDENCE_TC, len)
 }

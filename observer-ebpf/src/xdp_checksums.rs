@@ -3,14 +3,16 @@
 //! from `xdp_ingress` by a tail call with the classification in this
 //! CPU's `PENDING` slot of XDP. Verified alone: inline, the sums over the
 //! possible header lengths multiplied the states of everything after them.
+//! Hands what the checks flagged to the evidence program, as XDP does.
 //! Always returns XDP_PASS.
 
 use aya_ebpf::{bindings::xdp_action, macros::xdp, programs::XdpContext};
 
 use crate::{
     drops,
+    evidence::EVIDENCE_XDP,
     maps::{PENDING, PENDING_XDP},
-    parse,
+    parse, xdp_ingress,
 };
 
 /// Entry point tail-called from the multi-buffer XDP program.
@@ -37,9 +39,11 @@ fn check(ctx: &XdpContext) -> Option<()> {
     };
     drops::checksum_checks(
         &frame,
+        EVIDENCE_XDP,
         pending.ifindex,
         &pending.classified,
         pending.wire_len,
     );
+    xdp_ingress::send_evidence(ctx);
     Some(())
 }

@@ -705,8 +705,19 @@ fn probes_are_answered_and_counted_apart_and_drops_after_decapsulation_name_the_
     let pair = Pair::new("kpr");
     pair.calico();
     let a = &pair.a;
-    let observer =
-        ObserverProcess::start(Some(a.name()), &[pair.a_iface()], &["--interval", "200ms"]);
+    let evidence = std::env::temp_dir().join(support::netns::unique("kev"));
+    let observer = ObserverProcess::start(
+        Some(a.name()),
+        &[pair.a_iface()],
+        &[
+            "--interval",
+            "200ms",
+            "--capture-dir",
+            evidence.to_str().unwrap(),
+            "--capture-rate",
+            "100000",
+        ],
+    );
     let output = std::process::Command::new(ObserverProcess::binary())
         .args(["probe", "--netns", a.name(), "--count", "3", "--no-ladder"])
         .args(["--output", "json"])
@@ -819,12 +830,84 @@ fn probes_are_answered_and_counted_apart_and_drops_after_decapsulation_name_the_
         None,
         &fdb_at,
     );
+    evidence_checks(&mut checks, &run, &evidence, flagged, packets(line("rx")));
+    let _ = std::fs::remove_dir_all(&evidence);
     checks.finish();
     assert_eq!(
         output.status.code(),
         Some(0),
         "{}",
         String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// The evidence files of the probe check's run (`--capture-dir`): the
+/// frames flagged `bad_inner_checksum` and the drops on vxlan.calico
+/// attributed to B, as many as the drop lines counted; and every record
+/// the programs sent handled, none lost or held back.
+fn evidence_checks(
+    checks: &mut Checks,
+    run: &ObserverRun,
+    dir: &std::path::Path,
+    flagged: u64,
+    dropped_in: u64,
+) {
+    use observer::{cmd::replay::capture, model::evidence::Tag, model::rows::Origin};
+    use observer_testkit::pair::B_IP;
+    let mut tags = Vec::new();
+    for entry in std::fs::read_dir(dir).expect("the evidence directory") {
+        let path = entry.unwrap().path();
+        let file = std::fs::File::open(&path).unwrap();
+        for frame in capture::frames(file).unwrap() {
+            let comment = frame.unwrap().comment.unwrap_or_default();
+            tags.push(Tag::parse(&comment).expect("an observer comment"));
+        }
+    }
+    let b = Some(B_IP.parse().unwrap());
+    let bad_checksum = tags
+        .iter()
+        .filter(|t| t.reasons.iter().any(|r| r == "bad_inner_checksum") && t.peer == b)
+        .count() as u64;
+    checks.compare(
+        "evidence_bad_inner_checksum",
+        bad_checksum,
+        flagged,
+        "drop line",
+    );
+    let after_decap = tags
+        .iter()
+        .filter(|t| {
+            t.origin == Origin::Kernel
+                && t.interface == "vxlan.calico"
+                && t.direction == observer_common::Direction::Rx
+                && t.peer == b
+        })
+        .count() as u64;
+    checks.compare(
+        "evidence_after_decap_input",
+        after_decap,
+        dropped_in,
+        "drop line",
+    );
+    let stats = &run.final_stats()["evidence"];
+    let stat = |key: &str| stats[key].as_u64().unwrap_or(u64::MAX);
+    checks.compare(
+        "evidence_not_sent",
+        stat("lost") + stat("rate_limited"),
+        0,
+        "nothing lost or held back",
+    );
+    checks.compare(
+        "evidence_handled",
+        stat("written") + stat("not_drops"),
+        stat("sent"),
+        "records sent",
+    );
+    checks.compare(
+        "evidence_files",
+        tags.len() as u64,
+        stat("written"),
+        "frames written",
     );
 }
 

@@ -7,7 +7,7 @@
 mod support;
 
 use std::{
-    collections::BTreeSet,
+    collections::{BTreeMap, BTreeSet},
     io::{BufRead, BufReader},
     process::{Command, Stdio},
     time::Duration,
@@ -25,12 +25,19 @@ use support::{
 /// How long each lab scenario runs.
 const LAB_DURATION: Duration = Duration::from_secs(8);
 
+/// Also: each node's evidence (`--capture-dir`) replays to the drops its
+/// observer printed, per peer, origin and reason.
 #[test]
 fn incident_lab_reports_the_incident_exactly() {
     if !support::have_root("incident_lab_reports_the_incident_exactly") {
         return;
     }
-    let (output, lines) = run_lab("incident", LAB_DURATION);
+    let evidence = std::env::temp_dir().join(support::netns::unique("labev"));
+    let (output, lines) = run_lab_with(
+        "incident",
+        LAB_DURATION,
+        &["--capture-dir", evidence.to_str().unwrap()],
+    );
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(output.status.success(), "{}\n{stderr}", output.status);
     assert!(
@@ -50,6 +57,69 @@ fn incident_lab_reports_the_incident_exactly() {
         verdicts("cp2").values().collect::<BTreeSet<_>>(),
         BTreeSet::from([&"healthy".to_string()])
     );
+    for node in ["gpu", "cp1", "cp2"] {
+        let printed = node_drops(&lines, node);
+        let replayed = replayed_evidence(&evidence.join(node));
+        assert_eq!(replayed, printed, "{node}");
+    }
+    // The incident's drops are gpu's, of cp1's rewritten traffic.
+    assert!(!node_drops(&lines, "gpu").is_empty());
+    std::fs::remove_dir_all(&evidence).unwrap();
+}
+
+/// Packets per (peer, origin, reason) of `node`'s last drop lines.
+fn node_drops(lines: &[Value], node: &str) -> BTreeMap<(String, String, String), u64> {
+    let mut last = BTreeMap::new();
+    for l in lines
+        .iter()
+        .filter(|l| l["type"] == "drop" && l["node"] == node)
+    {
+        let row = (
+            l["iface"].to_string(),
+            l["peer"].to_string(),
+            l["origin"].to_string(),
+            l["reason"].to_string(),
+            l["stage"].to_string(),
+            l["direction"].to_string(),
+        );
+        last.insert(row, l["packets"].as_u64().unwrap());
+    }
+    let mut drops = BTreeMap::new();
+    for ((_, peer, origin, reason, _, _), packets) in last {
+        *drops.entry((peer, origin, reason)).or_default() += packets;
+    }
+    drops
+}
+
+/// Frames per (peer, origin, reason) of `observer replay`'s evidence
+/// lines for the pcapng files in `dir`.
+fn replayed_evidence(dir: &std::path::Path) -> BTreeMap<(String, String, String), u64> {
+    let files: Vec<std::path::PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    let mut found = BTreeMap::new();
+    if files.is_empty() {
+        return found;
+    }
+    let output = Command::new(env!("CARGO_BIN_EXE_observer"))
+        .args(["replay", "--output", "json"])
+        .args(&files)
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{output:?}");
+    for line in String::from_utf8_lossy(&output.stdout).lines() {
+        let l: Value = serde_json::from_str(line).unwrap();
+        if l["type"] == "evidence" {
+            let key = (
+                l["peer"].to_string(),
+                l["origin"].to_string(),
+                l["reason"].to_string(),
+            );
+            *found.entry(key).or_default() += l["frames"].as_u64().unwrap();
+        }
+    }
+    found
 }
 
 #[test]

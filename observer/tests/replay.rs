@@ -8,6 +8,8 @@
 //!   a snap length that cuts the VXLAN frames), replayed as pcap and as
 //!   pcapng / Linux cooked v1, v2 / raw IP conversions, with and without
 //!   `--local`, and with `--allow-cidr`;
+//! - an evidence file (`--capture-dir`, written by `report::evidence`):
+//!   its rows, and its comments tallied into `evidence` lines;
 //! - damaged and foreign files: exact message, frame number and exit status;
 //! - the native classifier (the default) and `--kernel` (the loaded
 //!   programs, by BPF_PROG_TEST_RUN) give the same rows, byte for byte, on
@@ -689,6 +691,135 @@ fn long_ipv6_extension_headers_are_beyond_the_window_in_both_engines() {
         (1, frames[2].len() as u64)
     );
     assert_eq!(all_packets(&run, file), 3);
+}
+
+/// An evidence file (`--capture-dir`), as `report::evidence` writes it:
+/// replay counts its frames as any capture's (a drop on a tunnel device is
+/// the inner packet behind a synthetic Ethernet header, zero MACs, as the
+/// monitor writes it) and prints one `evidence` line
+/// per (peer, stage, direction, origin, reason) the comments name, a frame
+/// with two reasons under each; the `replay` line says how many frames
+/// carried a comment.
+#[test]
+fn evidence_files_replay_with_their_reasons() {
+    use observer::{
+        model::{
+            evidence::{Evidence, Origin},
+            rows::Stage,
+        },
+        report::evidence::{EvidenceFiles, FilesSettings},
+    };
+    use observer_common::Direction;
+    if !support::have_root("evidence_files_replay_with_their_reasons") {
+        return;
+    }
+    let (a, b) = (frames::addr(A_IP), frames::addr(B_IP));
+    let (pod_b, pod_a) = (frames::addr("198.19.0.2"), frames::addr("198.19.0.1"));
+    let vxlan = frames::vxlan_frame(b, a, 42, &frames::icmp_eth_frame(pod_b, pod_a));
+    let inner = frames::icmp_packet(pod_b, pod_a);
+    let decapsulated = frames::ethernet([0; 6], [0; 6], &[], frames::ETH_P_IP, &inner);
+    let flagged = |n: u64, reasons: &[&str]| Evidence {
+        timestamp: Duration::new(1_700_000_000 + n, 0),
+        ifindex: 2,
+        interface: "eth0".to_string(),
+        direction: Direction::Rx,
+        stage: Stage::Underlay,
+        origin: Origin::Classifier,
+        peer: Some(b),
+        reasons: reasons.iter().map(|r| r.to_string()).collect(),
+        location: None,
+        wire_len: vxlan.len() as u32,
+        data: vxlan.clone(),
+    };
+    let dropped = |n: u64, stage: Stage| Evidence {
+        origin: Origin::Kernel,
+        location: Some("nf_hook_slow".to_string()),
+        ..match stage {
+            Stage::Underlay => flagged(n, &["NETFILTER_DROP"]),
+            _ => Evidence {
+                interface: "vxlan.calico".to_string(),
+                stage,
+                wire_len: decapsulated.len() as u32,
+                data: decapsulated.clone(),
+                ..flagged(n, &["NETFILTER_DROP"])
+            },
+        }
+    };
+    let evidence = [
+        flagged(0, &["calico_allow_set"]),
+        flagged(1, &["calico_allow_set", "bad_outer_checksum"]),
+        flagged(2, &["calico_allow_set"]),
+        dropped(3, Stage::Underlay),
+        dropped(4, Stage::Tunnel),
+        flagged(5, &["calico_allow_set"]),
+        dropped(6, Stage::Underlay),
+    ];
+    let dir = tempfile::Builder::new()
+        .prefix("observer-evidence-")
+        .tempdir()
+        .unwrap();
+    let mut files = EvidenceFiles::open(FilesSettings {
+        min_free_bytes: 0,
+        ..FilesSettings::new(dir.path())
+    })
+    .unwrap();
+    for e in &evidence {
+        files.write(e).unwrap();
+    }
+    let path = files.finish().unwrap().expect("a completed file");
+    let file = path.to_str().unwrap();
+    let ns = Netns::new("rpev");
+    let run = replay(&ns, &[file]);
+    assert!(run.status.success(), "{}: {}", run.status, run.stderr);
+
+    let replayed = summary(&run, file);
+    assert_eq!(replayed["format"], "pcapng");
+    assert_eq!(replayed["frames"], evidence.len() as u64);
+    assert_eq!(replayed["evidence_frames"], evidence.len() as u64);
+    assert!(replayed.get("evidence_overflow").is_none(), "{replayed}");
+    // The six VXLAN frames from B, and the decapsulated packet as plain IP
+    // behind its synthetic Ethernet header.
+    assert_eq!(
+        run.counts(file, "rx", "vxlan", Some(B_IP), 42),
+        (6, 6 * vxlan.len() as u64)
+    );
+    let other: Vec<(u64, u64)> = run
+        .peers()
+        .into_iter()
+        .filter(|((f, _, proto, _, _), _)| f == file && proto != "vxlan")
+        .map(|(_, row)| {
+            (
+                row["packets"].as_u64().unwrap(),
+                row["bytes"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(other, [(1, (frames::ETH_HLEN + inner.len()) as u64)]);
+    assert_eq!(all_packets(&run, file), evidence.len() as u64);
+
+    let lines: Vec<&Value> = run
+        .lines
+        .iter()
+        .filter(|l| l["type"] == "evidence")
+        .collect();
+    let line = |stage: &str, origin: &str, reason: &str, frames: u64| {
+        serde_json::json!({
+            "type": "evidence", "capture": file, "peer": B_IP, "stage": stage,
+            "direction": "rx", "origin": origin, "reason": reason, "frames": frames,
+        })
+    };
+    assert_eq!(
+        lines,
+        [
+            &line("underlay", "classifier", "bad_outer_checksum", 1),
+            &line("underlay", "classifier", "calico_allow_set", 4),
+            &line("underlay", "kernel", "NETFILTER_DROP", 2),
+            &line("tunnel", "kernel", "NETFILTER_DROP", 1),
+        ]
+    );
+    // Right after their capture's replay line.
+    let at = |t: &str| run.lines.iter().position(|l| l["type"] == t).unwrap();
+    assert_eq!(at("evidence"), at("replay") + 1);
 }
 
 // ---------------------------------------------------------------------------

@@ -40,7 +40,9 @@ const ALLOWED: [(&str, &[&str]); 12] = [
     ("store", &["model", "parse"]),
     (
         "monitor",
-        &["model", "parse", "report", "bpf", "node", "cli", "process"],
+        &[
+            "model", "parse", "report", "bpf", "node", "cli", "process", "capture",
+        ],
     ),
     // The lab drives the observer as a user would: this binary, read
     // through its JSON; nothing of the engine or the kernel side. What it

@@ -129,6 +129,14 @@ impl XdpProgram {
             XdpProgram::SingleBuffer => "observer_xdp_sum_sb",
         }
     }
+
+    /// Name of its evidence program (tail-called; the same variant).
+    pub fn evidence_program_name(self) -> &'static str {
+        match self {
+            XdpProgram::MultiBuffer => "observer_xdp_ev",
+            XdpProgram::SingleBuffer => "observer_xdp_ev_sb",
+        }
+    }
 }
 
 /// Which kfree_skb program variant to load.

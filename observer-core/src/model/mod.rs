@@ -11,6 +11,7 @@ pub mod cluster;
 pub mod crosscheck;
 pub mod dataplane;
 pub mod diagnosis;
+pub mod evidence;
 pub mod facts;
 pub mod health;
 pub mod hooks;

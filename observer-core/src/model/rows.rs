@@ -586,6 +586,14 @@ pub struct KernelStats {
     pub probe_rx_packets: u64,
     /// `observer probe` packets sent.
     pub probe_tx_packets: u64,
+    /// Evidence records the programs handed to their rings
+    /// (`--capture-dir`).
+    pub evidence_sent: u64,
+    /// Evidence records a full ring had no room for.
+    pub evidence_lost: u64,
+    /// Flagged or dropped frames not captured: their CPU had sent
+    /// `--capture-rate` records that second.
+    pub evidence_rate_limited: u64,
 }
 
 impl KernelStats {

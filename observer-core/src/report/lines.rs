@@ -19,6 +19,7 @@ use crate::{
     model::bgp_wire::{WireCounters, WireRow},
     model::crosscheck::NetfilterCheck,
     model::dataplane::{BlockRoute, ExpectedPeer, TunnelDevice, TunnelRoute, UnderlayInterface},
+    model::evidence::TallyKey,
     model::probe::{Arrival, Encap, Finding, Rtt, Skipped},
     model::routes::Outage,
     model::rows::Row,
@@ -198,6 +199,27 @@ pub struct StatsLine<'a> {
     rows_forgotten: u64,
     late_intervals: u64,
     netlink_overruns: u64,
+    /// With `--capture-dir` only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    evidence: Option<EvidenceStatsLine>,
+}
+
+/// The `evidence` member of the `stats` line: every frame the programs
+/// offered as evidence since attach, by what became of it. `sent` +
+/// `lost` + `rate_limited` are all the programs offered; of `sent`,
+/// `written` + `not_drops` + `skipped_low_space` + `failed` were handled
+/// (the rest are still in the rings).
+#[derive(Serialize)]
+struct EvidenceStatsLine {
+    sent: u64,
+    lost: u64,
+    rate_limited: u64,
+    written: u64,
+    not_drops: u64,
+    skipped_low_space: u64,
+    failed: u64,
+    files_completed: u64,
+    files_removed: u64,
 }
 
 /// `{"type":"anomaly",...}`: an anomaly raised (`state` "raised") or
@@ -408,6 +430,56 @@ pub struct ReplayLine<'a> {
     pub last_ts: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<&'a str>,
+    /// Frames whose comment the observer wrote (its evidence files); its
+    /// `evidence` lines count them per reason. Absent when none.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub evidence_frames: u64,
+    /// (frame, reason) pairs beyond the evidence tally's bound, in no
+    /// `evidence` line. Absent when none.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub evidence_overflow: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+/// `{"type":"evidence",...}`: `observer replay`, the frames of one
+/// capture the observer's evidence comments name, per (peer, stage,
+/// direction, origin, reason); a frame with two reasons is on two lines.
+#[derive(Debug, Serialize)]
+pub struct EvidenceLine<'a> {
+    /// The capture, as given on the command line (the `replay` line's
+    /// `iface`).
+    pub capture: &'a str,
+    /// The tunnel peer the observer attributed the frames to; null when
+    /// unknown.
+    pub peer: Option<IpAddr>,
+    /// underlay, tunnel or pod.
+    pub stage: &'static str,
+    /// rx or tx.
+    pub direction: &'static str,
+    /// classifier or kernel.
+    pub origin: &'static str,
+    /// The reason's name (`-` for a comment that names none).
+    pub reason: &'a str,
+    /// Frames.
+    pub frames: u64,
+}
+
+impl<'a> EvidenceLine<'a> {
+    /// The line of one tally entry of `capture`.
+    pub fn new(capture: &'a str, key: &'a TallyKey, frames: u64) -> EvidenceLine<'a> {
+        EvidenceLine {
+            capture,
+            peer: key.peer,
+            stage: key.stage.name(),
+            direction: direction_name(key.direction),
+            origin: key.origin.name(),
+            reason: &key.reason,
+            frames,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -555,6 +627,9 @@ pub enum Line<'a> {
     Stats(StatsLine<'a>),
     /// One replayed capture's own counters.
     Replay(ReplayLine<'a>),
+    /// `observer replay`: a capture's evidence frames of one (peer,
+    /// stage, direction, origin, reason).
+    Evidence(EvidenceLine<'a>),
     /// The last line of `observer diagnose`.
     Diagnosis(DiagnosisLine<'a>),
     /// `observer probe`: one (peer, encapsulation).
@@ -702,6 +777,17 @@ fn write_stats_line(out: &mut impl Write, snap: &Snapshot<'_>, ts: &str) -> io::
         rows_forgotten: snap.rows_forgotten,
         late_intervals: snap.late_intervals,
         netlink_overruns: snap.netlink_overruns,
+        evidence: snap.evidence.map(|counts| EvidenceStatsLine {
+            sent: snap.stats.evidence_sent,
+            lost: snap.stats.evidence_lost,
+            rate_limited: snap.stats.evidence_rate_limited,
+            written: counts.written,
+            not_drops: counts.not_drops,
+            skipped_low_space: counts.skipped_low_space,
+            failed: counts.failed,
+            files_completed: counts.files_completed,
+            files_removed: counts.files_removed,
+        }),
     };
     write_line(out, &Line::Stats(stats))
 }
@@ -798,22 +884,53 @@ mod tests {
         is_final: bool,
     ) -> Snapshot<'a> {
         Snapshot {
-            rows,
-            stats: KernelStats::default(),
-            rows_forgotten: 0,
-            late_intervals: 0,
-            netlink_overruns: 0,
-            ifaces,
-            attachments: &[],
-            at: SystemTime::UNIX_EPOCH,
-            is_final,
-            drops: &[],
-            netfilter: &[],
-            anomaly_events: &[],
-            anomalies: &[],
             bgp,
-            bgp_wire: &[],
+            ..Snapshot::new(
+                rows,
+                KernelStats::default(),
+                ifaces,
+                SystemTime::UNIX_EPOCH,
+                is_final,
+            )
         }
+    }
+
+    /// The `stats` line has an `evidence` member with `--capture-dir`
+    /// only: the programs' counts beside what userspace did with them.
+    #[test]
+    fn the_stats_line_accounts_for_evidence_when_captured() {
+        let ifaces = HashMap::new();
+        let stats_line = |snap: &Snapshot<'_>| {
+            let mut out = Vec::new();
+            write_stats_line(&mut out, snap, "t").unwrap();
+            serde_json::from_slice::<serde_json::Value>(&out).unwrap()
+        };
+        let plain = snapshot(&[], &ifaces, &[], false);
+        assert!(stats_line(&plain).get("evidence").is_none());
+        let captured = Snapshot {
+            stats: KernelStats {
+                evidence_sent: 9,
+                evidence_lost: 3,
+                evidence_rate_limited: 2,
+                ..KernelStats::default()
+            },
+            evidence: Some(crate::model::evidence::EvidenceCounts {
+                written: 7,
+                not_drops: 1,
+                skipped_low_space: 1,
+                failed: 0,
+                files_completed: 2,
+                files_removed: 1,
+            }),
+            ..snapshot(&[], &ifaces, &[], false)
+        };
+        assert_eq!(
+            stats_line(&captured)["evidence"],
+            serde_json::json!({
+                "sent": 9, "lost": 3, "rate_limited": 2, "written": 7, "not_drops": 1,
+                "skipped_low_space": 1, "failed": 0, "files_completed": 2, "files_removed": 1
+            })
+        );
     }
 
     fn render(rows: &[Row], is_final: bool) -> Vec<serde_json::Value> {

@@ -6,6 +6,7 @@
 pub mod check;
 pub mod cluster;
 pub mod diagnosis;
+pub mod evidence;
 pub mod lab;
 pub mod lines;
 #[cfg(feature = "testing")]

@@ -12,6 +12,7 @@ use crate::model::{
     anomalies::Anomaly,
     bgp::BgpSession,
     crosscheck::NetfilterCheck,
+    evidence::EvidenceCounts,
     rows::Row,
     rows::{DropRow, KernelStats, by_rate, direction_name},
 };
@@ -35,6 +36,9 @@ pub fn write_table(out: &mut impl Write, snap: &Snapshot<'_>, clear: bool) -> io
     write_bgp_wire(out, snap)?;
     write_anomalies(out, snap.anomalies)?;
     write_kernel_stats(out, &snap.stats)?;
+    if let Some(counts) = &snap.evidence {
+        write_evidence(out, &snap.stats, counts)?;
+    }
     out.flush()
 }
 
@@ -320,6 +324,26 @@ fn write_kernel_stats(out: &mut impl Write, stats: &KernelStats) -> io::Result<(
         stats.flow_insert_failures,
         stats.flow_cache_slots,
         stats.flow_cache_collisions
+    )
+}
+
+/// The evidence footer (`--capture-dir`).
+fn write_evidence(
+    out: &mut impl Write,
+    stats: &KernelStats,
+    counts: &EvidenceCounts,
+) -> io::Result<()> {
+    writeln!(
+        out,
+        "evidence: {} written, {} lost (ring full), {} rate-limited, {} not drops, {} skipped (low space), {} failed; {} files completed, {} removed",
+        counts.written,
+        stats.evidence_lost,
+        stats.evidence_rate_limited,
+        counts.not_drops,
+        counts.skipped_low_space,
+        counts.failed,
+        counts.files_completed,
+        counts.files_removed
     )
 }
 

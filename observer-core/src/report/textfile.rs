@@ -35,6 +35,7 @@ use crate::{
     model::bgp::BgpSession,
     model::bgp_wire::{WireCounters, WireRow},
     model::cluster::NodeIdentity,
+    model::evidence::EvidenceCounts,
     model::probe::{Encap, Outcome, Run},
     model::read_order::ReadOrderMap,
     model::routes::Outage,
@@ -283,6 +284,9 @@ pub struct ExportInput<'a> {
     /// `node` label, and `observer_node_info` maps the addresses to it
     /// (default: no name, no label).
     pub node: &'a NodeIdentity,
+    /// Evidence capture's userspace counters, when it runs (default:
+    /// none, no evidence series).
+    pub evidence: Option<EvidenceCounts>,
 }
 
 /// The interface names of an input that has none.
@@ -318,6 +322,7 @@ impl Default for ExportInput<'_> {
             probe_runs: &[],
             probe_latest: None,
             node: &NO_NODE,
+            evidence: None,
         }
     }
 }
@@ -641,6 +646,7 @@ impl Exporter {
         families.extend(self.kernel_families(input));
         families.extend(self.export_families(input));
         families.extend(self.probe_families(input));
+        families.extend(evidence_families(input));
         families.push(node_info_family(input.node));
         families.push(peer_anomaly_family(input.anomalies));
         if !input.node.name.is_empty() {
@@ -924,6 +930,43 @@ type Labels = Vec<(&'static str, String)>;
 /// series (attacker-chosen sources can raise unknown_peer for many
 /// addresses); the rest are counted in `observer_peer_anomalies_omitted`.
 pub const MAX_PEER_ANOMALY_SERIES: usize = 256;
+
+/// `observer_evidence_frames_total{outcome}` and
+/// `observer_evidence_files_total{event}`, with `--capture-dir` only.
+/// The outcomes split every frame the programs offered as evidence:
+/// `lost` and `rate_limited` never left the kernel; of the rest,
+/// `written`, `not_a_drop`, `low_space` and `write_failed`.
+fn evidence_families(input: &ExportInput<'_>) -> Vec<MetricFamily> {
+    let Some(counts) = input.evidence else {
+        return Vec::new();
+    };
+    let outcome = |name: &str, value: u64| (vec![("outcome", name.to_string())], value as f64);
+    let event = |name: &str, value: u64| (vec![("event", name.to_string())], value as f64);
+    vec![
+        family(
+            "observer_evidence_frames_total",
+            "Frames offered as evidence (--capture-dir: flagged by the observer or dropped by the kernel), by outcome: written to the pcapng files; lost (the CPU's ring was full: raise --capture-ring-pages); rate_limited (over --capture-rate); not_a_drop (freed in the receiving socket layer after decapsulation, as the drop rows leave out); low_space (the file system had less than 256 MiB free); write_failed.",
+            MetricType::COUNTER,
+            vec![
+                outcome("written", counts.written),
+                outcome("lost", input.stats.evidence_lost),
+                outcome("rate_limited", input.stats.evidence_rate_limited),
+                outcome("not_a_drop", counts.not_drops),
+                outcome("low_space", counts.skipped_low_space),
+                outcome("write_failed", counts.failed),
+            ],
+        ),
+        family(
+            "observer_evidence_files_total",
+            "Evidence files completed (renamed to observer-*.pcapng) and removed by rotation (--capture-files).",
+            MetricType::COUNTER,
+            vec![
+                event("completed", counts.files_completed),
+                event("removed", counts.files_removed),
+            ],
+        ),
+    ]
+}
 
 /// `observer_node_info{address}`: one series per underlay address, so that
 /// PromQL (and `observer cluster`) can join a peer address to the node
@@ -1475,6 +1518,52 @@ mod tests {
         text.lines()
             .find(|l| l.starts_with(series) && l[series.len()..].starts_with(' '))
             .map(|l| l.rsplit(' ').next().unwrap().parse().unwrap())
+    }
+
+    #[test]
+    fn evidence_outcomes_split_every_frame_offered_and_only_when_captured() {
+        let plain = encode(&Exporter::new(10).families(&ExportInput::default())).unwrap();
+        assert!(!plain.contains("observer_evidence"), "{plain}");
+        let input = ExportInput {
+            stats: KernelStats {
+                evidence_sent: 12,
+                evidence_lost: 4,
+                evidence_rate_limited: 3,
+                ..KernelStats::default()
+            },
+            evidence: Some(crate::model::evidence::EvidenceCounts {
+                written: 9,
+                not_drops: 2,
+                skipped_low_space: 1,
+                failed: 0,
+                files_completed: 5,
+                files_removed: 2,
+            }),
+            ..Default::default()
+        };
+        let text = encode(&Exporter::new(10).families(&input)).unwrap();
+        let frames = |outcome: &str| {
+            value(
+                &text,
+                &format!("observer_evidence_frames_total{{outcome=\"{outcome}\"}}"),
+            )
+        };
+        assert_eq!(frames("written"), Some(9.0));
+        assert_eq!(frames("lost"), Some(4.0));
+        assert_eq!(frames("rate_limited"), Some(3.0));
+        assert_eq!(frames("not_a_drop"), Some(2.0));
+        assert_eq!(frames("low_space"), Some(1.0));
+        assert_eq!(frames("write_failed"), Some(0.0));
+        let files = |event: &str| {
+            value(
+                &text,
+                &format!("observer_evidence_files_total{{event=\"{event}\"}}"),
+            )
+        };
+        assert_eq!(
+            (files("completed"), files("removed")),
+            (Some(5.0), Some(2.0))
+        );
     }
 
     #[test]

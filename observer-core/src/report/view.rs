@@ -17,6 +17,7 @@ use crate::model::{
     bgp::BgpSession,
     bgp_wire::WireRow,
     crosscheck::NetfilterCheck,
+    evidence::EvidenceCounts,
     hooks::Attachment,
     rows::{DropRow, KernelStats, Row},
 };
@@ -57,6 +58,9 @@ pub struct Snapshot<'a> {
     /// BGP at the wire, totals since attach per (interface, direction,
     /// peer).
     pub bgp_wire: &'a [WireRow],
+    /// Evidence capture's userspace counters, when it runs (the programs'
+    /// are in `stats`).
+    pub evidence: Option<EvidenceCounts>,
 }
 
 impl<'a> Snapshot<'a> {
@@ -88,6 +92,7 @@ impl<'a> Snapshot<'a> {
             anomalies: &[],
             bgp: &[],
             bgp_wire: &[],
+            evidence: None,
         }
     }
 }

@@ -16,7 +16,7 @@ use aya::{
 };
 use observer_common::{
     BGP_PROG_MAP, FLOWS_MAP, SKB_LAYOUT_GLOBAL, SkbLayout, UDP_PORT_TAGS_GLOBAL, XDP_BGP_PROG_MAP,
-    XDP_CHECKSUM_PROG_MAP,
+    XDP_CHECKSUM_PROG_MAP, XDP_EVIDENCE_PROG_MAP,
 };
 
 use super::{
@@ -330,6 +330,19 @@ impl Observer {
                 })
                 .ok()
         };
+        let xdp_evidence = if xdp_failed {
+            None
+        } else {
+            let name = plan.xdp.evidence_program_name();
+            load_tail_program(&mut ebpf, name, XDP_EVIDENCE_PROG_MAP, &features.release)
+                .inspect_err(|e| {
+                    tracing::warn!(
+                        error = %error_chain(e),
+                        "evidence capture unavailable on XDP (--capture-dir gets no frames XDP flags)"
+                    )
+                })
+                .ok()
+        };
         // tc ingress now unless deferred; and always when XDP cannot count.
         let tc_ingress_loaded = !config.defer_tc_ingress || xdp_failed;
         let mut tc_checks = None;
@@ -360,6 +373,7 @@ impl Observer {
             tc_bgp,
             xdp_bgp,
             xdp_checksums,
+            xdp_evidence,
             attachments: Vec::new(),
             links: Vec::new(),
             kernel_reasons: KernelReasons {
@@ -474,6 +488,14 @@ impl Observer {
         self.tail_program_info(
             self.plan.xdp.checksum_program_name(),
             self.xdp_checksums.is_some(),
+        )
+    }
+
+    /// Kernel info of XDP's evidence program (tail-called; never attached).
+    pub fn xdp_evidence_info(&self) -> Result<aya::programs::ProgramInfo, LoadError> {
+        self.tail_program_info(
+            self.plan.xdp.evidence_program_name(),
+            self.xdp_evidence.is_some(),
         )
     }
 

@@ -433,6 +433,9 @@ impl Observer {
             bgp_inserts: read(Stat::BgpInserts)?,
             probe_rx_packets: read(Stat::ProbeRxPackets)?,
             probe_tx_packets: read(Stat::ProbeTxPackets)?,
+            evidence_sent: read(Stat::EvidenceSent)?,
+            evidence_lost: read(Stat::EvidenceLost)?,
+            evidence_rate_limited: read(Stat::EvidenceRateLimited)?,
         })
     }
 }
@@ -676,7 +679,11 @@ fn config_words(observer: &Observer) -> Result<ConfigWords, MapsError> {
 }
 
 /// Sets a CONFIG word; returns whether its value changed.
-fn set_config(observer: &mut Observer, index: u32, value: u32) -> Result<bool, MapsError> {
+pub(super) fn set_config(
+    observer: &mut Observer,
+    index: u32,
+    value: u32,
+) -> Result<bool, MapsError> {
     let mut words = config_words(observer)?;
     if words[index as usize] == value {
         return Ok(false);

@@ -2,7 +2,8 @@
 //! (`load`), attaches it to interfaces with bpf links (`attach`), and reads
 //! and writes its maps (`maps`, which `slots` tells which slots of the
 //! per-CPU slot arrays to read); `btf`, `features` and `verifier_stats`
-//! read the running kernel, `testrun` runs programs on frames. Dropping the
+//! read the running kernel, `testrun` runs programs on frames, `evidence`
+//! opens the evidence rings. Dropping the
 //! [`Observer`] detaches everything.
 //!
 //! Errors are typed where a caller tells failures apart: [`LoadError`]
@@ -21,6 +22,7 @@ use aya::{
 pub mod attach;
 mod batch;
 pub mod btf;
+pub mod evidence;
 pub mod features;
 pub mod load;
 pub mod maps;
@@ -173,6 +175,8 @@ pub struct Observer {
     xdp_bgp: Option<ProgramArray<MapData>>,
     /// XDP's checksum program array, when that program loaded.
     xdp_checksums: Option<ProgramArray<MapData>>,
+    /// XDP's evidence program array, when that program loaded.
+    xdp_evidence: Option<ProgramArray<MapData>>,
     attachments: Vec<Attachment>,
     /// Links of each attachment, same order.
     links: Vec<Links>,

@@ -403,6 +403,13 @@ pub struct LabArgs {
     #[arg(long, value_name = "DIR")]
     pub textfile_dir: Option<PathBuf>,
 
+    /// Each node's observer also captures the frames it flags or sees
+    /// dropped (`attach --capture-dir`) into DIR/NODE/, as pcapng; `observer
+    /// replay DIR/NODE/*.pcapng` then counts them again, per peer and
+    /// reason.
+    #[arg(long, value_name = "DIR")]
+    pub capture_dir: Option<PathBuf>,
+
     /// The BGP scenarios' routing mode, as Calico's: none (direct routing,
     /// pod traffic routed via the peer on eth0) or ipip (via the peer on
     /// tunl0, onlink: the kernel's tunnel, or the lab's userspace one on a
@@ -460,6 +467,46 @@ pub struct AttachArgs {
     /// removed on a clean exit.
     #[arg(long, value_name = "DIR")]
     pub textfile_dir: Option<std::path::PathBuf>,
+
+    /// Write evidence to DIR: the first --capture-snap bytes of every
+    /// frame the observer flags (a drop reason such as calico_allow_set or
+    /// bad_inner_checksum) or sees the kernel drop on a watched device, as
+    /// pcapng files for Wireshark, each frame commented with its reasons,
+    /// stage, direction, peer and interface (docs/evidence.md). Rate-limited
+    /// in the kernel (--capture-rate); at most --capture-files files of
+    /// --capture-file-size each, oldest removed; never written while the
+    /// file system has less than 256 MiB free. `observer replay` re-counts
+    /// a file. [default: off]
+    #[arg(long, value_name = "DIR")]
+    pub capture_dir: Option<PathBuf>,
+
+    /// Bytes of each frame to keep, 64 to 1024 (enough for every header
+    /// of a tunnel packet). [default: 256]
+    #[arg(long, value_name = "BYTES")]
+    pub capture_snap: Option<u32>,
+
+    /// Evidence frames each CPU may capture per second; the rest are
+    /// counted (observer_evidence_frames_total{outcome="rate_limited"}),
+    /// not captured. [default: 100]
+    #[arg(long, value_name = "N")]
+    pub capture_rate: Option<u32>,
+
+    /// Size at which an evidence file is completed and the next begun, in
+    /// MiB. [default: 16]
+    #[arg(long, value_name = "MIB")]
+    pub capture_file_size: Option<u64>,
+
+    /// Completed evidence files to keep; the oldest is removed beyond
+    /// it. [default: 8]
+    #[arg(long, value_name = "N")]
+    pub capture_files: Option<usize>,
+
+    /// Pages (4 KiB) of each CPU's evidence ring, a power of two: a burst
+    /// larger than the ring holds before the observer reads it (every
+    /// interval) is lost, and counted (outcome="lost"). [default: room
+    /// for four intervals at --capture-rate, 8 to 1024 pages]
+    #[arg(long, value_name = "PAGES")]
+    pub capture_ring_pages: Option<usize>,
 
     /// This node's name: the `node` label of every series in the textfile,
     /// and of observer_node_info{node,address}, which maps this node's

@@ -57,6 +57,12 @@ pub struct FileConfig {
     node_name: Option<String>,
     metrics_listen: Option<String>,
     host_root: Option<PathBuf>,
+    capture_dir: Option<PathBuf>,
+    capture_snap: Option<u32>,
+    capture_rate: Option<u32>,
+    capture_file_size: Option<u64>,
+    capture_files: Option<usize>,
+    capture_ring_pages: Option<usize>,
 }
 
 impl FileConfig {
@@ -113,6 +119,103 @@ pub struct Settings {
     pub metrics_listen: Option<std::net::SocketAddr>,
     /// The host's root filesystem the node's tools run in (fixed at start).
     pub host_root: Option<PathBuf>,
+    /// Evidence capture (`--capture-dir`; fixed at start).
+    pub capture: Option<Capture>,
+}
+
+/// Default `--capture-snap`.
+pub const DEFAULT_CAPTURE_SNAP: u32 = 256;
+/// Default `--capture-rate`.
+pub const DEFAULT_CAPTURE_RATE: u32 = 100;
+/// Default `--capture-file-size`, MiB.
+pub const DEFAULT_CAPTURE_FILE_MIB: u64 = 16;
+/// Default `--capture-files`.
+pub const DEFAULT_CAPTURE_FILES: usize = 8;
+
+/// Evidence capture's settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Capture {
+    /// Where the pcapng files go.
+    pub dir: PathBuf,
+    /// Bytes of each frame.
+    pub snap: u32,
+    /// Records per CPU and second.
+    pub rate: u32,
+    /// Bytes at which a file is completed.
+    pub file_bytes: u64,
+    /// Completed files kept.
+    pub files: usize,
+    /// Pages of each CPU's ring (`None`: sized for the rate and the
+    /// interval, `monitor::evidence::ring_pages`).
+    pub ring_pages: Option<usize>,
+}
+
+impl Capture {
+    /// The options given, else the file's, else the defaults; `None`
+    /// without a directory (then the other options are an error: they
+    /// would silently do nothing).
+    fn resolve(args: &AttachArgs, file: &FileConfig) -> Result<Option<Capture>> {
+        let Some(dir) = args.capture_dir.clone().or(file.capture_dir.clone()) else {
+            let given = args.capture_snap.is_some()
+                || args.capture_rate.is_some()
+                || args.capture_file_size.is_some()
+                || args.capture_files.is_some()
+                || args.capture_ring_pages.is_some();
+            if given {
+                bail!(
+                    "--capture-snap, --capture-rate, --capture-file-size, --capture-files and --capture-ring-pages need --capture-dir DIR"
+                );
+            }
+            return Ok(None);
+        };
+        let snap = args
+            .capture_snap
+            .or(file.capture_snap)
+            .unwrap_or(DEFAULT_CAPTURE_SNAP);
+        if !(64..=observer_common::EVIDENCE_MAX_SNAP).contains(&snap) {
+            bail!(
+                "capture_snap {snap}: give 64 to {} bytes",
+                observer_common::EVIDENCE_MAX_SNAP
+            );
+        }
+        let rate = args
+            .capture_rate
+            .or(file.capture_rate)
+            .unwrap_or(DEFAULT_CAPTURE_RATE);
+        if rate == 0 {
+            bail!(
+                "capture_rate 0 would capture nothing: give frames per CPU and second, 1 or more (or leave out --capture-dir)"
+            );
+        }
+        let file_mib = args
+            .capture_file_size
+            .or(file.capture_file_size)
+            .unwrap_or(DEFAULT_CAPTURE_FILE_MIB);
+        if !(1..=4096).contains(&file_mib) {
+            bail!("capture_file_size {file_mib}: give 1 to 4096 MiB");
+        }
+        let files = args
+            .capture_files
+            .or(file.capture_files)
+            .unwrap_or(DEFAULT_CAPTURE_FILES);
+        if !(1..=10_000).contains(&files) {
+            bail!("capture_files {files}: give 1 to 10000 files");
+        }
+        let ring_pages = args.capture_ring_pages.or(file.capture_ring_pages);
+        if let Some(pages) = ring_pages
+            && (!pages.is_power_of_two() || pages > 4096)
+        {
+            bail!("capture_ring_pages {pages}: give a power of two from 1 to 4096");
+        }
+        Ok(Some(Capture {
+            dir,
+            snap,
+            rate,
+            file_bytes: file_mib << 20,
+            files,
+            ring_pages,
+        }))
+    }
 }
 
 impl PortArgs {
@@ -172,6 +275,7 @@ fn duration(key: &str, value: Option<String>) -> Result<Option<Duration>> {
 impl Settings {
     /// The command line over `file` over defaults.
     pub fn resolve(args: &AttachArgs, file: FileConfig) -> Result<Settings> {
+        let capture = Capture::resolve(args, &file)?;
         let xdp_mode = match (args.xdp_mode, file.xdp_mode) {
             (Some(mode), _) => mode,
             (None, Some(text)) => {
@@ -182,6 +286,7 @@ impl Settings {
             (None, None) => XdpMode::Auto,
         };
         let settings = Settings {
+            capture,
             interfaces: pick(&args.ifaces, file.interfaces, Vec::new()),
             interval: args
                 .interval
@@ -337,6 +442,9 @@ impl Settings {
             changed.push("metrics_listen");
         }
         // So is CAP_SYS_CHROOT kept, or not.
+        if self.capture != new.capture {
+            changed.push("capture_*");
+        }
         if self.host_root != new.host_root {
             changed.push("host_root");
         }

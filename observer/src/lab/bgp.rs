@@ -21,7 +21,7 @@ use super::{
     bgp_facts::{self, PingCount},
     cleanup::{Cleanup, PREFIX},
     mesh::{self, DOWN, FILTERING, MESH, SETTLE},
-    observers::{ObserverSpec, Observers},
+    observers::{ObserverSpec, Observers, Outputs},
     probes,
     shell::run_tool,
     topology::{IpipKind, UNDERLAY},
@@ -109,7 +109,7 @@ pub fn run(args: &LabArgs) -> Result<()> {
         })
         .collect();
     let backstop = args.duration * 4 + SETTLE * 3;
-    let mut observers = Observers::spawn(&mut lab, &specs, backstop, args.textfile_dir.as_deref())?;
+    let mut observers = Observers::spawn(&mut lab, &specs, backstop, Outputs::of(args))?;
     view.note("observers starting on n1..n4 (observer diagnose ... --bird-socket ... eth0)")?;
     observers.wait_ready(&mut view, args.attach_timeout)?;
 

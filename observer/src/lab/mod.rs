@@ -42,7 +42,7 @@ use serde_json::json;
 
 use crate::cli::LabArgs;
 use cleanup::Cleanup;
-use observers::{ObserverSpec, Observers};
+use observers::{ObserverSpec, Observers, Outputs};
 use topology::{NODES, Names};
 use traffic::{PING_INTERVAL, PING_LINGER};
 use view::{Summary, View};
@@ -132,7 +132,7 @@ pub fn run(args: LabArgs) -> Result<()> {
             args: tunnel_args(ipip),
         })
         .collect();
-    let mut observers = Observers::spawn(&mut lab, &specs, backstop, args.textfile_dir.as_deref())?;
+    let mut observers = Observers::spawn(&mut lab, &specs, backstop, Outputs::of(&args))?;
     view.note("observers starting on gpu, cp1 and cp2 (observer diagnose ... eth0)")?;
     let first_ready = observers.wait_ready(&mut view, args.attach_timeout)?;
 
@@ -185,6 +185,7 @@ pub fn run(args: LabArgs) -> Result<()> {
     }
     observers.stop(&mut lab);
     observers.wait_end(&mut lab, &mut view, TRAFFIC_SLACK)?;
+    note_evidence(&view, &args)?;
     let results = traffic::finish(&mut lab, pings, Duration::from_secs(5))?;
     let counters = rule_counters(&names)?;
     // The decisive experiment as one command, once the observers and the
@@ -202,6 +203,17 @@ fn rule_counters(names: &Names) -> Result<Vec<topology::RuleCounts>> {
         .iter()
         .map(|ns| topology::rule_counters(ns))
         .collect()
+}
+
+/// With `--capture-dir`, where each node's evidence is and how to count it.
+fn note_evidence(view: &View, args: &LabArgs) -> Result<()> {
+    let Some(dir) = &args.capture_dir else {
+        return Ok(());
+    };
+    let dir = dir.display();
+    view.note(&format!(
+        "each observer's evidence is in {dir}/NODE/ (NODE: gpu, cp1, cp2): open it in Wireshark, or count it again with observer replay {dir}/gpu/*.pcapng"
+    ))
 }
 
 /// The write-up, from what the pings, the probes and the observers said.
@@ -254,6 +266,7 @@ fn probe_run(
     }
     observers.stop(&mut lab);
     observers.wait_end(&mut lab, &mut view, TRAFFIC_SLACK)?;
+    note_evidence(&view, &args)?;
     let counters = rule_counters(&names)?;
     drop(lab);
     summarize(&view, args.scenario, &[], &runs, &observers, &counters)

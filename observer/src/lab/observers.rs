@@ -59,18 +59,39 @@ pub struct Observers {
     closed: Vec<bool>,
 }
 
+/// Where the node observers write besides their output lines
+/// (`lab --textfile-dir`, `lab --capture-dir`).
+#[derive(Clone, Copy, Default)]
+pub struct Outputs<'a> {
+    /// Their textfiles go to `<this>/<node>/`.
+    pub textfile_root: Option<&'a Path>,
+    /// Their evidence goes to `<this>/<node>/`.
+    pub capture_root: Option<&'a Path>,
+}
+
+impl<'a> Outputs<'a> {
+    /// The directories `args` names.
+    pub fn of(args: &'a crate::cli::LabArgs) -> Outputs<'a> {
+        Outputs {
+            textfile_root: args.textfile_dir.as_deref(),
+            capture_root: args.capture_dir.as_deref(),
+        }
+    }
+}
+
 impl Observers {
     /// Starts one observer per node of `specs`, on the lab's underlay
     /// interface. The lab stops them ([`Observers::stop`]) once the traffic
     /// ended; `backstop` is their `--duration`, should the lab be killed
     /// before.
-    /// Each observer is named `--node-name <node>`; with `textfile_root`,
-    /// it writes its textfile to `textfile_root/<node>/`.
+    /// Each observer is named `--node-name <node>`; with `outputs`'
+    /// directories, it writes its textfile to `textfile_root/<node>/` and
+    /// its evidence to `capture_root/<node>/`.
     pub fn spawn(
         lab: &mut Cleanup,
         specs: &[ObserverSpec],
         backstop: Duration,
-        textfile_root: Option<&Path>,
+        outputs: Outputs<'_>,
     ) -> Result<Observers> {
         let exe =
             std::env::current_exe().context("finding this program's path to run the observers")?;
@@ -99,7 +120,7 @@ impl Observers {
                 &duration,
             ];
             args.extend(["--node-name", &spec.node]);
-            let textfile_dir = textfile_root.map(|root| root.join(&spec.node));
+            let textfile_dir = outputs.textfile_root.map(|root| root.join(&spec.node));
             if let Some(dir) = &textfile_dir {
                 std::fs::create_dir_all(dir).with_context(|| {
                     format!("creating the textfile directory {}", dir.display())
@@ -108,6 +129,14 @@ impl Observers {
                     "--textfile-dir",
                     dir.to_str()
                         .context("a textfile directory that is no UTF-8")?,
+                ]);
+            }
+            let capture_dir = outputs.capture_root.map(|root| root.join(&spec.node));
+            if let Some(dir) = &capture_dir {
+                args.extend([
+                    "--capture-dir",
+                    dir.to_str()
+                        .context("an evidence directory that is no UTF-8")?,
                 ]);
             }
             args.extend(spec.args.iter().map(String::as_str));

@@ -8,6 +8,7 @@
 //! drive it.
 
 pub mod bgp;
+pub mod evidence;
 pub mod probe;
 pub mod probing;
 pub mod refresher;
@@ -279,6 +280,8 @@ pub struct Monitor<'a> {
     probe_latest: Option<Run>,
     /// Whether [`Monitor::finish`] waits for the one probe run.
     probe_once: bool,
+    /// Evidence capture (`--capture-dir`).
+    capture: Option<evidence::Capture>,
     clock: Clock,
     // Last: the timers and signals above go before the runtime.
     runtime: Runtime,
@@ -392,6 +395,13 @@ impl<'a> Monitor<'a> {
                 tracing::warn!(error = %format!("{e:#}"), "data plane unreadable: drops after decapsulation are watched from the first interval")
             }
         }
+        // Before the first attach: what is flagged once a script sees the
+        // attach line is captured.
+        let capture = settings
+            .capture
+            .as_ref()
+            .map(|capture| evidence::Capture::start(&mut observer, capture, settings.interval))
+            .transpose()?;
         // Attached paused, then counted from one instant: received and
         // sent packets alike (`config::PAUSED`).
         observer.set_counting(false)?;
@@ -498,6 +508,7 @@ impl<'a> Monitor<'a> {
             prober,
             probe_latest: None,
             probe_once: options.probe_once,
+            capture,
             clock,
             runtime,
         };
@@ -534,6 +545,13 @@ impl<'a> Monitor<'a> {
     /// Ends the run: detaches everything and removes the textfile.
     pub fn finish(mut self) -> Finished {
         self.remove_textfile();
+        if let Some(capture) = self.capture.take() {
+            capture.finish(evidence::Names {
+                ifaces: &self.ifaces,
+                kernel: self.observer.kernel_reasons(),
+                symbols: &mut self.symbols,
+            });
+        }
         let seconds = self.started.elapsed().as_secs_f64();
         let probe = match (self.probe_once, self.probe_latest.take(), &mut self.prober) {
             (false, _, _) => None,
@@ -782,6 +800,18 @@ impl<'a> Monitor<'a> {
             .for_each_flow(MapRead::Batch, |id, counters| aggregator.add(id, counters))?;
         self.aggregator.end_read();
         self.drop_aggregator.update(&self.observer.read_drops()?);
+        if let Some(capture) = &mut self.capture {
+            // The last interval's counters and files agree: nothing is
+            // sent after the switch, and the drain below reads the rest.
+            if is_final && let Err(e) = self.observer.stop_evidence() {
+                tracing::warn!(error = %e, "switching evidence capture off");
+            }
+            capture.drain(evidence::Names {
+                ifaces: &self.ifaces,
+                kernel: self.observer.kernel_reasons(),
+                symbols: &mut self.symbols,
+            });
+        }
         let bgp_wire = self.refresh_bgp_wire(now)?;
         let rows = self.aggregator.finish_interval(seconds);
         let drop_rows = self.drop_aggregator.finish_interval(seconds);
@@ -848,6 +878,7 @@ impl<'a> Monitor<'a> {
                 anomalies: &active,
                 bgp: &self.known.bgp,
                 bgp_wire: &bgp_wire,
+                evidence: self.capture.as_ref().map(evidence::Capture::counts),
             };
             self.print_allow_sets(&reports)
                 .and_then(|()| {
@@ -971,6 +1002,7 @@ impl<'a> Monitor<'a> {
             probe_runs: read.probe_runs,
             probe_latest: self.probe_latest.as_ref(),
             node: &self.node,
+            evidence: self.capture.as_ref().map(evidence::Capture::counts),
         };
         let families = self.exporter.families(&input);
         let text = match textfile::encode(&families) {

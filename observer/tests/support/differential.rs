@@ -363,6 +363,7 @@ fn frame(number: u64, data: Vec<u8>) -> Frame {
         link_type: 1,
         captured_len: len,
         original_len: len,
+        comment: None,
     }
 }
 

@@ -10,7 +10,9 @@
 //!   (BPF_PROG_TEST_RUN) for `--kernel`, making per-capture rows from the
 //!   maps;
 //! - this module checks the files and privileges, mirrors the allow-sets,
-//!   prints, and chooses the exit status ([`EXIT_DAMAGED`], [`EXIT_USAGE`]).
+//!   tallies the observer's own evidence comments (`model::evidence`: a
+//!   `--capture-dir` file says why each frame was kept), prints, and
+//!   chooses the exit status ([`EXIT_DAMAGED`], [`EXIT_USAGE`]).
 
 pub use observer_core::capture;
 pub mod classify;
@@ -31,13 +33,14 @@ use observer_common::parse::ETH_HLEN;
 use crate::{
     bpf::{Hook, LoadConfig, Observer},
     cli::ReplayArgs,
+    model::evidence::{EvidenceTally, Tag},
     model::rows::DropId,
     model::rows::Row,
     monitor::refresher,
     node::allowsets::AllowSetConfig,
     node::preflight,
     process::pipe,
-    report::{self, Format, lines::ReplayLine, view::Snapshot},
+    report::{self, Format, lines::ReplayLine, replay::Capture, view::Snapshot},
 };
 
 use capture::Frames;
@@ -59,6 +62,8 @@ struct Replayed {
     counts: FileCounts,
     first: Option<Duration>,
     last: Option<Duration>,
+    /// Its frames' observer comments, counted.
+    evidence: EvidenceTally,
     /// The error that ended it early, and its exit status.
     error: Option<(String, u8)>,
 }
@@ -179,6 +184,7 @@ fn replay_file(
         counts: FileCounts::default(),
         first: None,
         last: None,
+        evidence: EvidenceTally::new(),
         error: None,
     };
     for frame in frames.by_ref() {
@@ -202,6 +208,11 @@ fn replay_file(
         }
         one.first.get_or_insert(frame.timestamp);
         one.last = Some(frame.timestamp);
+        // Evidence files say why the observer kept each frame; other
+        // comments (typed in Wireshark) are not ours.
+        if let Some(tag) = frame.comment.as_deref().and_then(Tag::parse) {
+            one.evidence.add(&tag);
+        }
         // Neither engine classifies a frame shorter than an Ethernet
         // header (the kernel refuses to test-run one).
         if frame.data.len() < ETH_HLEN {
@@ -225,8 +236,8 @@ fn timestamp(since_epoch: Duration) -> String {
     humantime::format_rfc3339_micros(SystemTime::UNIX_EPOCH + since_epoch).to_string()
 }
 
-/// Prints the allow-set reports, one summary per capture, then the rows
-/// (`report::replay`).
+/// Prints the allow-set reports, one summary per capture with its
+/// evidence, then the rows (`report::replay`).
 fn print(
     format: Format,
     reports: &[crate::report::lines::AllowSetLine],
@@ -237,20 +248,25 @@ fn print(
     let captures = replayed
         .iter()
         .enumerate()
-        .map(|(i, r)| ReplayLine {
-            iface: &r.name,
-            ifindex: i as u32 + 1,
-            format: r.format,
-            engine,
-            frames: r.counts.frames,
-            tx_frames: r.counts.tx_frames,
-            truncated: r.counts.truncated,
-            truncated_bytes: r.counts.truncated_bytes,
-            cut: r.counts.cut,
-            refused: r.counts.refused,
-            first_ts: r.first.map(timestamp),
-            last_ts: r.last.map(timestamp),
-            error: r.error.as_ref().map(|(e, _)| e.as_str()),
+        .map(|(i, r)| Capture {
+            summary: ReplayLine {
+                iface: &r.name,
+                ifindex: i as u32 + 1,
+                format: r.format,
+                engine,
+                frames: r.counts.frames,
+                tx_frames: r.counts.tx_frames,
+                truncated: r.counts.truncated,
+                truncated_bytes: r.counts.truncated_bytes,
+                cut: r.counts.cut,
+                refused: r.counts.refused,
+                first_ts: r.first.map(timestamp),
+                last_ts: r.last.map(timestamp),
+                error: r.error.as_ref().map(|(e, _)| e.as_str()),
+                evidence_frames: r.evidence.frames(),
+                evidence_overflow: r.evidence.overflow(),
+            },
+            evidence: &r.evidence,
         })
         .collect();
     report::replay::write(
