@@ -982,10 +982,8 @@ pub const CHECKS_MAP: &str = "CHECKS";
 pub const BGP_PROG_MAP: &str = "BGP_PROG";
 /// Name of the program array XDP tail-calls BGP counting from.
 pub const XDP_BGP_PROG_MAP: &str = "XDP_BGP_PROG";
-/// Name of the program array XDP tail-calls its checksum checks from.
-pub const XDP_CHECKSUM_PROG_MAP: &str = "XDP_CHECKSUM_PROG";
-/// Name of the program array XDP tail-calls evidence capture from.
-pub const XDP_EVIDENCE_PROG_MAP: &str = "XDP_EVIDENCE_PROG";
+/// Name of the program array XDP tail-calls its drop checks from.
+pub const XDP_CHECKS_PROG_MAP: &str = "XDP_CHECKS_PROG";
 /// Name of the perf event array evidence records go through
 /// (`--capture-dir`): an [`EvidenceHeader`] followed by
 /// [`EvidenceHeader::captured`] bytes of the frame.

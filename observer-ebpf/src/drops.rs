@@ -167,8 +167,8 @@ pub fn iface_mtu(ifindex: u32) -> u32 {
 /// Flags the wrong and zero checksums of a received tunnel packet's
 /// handshake or reset segment (`checks::checksum_drops`). Summing headers
 /// of many possible lengths multiplies the verifier's states of what
-/// follows: XDP runs it in a program of its own (`xdp_checksums`), tc in
-/// its checks program, each last.
+/// follows: both hooks run it in their checks programs (`xdp_checks`,
+/// `tc_checks`), last.
 #[inline(always)]
 pub fn checksum_checks<F: crate::parse::Frame>(
     f: &F,

@@ -6,10 +6,11 @@
 //! `Stat::EvidenceRateLimited`), so the files and the counters add up to
 //! what was flagged.
 //!
-//! A frame's checks run in one or two programs (XDP and its checksum
-//! program; tc's checks program) and may flag several reasons: each
-//! reason is gathered in the hook's `EVIDENCE_SLOTS` slot (`flag`), and
-//! the hook's last program sends one record (`send_flagged`).
+//! A frame's checks (the checks programs of XDP and tc) may flag several
+//! reasons: each is gathered in the hook's `EVIDENCE_SLOTS` slot (`flag`;
+//! in map memory, where the verifier does not follow each combination of
+//! reasons as it would a local's), and the checks program sends one
+//! record at its end (`send_flagged`).
 
 use aya_ebpf::{
     EbpfContext,
@@ -54,26 +55,6 @@ pub fn flag(slot: u32, key: &DropKey, reason: u32, wire_len: u64) {
             (*pending).reasons |= 1 << (reason & 31);
             (*pending).wire_len = wire_len as u32;
         }
-    }
-}
-
-/// Whether the frame in hand of `slot` was flagged (and capture is on).
-#[inline(always)]
-pub fn flagged(slot: u32) -> bool {
-    // SAFETY: this CPU's slot (see `flag`).
-    snap() != 0
-        && EVIDENCE_SLOTS
-            .get_ptr(slot)
-            .is_some_and(|e| unsafe { (*e).reasons } != 0)
-}
-
-/// Forgets what `slot` gathered (the program that would have sent it did
-/// not load).
-#[inline(always)]
-pub fn clear(slot: u32) {
-    if let Some(pending) = EVIDENCE_SLOTS.get_ptr_mut(slot) {
-        // SAFETY: this CPU's slot (see `flag`).
-        unsafe { (*pending).reasons = 0 };
     }
 }
 

@@ -21,8 +21,7 @@ mod tc_egress;
 mod tc_ingress;
 mod tc_skb;
 mod xdp_bgp;
-mod xdp_checksums;
-mod xdp_evidence;
+mod xdp_checks;
 mod xdp_ingress;
 
 #[cfg(target_arch = "bpf")]

@@ -79,13 +79,10 @@ pub static BGP_PROG: ProgramArray = ProgramArray::with_max_entries(1, 0);
 #[map(name = "XDP_BGP_PROG")]
 pub static XDP_BGP_PROG: ProgramArray = ProgramArray::with_max_entries(1, 0);
 
-/// XDP's checksum program (`xdp_checksums.rs`), of the same buffer mode.
-#[map(name = "XDP_CHECKSUM_PROG")]
-pub static XDP_CHECKSUM_PROG: ProgramArray = ProgramArray::with_max_entries(1, 0);
-
-/// XDP's evidence program (`xdp_evidence.rs`), of the same buffer mode.
-#[map(name = "XDP_EVIDENCE_PROG")]
-pub static XDP_EVIDENCE_PROG: ProgramArray = ProgramArray::with_max_entries(1, 0);
+/// XDP's checks program (`xdp_checks.rs`, slot 0), of the same buffer
+/// mode.
+#[map(name = "XDP_CHECKS_PROG")]
+pub static XDP_CHECKS_PROG: ProgramArray = ProgramArray::with_max_entries(1, 0);
 
 /// Evidence records to userspace (`observer_common::EVIDENCE_MAP`): one
 /// perf ring per CPU, sized by userspace; a full ring loses the record

@@ -10,11 +10,9 @@ use aya_ebpf::{
 use observer_common::{Direction, FlowKey};
 
 use crate::{
-    count, drops,
-    evidence::{self, EVIDENCE_XDP},
+    count,
     maps::{
-        self, MapPorts, PENDING, PENDING_XDP, Pending, SHAPE_XDP, XDP_BGP_PROG, XDP_CHECKSUM_PROG,
-        XDP_EVIDENCE_PROG,
+        self, MapPorts, PENDING, PENDING_XDP, Pending, SHAPE_XDP, XDP_BGP_PROG, XDP_CHECKS_PROG,
     },
     parse,
 };
@@ -92,54 +90,33 @@ fn try_observer_xdp(ctx: &XdpContext, buffers: Buffers) {
         return;
     }
     let tcp = count::tcp_signals(&frame, ifindex, &c);
-    let slot = count::record(&FlowKey::of(ifindex, Direction::Rx, &c), &c, 1, bytes, &tcp);
+    count::record(&FlowKey::of(ifindex, Direction::Rx, &c), &c, 1, bytes, &tcp);
     if parse::needs_checks(&c) {
-        drops::classifier_checks(EVIDENCE_XDP, ifindex, &c, bytes, slot.map(|s| &mut s.facts));
-        drops::path_mtu_checks(&frame, EVIDENCE_XDP, ifindex, &c, bytes);
-        if tcp.syn + tcp.syn_ack + tcp.rst != 0 {
-            // A handshake or reset: its checksums are verified in a program
-            // of their own (`xdp_checksums`; inline they took this
-            // program's verification from 95k to 745k instructions).
-            // Returns only when the slot is empty.
-            if let Some(pending) = PENDING.get_ptr_mut(PENDING_XDP) {
-                // SAFETY: this CPU's slot; the checksum program reads it
-                // right after, on the same CPU.
-                unsafe {
-                    *pending = Pending {
-                        classified: c,
-                        wire_len: bytes,
-                        ifindex,
-                        copied: 0,
-                        segments: 1,
-                        direction: Direction::Rx as u8,
-                    };
-                    XDP_CHECKSUM_PROG.tail_call(ctx, 0);
-                }
+        // The drop checks, the checksums of handshakes and resets and the
+        // evidence are a program of their own (`xdp_checks`, as tc's):
+        // verified here, they multiplied this program's states. Returns
+        // only when the slot is empty.
+        if let Some(pending) = PENDING.get_ptr_mut(PENDING_XDP) {
+            // SAFETY: this CPU's slot; the checks program reads it right
+            // after, on the same CPU.
+            unsafe {
+                *pending = Pending {
+                    classified: c,
+                    wire_len: bytes,
+                    ifindex,
+                    copied: 0,
+                    segments: 1,
+                    direction: Direction::Rx as u8,
+                };
+                XDP_CHECKS_PROG.tail_call(ctx, 0);
             }
         }
-        send_evidence(ctx);
     } else if parse::plain_bgp(&frame, &c) {
         // BGP at the wire is its own program (`xdp_bgp`): parsed here, it
         // tripled this program's verification (964k of the 1M
         // instructions on 6.18). Returns only when the slot is empty.
         // SAFETY: a tail call with the program's own context.
         unsafe { XDP_BGP_PROG.tail_call(ctx, 0) };
-    }
-}
-
-/// Hands a frame the checks flagged to the evidence program
-/// (`xdp_evidence`), when capture is on; the checksum program does the
-/// same for the frames it checks. Why a program of its own: the bytes go
-/// with a helper call whose arguments the verifier would follow for
-/// every state of this program that reaches it.
-#[inline(always)]
-pub fn send_evidence(ctx: &XdpContext) {
-    if evidence::flagged(EVIDENCE_XDP) {
-        // SAFETY: a tail call with the program's own context; it returns
-        // only when the slot is empty, and then what was gathered for
-        // this frame must not stay for the next one.
-        unsafe { XDP_EVIDENCE_PROG.tail_call(ctx, 0) };
-        evidence::clear(EVIDENCE_XDP);
     }
 }
 

@@ -339,6 +339,52 @@ fn flagged_and_dropped(tag: &str, xdp_mode: &str) {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// The observer on R's vr, only X allowed (`--allow-cidr`), capturing
+/// into `dir` with the `capture` options.
+fn observe_capturing(lab: &Lab, dir: &Path, capture: &[&str]) -> ObserverProcess {
+    let allowed = format!("{X}/32");
+    let mut args = vec![
+        "--allow-cidr",
+        &allowed,
+        "--capture-dir",
+        dir.to_str().unwrap(),
+    ];
+    args.extend(capture);
+    args.extend(["--after-decap", "none"]);
+    ObserverProcess::start(Some(lab.r.name()), &["vr"], &args)
+}
+
+/// Stops `observer` once it flagged `frames` of Y's, and nothing else;
+/// returns the final `stats` line's evidence counters and (sent, lost,
+/// rate-limited), which add up to `frames`.
+fn stop_after_flagged(observer: ObserverProcess, frames: u64) -> (Value, (u64, u64, u64)) {
+    let flagged = drop_key(
+        "vr",
+        "vxlan",
+        Y,
+        VNI.into(),
+        "classifier",
+        "calico_allow_set",
+    );
+    assert!(observer.wait_for_lines(|lines| drop_packets(lines, &flagged) >= frames));
+    settle(&observer);
+    let run = observer.stop_ok();
+    assert_eq!(drop_packets(&run.lines, &flagged), frames);
+    // Nothing else is flagged or dropped (the kernel passes these frames
+    // to vx0, whose drops are not watched here).
+    assert_eq!(drops(&run.lines).len(), 1, "{:?}", drops(&run.lines));
+    let stats = evidence_stats(&run);
+    eprintln!("evidence: {stats}");
+    let outcomes = (
+        n(&stats, "sent"),
+        n(&stats, "lost"),
+        n(&stats, "rate_limited"),
+    );
+    assert_eq!(outcomes.0 + outcomes.1 + outcomes.2, frames, "{stats}");
+    assert_eq!(n(&stats, "written"), outcomes.0, "{stats}");
+    (stats, outcomes)
+}
+
 /// A flood of flagged frames into a one-page ring: most records cannot be
 /// written, and every frame is accounted for exactly: what the drop line
 /// counted = sent + lost in the ring + rate-limited, sent = written, and
@@ -351,21 +397,10 @@ fn a_flood_is_accounted_for_exactly() {
     const FLOOD: u64 = 20_000;
     let lab = Lab::new("evf");
     let dir = evidence_dir("evf");
-    let observer = ObserverProcess::start(
-        Some(lab.r.name()),
-        &["vr"],
-        &[
-            "--allow-cidr",
-            &format!("{X}/32"),
-            "--capture-dir",
-            dir.to_str().unwrap(),
-            "--capture-rate",
-            "1000000",
-            "--capture-ring-pages",
-            "1",
-            "--after-decap",
-            "none",
-        ],
+    let observer = observe_capturing(
+        &lab,
+        &dir,
+        &["--capture-rate", "1000000", "--capture-ring-pages", "1"],
     );
     let (sent, _) = lab.s.run(|| {
         let stop = AtomicBool::new(false);
@@ -375,32 +410,8 @@ fn a_flood_is_accounted_for_exactly() {
             .unwrap()
     });
     assert_eq!(sent, FLOOD);
-    let flagged = drop_key(
-        "vr",
-        "vxlan",
-        Y,
-        VNI.into(),
-        "classifier",
-        "calico_allow_set",
-    );
-    assert!(observer.wait_for_lines(|lines| drop_packets(lines, &flagged) >= FLOOD));
-    settle(&observer);
-    let run = observer.stop_ok();
-    assert_eq!(drop_packets(&run.lines, &flagged), FLOOD);
-    // Nothing else is flagged or dropped (the kernel passes these frames
-    // to vx0, whose drops are not watched here).
-    assert_eq!(drops(&run.lines).len(), 1, "{:?}", drops(&run.lines));
-
-    let stats = evidence_stats(&run);
-    eprintln!("flood: {stats}");
-    let (sent, lost, limited) = (
-        n(&stats, "sent"),
-        n(&stats, "lost"),
-        n(&stats, "rate_limited"),
-    );
-    assert_eq!(sent + lost + limited, FLOOD, "{stats}");
+    let (stats, (sent, lost, _)) = stop_after_flagged(observer, FLOOD);
     assert!(lost > 0, "a one-page ring held a flood of {FLOOD}: {stats}");
-    assert_eq!(n(&stats, "written"), sent, "{stats}");
     let (pcapng, other) = files(&dir);
     assert!(other.is_empty(), "left behind: {other:?}");
     assert_eq!(read_frames(&pcapng).len() as u64, sent);
@@ -417,40 +428,9 @@ fn the_rate_limit_counts_what_it_holds_back() {
     const RATE: u64 = 5;
     let lab = Lab::new("evr");
     let dir = evidence_dir("evr");
-    let observer = ObserverProcess::start(
-        Some(lab.r.name()),
-        &["vr"],
-        &[
-            "--allow-cidr",
-            &format!("{X}/32"),
-            "--capture-dir",
-            dir.to_str().unwrap(),
-            "--capture-rate",
-            &RATE.to_string(),
-            "--after-decap",
-            "none",
-        ],
-    );
+    let observer = observe_capturing(&lab, &dir, &["--capture-rate", &RATE.to_string()]);
     send_frames(&lab.s, "vs", vec![(vxlan_from(Y), N as u32)]);
-    let flagged = drop_key(
-        "vr",
-        "vxlan",
-        Y,
-        VNI.into(),
-        "classifier",
-        "calico_allow_set",
-    );
-    assert!(observer.wait_for_lines(|lines| drop_packets(lines, &flagged) >= N));
-    settle(&observer);
-    let run = observer.stop_ok();
-    let stats = evidence_stats(&run);
-    eprintln!("rate limit: {stats}");
-    let (sent, lost, limited) = (
-        n(&stats, "sent"),
-        n(&stats, "lost"),
-        n(&stats, "rate_limited"),
-    );
-    assert_eq!(sent + lost + limited, N, "{stats}");
+    let (stats, (sent, lost, _)) = stop_after_flagged(observer, N);
     assert_eq!(lost, 0, "{stats}");
     // One burst: within one second on each CPU that received part of it
     // (the sender's, mostly; at most every CPU's budget, or two seconds'

@@ -122,19 +122,11 @@ impl XdpProgram {
         }
     }
 
-    /// Name of its checksum program (tail-called; the same variant).
-    pub fn checksum_program_name(self) -> &'static str {
+    /// Name of its checks program (tail-called; the same variant).
+    pub fn checks_program_name(self) -> &'static str {
         match self {
-            XdpProgram::MultiBuffer => "observer_xdp_sum",
-            XdpProgram::SingleBuffer => "observer_xdp_sum_sb",
-        }
-    }
-
-    /// Name of its evidence program (tail-called; the same variant).
-    pub fn evidence_program_name(self) -> &'static str {
-        match self {
-            XdpProgram::MultiBuffer => "observer_xdp_ev",
-            XdpProgram::SingleBuffer => "observer_xdp_ev_sb",
+            XdpProgram::MultiBuffer => "observer_xdp_chk",
+            XdpProgram::SingleBuffer => "observer_xdp_chk_sb",
         }
     }
 }

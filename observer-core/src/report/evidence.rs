@@ -45,7 +45,7 @@ use std::{
     io::{self, Write},
     os::unix::{
         ffi::OsStrExt,
-        fs::{DirBuilderExt, FileExt, MetadataExt, OpenOptionsExt, PermissionsExt},
+        fs::{DirBuilderExt, FileExt, MetadataExt, OpenOptionsExt},
     },
     path::{Path, PathBuf},
     time::{Duration, SystemTime},
@@ -63,6 +63,7 @@ use pcap_file::{
     },
 };
 
+use super::textfile::create_shared_temp;
 use crate::model::evidence::Evidence;
 
 /// Default `dir`.
@@ -483,25 +484,15 @@ impl EvidenceFiles {
     fn start(&mut self, e: &Evidence) -> Result<Current, EvidenceError> {
         let dir = &self.settings.dir;
         let stamp = utc_stamp(e.timestamp);
-        let tmp = tempfile::Builder::new()
-            .prefix(&format!("{PARTIAL_PREFIX}{stamp}-"))
-            .suffix(PARTIAL_SUFFIX)
-            .make_in(dir, |path| {
-                // Appends: a write cut back with set_len goes on at the
-                // new end.
-                fs::OpenOptions::new()
-                    .append(true)
-                    .create_new(true)
-                    .mode(0o600)
-                    .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-                    .open(path)
-            })
-            .map_err(|err| io_error(dir, "create a file in", dir, err))?;
-        // On the descriptor, whatever the umask: readers may be other
-        // users. On failure the file is removed when `tmp` drops.
-        tmp.as_file()
-            .set_permissions(fs::Permissions::from_mode(0o644))
-            .map_err(|err| io_error(dir, "set the mode of", tmp.path(), err))?;
+        // Appends: a write cut back with set_len goes on at the new end.
+        // On failure the file is removed when `tmp` drops.
+        let tmp = create_shared_temp(
+            dir,
+            &format!("{PARTIAL_PREFIX}{stamp}-"),
+            PARTIAL_SUFFIX,
+            true,
+        )
+        .map_err(|err| io_error(dir, "create a file in", dir, err))?;
         // Locked while this process lives, so that another observer
         // starting on the same directory does not take it for a leftover.
         lock(tmp.as_file()).map_err(|err| io_error(dir, "lock", tmp.path(), err))?;

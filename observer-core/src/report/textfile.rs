@@ -1351,26 +1351,42 @@ pub fn encode(families: &[MetricFamily]) -> io::Result<String> {
 /// replaces a symlink at `dir/name` itself, not what it points to).
 pub fn write_atomic(dir: &Path, name: &str, text: &str) -> io::Result<PathBuf> {
     let final_path = dir.join(name);
-    let mut tmp = tempfile::Builder::new()
-        .prefix(&format!(".{name}."))
-        .suffix(".tmp")
-        .make_in(dir, |path| {
-            fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-                .open(path)
-        })?;
-    // On the descriptor, whatever the umask: node_exporter may run as
-    // another user.
-    tmp.as_file()
-        .set_permissions(fs::Permissions::from_mode(0o644))?;
+    let mut tmp = create_shared_temp(dir, &format!(".{name}."), ".tmp", false)?;
     tmp.write_all(text.as_bytes())?;
     tmp.as_file().sync_all()?;
     // On failure the temporary file is removed when `tmp` drops.
     tmp.persist(&final_path).map_err(|e| e.error)?;
     Ok(final_path)
+}
+
+/// A new file in `dir`, named `prefix`, random characters, `suffix`, for
+/// a writer whose directory may be shared and who runs as root: created
+/// with `O_CREAT|O_EXCL|O_NOFOLLOW` (a symlink planted under a guessed name
+/// is never followed), then mode 0644 set on the descriptor whatever the
+/// umask (its readers, node_exporter or Wireshark, may be other users);
+/// opened for appending with `append`. Removed when the result drops,
+/// unless kept or persisted.
+pub fn create_shared_temp(
+    dir: &Path,
+    prefix: &str,
+    suffix: &str,
+    append: bool,
+) -> io::Result<tempfile::NamedTempFile> {
+    let tmp = tempfile::Builder::new()
+        .prefix(prefix)
+        .suffix(suffix)
+        .make_in(dir, |path| {
+            fs::OpenOptions::new()
+                .write(true)
+                .append(append)
+                .create_new(true)
+                .mode(0o600)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+                .open(path)
+        })?;
+    tmp.as_file()
+        .set_permissions(fs::Permissions::from_mode(0o644))?;
+    Ok(tmp)
 }
 
 /// Why `dir` is unsafe to share, when users other than this process's

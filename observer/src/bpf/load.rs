@@ -16,7 +16,7 @@ use aya::{
 };
 use observer_common::{
     BGP_PROG_MAP, FLOWS_MAP, SKB_LAYOUT_GLOBAL, SkbLayout, UDP_PORT_TAGS_GLOBAL, XDP_BGP_PROG_MAP,
-    XDP_CHECKSUM_PROG_MAP, XDP_EVIDENCE_PROG_MAP,
+    XDP_CHECKS_PROG_MAP,
 };
 
 use super::{
@@ -317,28 +317,15 @@ impl Observer {
                 .inspect_err(|e| bgp_unavailable("XDP", e))
                 .ok()
         };
-        let xdp_checksums = if xdp_failed {
+        let xdp_checks = if xdp_failed {
             None
         } else {
-            let name = plan.xdp.checksum_program_name();
-            load_tail_program(&mut ebpf, name, XDP_CHECKSUM_PROG_MAP, &features.release)
+            let name = plan.xdp.checks_program_name();
+            load_tail_program(&mut ebpf, name, XDP_CHECKS_PROG_MAP, &features.release)
                 .inspect_err(|e| {
                     tracing::warn!(
                         error = %error_chain(e),
-                        "checksum checks unavailable on XDP (handshake checksums are not verified there)"
-                    )
-                })
-                .ok()
-        };
-        let xdp_evidence = if xdp_failed {
-            None
-        } else {
-            let name = plan.xdp.evidence_program_name();
-            load_tail_program(&mut ebpf, name, XDP_EVIDENCE_PROG_MAP, &features.release)
-                .inspect_err(|e| {
-                    tracing::warn!(
-                        error = %error_chain(e),
-                        "evidence capture unavailable on XDP (--capture-dir gets no frames XDP flags)"
+                        "drop checks unavailable on XDP (frames XDP receives are counted, not checked for drop reasons)"
                     )
                 })
                 .ok()
@@ -372,8 +359,7 @@ impl Observer {
             tc_checks,
             tc_bgp,
             xdp_bgp,
-            xdp_checksums,
-            xdp_evidence,
+            xdp_checks,
             attachments: Vec::new(),
             links: Vec::new(),
             kernel_reasons: KernelReasons {
@@ -483,19 +469,11 @@ impl Observer {
         self.tail_program_info(self.plan.xdp.bgp_program_name(), self.xdp_bgp.is_some())
     }
 
-    /// Kernel info of XDP's checksum program (tail-called; never attached).
-    pub fn xdp_checksums_info(&self) -> Result<aya::programs::ProgramInfo, LoadError> {
+    /// Kernel info of XDP's checks program (tail-called; never attached).
+    pub fn xdp_checks_info(&self) -> Result<aya::programs::ProgramInfo, LoadError> {
         self.tail_program_info(
-            self.plan.xdp.checksum_program_name(),
-            self.xdp_checksums.is_some(),
-        )
-    }
-
-    /// Kernel info of XDP's evidence program (tail-called; never attached).
-    pub fn xdp_evidence_info(&self) -> Result<aya::programs::ProgramInfo, LoadError> {
-        self.tail_program_info(
-            self.plan.xdp.evidence_program_name(),
-            self.xdp_evidence.is_some(),
+            self.plan.xdp.checks_program_name(),
+            self.xdp_checks.is_some(),
         )
     }
 

@@ -173,10 +173,8 @@ pub struct Observer {
     tc_bgp: Option<ProgramArray<MapData>>,
     /// The XDP_BGP_PROG program array with XDP's BGP program, likewise.
     xdp_bgp: Option<ProgramArray<MapData>>,
-    /// XDP's checksum program array, when that program loaded.
-    xdp_checksums: Option<ProgramArray<MapData>>,
-    /// XDP's evidence program array, when that program loaded.
-    xdp_evidence: Option<ProgramArray<MapData>>,
+    /// XDP's checks program array, when that program loaded.
+    xdp_checks: Option<ProgramArray<MapData>>,
     attachments: Vec<Attachment>,
     /// Links of each attachment, same order.
     links: Vec<Links>,

@@ -511,6 +511,45 @@ mod tests {
     }
 
     #[test]
+    fn capture_needs_a_directory_and_sane_bounds() {
+        let resolve = |argv: &[&str], text: &str| Settings::resolve(&args(argv), file(text));
+        assert_eq!(resolve(&["eth0"], "").unwrap().capture, None);
+        let err = resolve(&["eth0", "--capture-rate", "5"], "").unwrap_err();
+        assert!(err.to_string().contains("need --capture-dir"), "{err}");
+        let s = resolve(&["eth0", "--capture-dir", "/srv/ev"], "").unwrap();
+        assert_eq!(
+            s.capture,
+            Some(Capture {
+                dir: "/srv/ev".into(),
+                snap: DEFAULT_CAPTURE_SNAP,
+                rate: DEFAULT_CAPTURE_RATE,
+                file_bytes: DEFAULT_CAPTURE_FILE_MIB << 20,
+                files: DEFAULT_CAPTURE_FILES,
+                ring_pages: None,
+            })
+        );
+        let s = resolve(
+            &["eth0", "--capture-snap", "128"],
+            "capture_dir = \"/srv/ev\"\ncapture_files = 3\ncapture_ring_pages = 16",
+        )
+        .unwrap()
+        .capture
+        .unwrap();
+        assert_eq!((s.snap, s.files, s.ring_pages), (128, 3, Some(16)));
+        for (option, value, named) in [
+            ("--capture-snap", "2000", "64 to 1024"),
+            ("--capture-rate", "0", "capture nothing"),
+            ("--capture-file-size", "0", "1 to 4096"),
+            ("--capture-files", "0", "1 to 10000"),
+            ("--capture-ring-pages", "3", "power of two"),
+        ] {
+            let err =
+                resolve(&["eth0", "--capture-dir", "/srv/ev", option, value], "").unwrap_err();
+            assert!(err.to_string().contains(named), "{option} {value}: {err}");
+        }
+    }
+
+    #[test]
     fn mistakes_are_named() {
         assert!(FileConfig::parse("intervall = \"1s\"").is_err());
         let err = Settings::resolve(&args(&["eth0"]), file("interval = \"soon\"")).unwrap_err();

@@ -125,14 +125,9 @@ fn program_checks(observer: &mut Observer) -> Vec<ProgramCheck> {
         observer.xdp_bgp_info(),
     ));
     loaded.push((
-        "xdp_checksums",
-        observer.plan().xdp.checksum_program_name(),
-        observer.xdp_checksums_info(),
-    ));
-    loaded.push((
-        "xdp_evidence",
-        observer.plan().xdp.evidence_program_name(),
-        observer.xdp_evidence_info(),
+        "xdp_checks",
+        observer.plan().xdp.checks_program_name(),
+        observer.xdp_checks_info(),
     ));
     if let Some(program) = observer.plan().drops.program_name() {
         loaded.push(("kernel_drops", program, observer.load_drop_program()));

@@ -433,10 +433,12 @@ impl<'a> Monitor<'a> {
         privileges::drop_to_steady_state(privileges::Needs {
             host_root: settings.host_root.is_some(),
             may_load: observer.may_load_on_reattach(),
-            foreign_textfile_dir: settings
+            foreign_output_dir: settings
                 .textfile_dir
                 .as_deref()
-                .is_some_and(privileges::needs_dac_override),
+                .into_iter()
+                .chain(settings.capture.as_ref().map(|c| c.dir.as_path()))
+                .any(privileges::needs_dac_override),
         })?;
 
         let served = match metrics_listener {

@@ -33,9 +33,9 @@ pub struct Needs {
     /// A program may still have to be loaded (tc ingress, deferred, for an
     /// interface that comes back).
     pub may_load: bool,
-    /// The textfile directory grants this user no write access by its
-    /// mode (see [`needs_dac_override`]).
-    pub foreign_textfile_dir: bool,
+    /// The textfile or the evidence directory grants this user no write
+    /// access by its mode (see [`needs_dac_override`]).
+    pub foreign_output_dir: bool,
     /// The tools run chrooted into the host's root (`--host-root`).
     pub host_root: bool,
 }
@@ -89,9 +89,10 @@ impl SteadyState {
         if needs.may_load && held.contains(&Capability::CAP_PERFMON) {
             process.insert(Capability::CAP_PERFMON);
         }
-        // Root writing the textfile into a directory another user owns
-        // (the file is created there every interval); never for the tools.
-        if needs.foreign_textfile_dir && held.contains(&Capability::CAP_DAC_OVERRIDE) {
+        // Root writing the textfile or evidence into a directory another
+        // user owns (files are created there while it runs); never for the
+        // tools.
+        if needs.foreign_output_dir && held.contains(&Capability::CAP_DAC_OVERRIDE) {
             process.insert(Capability::CAP_DAC_OVERRIDE);
         }
         // chroot(2) into the host's root happens in the forked child
@@ -203,7 +204,7 @@ mod tests {
 
     const LOADING: Needs = Needs {
         may_load: true,
-        foreign_textfile_dir: false,
+        foreign_output_dir: false,
         host_root: false,
     };
 
@@ -268,7 +269,7 @@ mod tests {
     #[test]
     fn dac_override_stays_only_for_a_textfile_dir_of_another_user() {
         let needs = Needs {
-            foreign_textfile_dir: true,
+            foreign_output_dir: true,
             ..Needs::default()
         };
         let keep = SteadyState::of(&caps::all(), needs);
