@@ -351,34 +351,9 @@ impl EvidenceFiles {
         Ok(files)
     }
 
-    /// The settings.
-    pub fn settings(&self) -> &FilesSettings {
-        &self.settings
-    }
-
     /// Counters since open.
     pub fn stats(&self) -> EvidenceStats {
         self.stats
-    }
-
-    /// Frames written since open.
-    pub fn frames_written(&self) -> u64 {
-        self.stats.frames_written
-    }
-
-    /// Bytes written since open.
-    pub fn bytes_written(&self) -> u64 {
-        self.stats.bytes_written
-    }
-
-    /// Files completed since open.
-    pub fn files_completed(&self) -> u64 {
-        self.stats.files_completed
-    }
-
-    /// Completed files removed by rotation since open.
-    pub fn files_removed(&self) -> u64 {
-        self.stats.files_removed
     }
 
     /// What open did with a killed run's leftovers.

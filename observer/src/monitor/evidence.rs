@@ -86,6 +86,14 @@ impl Capture {
             ..FilesSettings::default()
         })
         .with_context(|| format!("--capture-dir {}", capture.dir.display()))?;
+        // A killed run's partial files, completed at open: say so once.
+        let recovery = files.recovery();
+        for path in &recovery.completed {
+            tracing::info!(file = %path.display(), "completed a killed run's evidence file");
+        }
+        for problem in &recovery.problems {
+            tracing::warn!(error = %problem, "a killed run's evidence file was left as it was");
+        }
         let pages = ring_pages(capture, interval);
         let rings = observer
             .open_evidence(pages, capture.snap, capture.rate)
@@ -139,10 +147,12 @@ impl Capture {
     /// What was written and left out so far (the userspace part: the
     /// programs' part is in the kernel stats).
     pub fn counts(&self) -> EvidenceCounts {
-        let mut counts = self.counts;
-        counts.files_completed = self.files.files_completed();
-        counts.files_removed = self.files.files_removed();
-        counts
+        let files = self.files.stats();
+        EvidenceCounts {
+            files_completed: files.files_completed,
+            files_removed: files.files_removed,
+            ..self.counts
+        }
     }
 
     /// Drains the rings a last time and completes the file being written.
