@@ -5,7 +5,7 @@
 //! plain data in userspace.
 
 use crate::{
-    ClassifierDrop, Proto, VXLAN_FLAG_I,
+    ClassifierDrop, Proto, TcpCounts, VXLAN_FLAG_I,
     parse::{self, Classified, CommonVxlan, ETH_HLEN, Frame},
 };
 
@@ -107,6 +107,23 @@ fn over_mtu<K: CheckFacts>(wire_len: u64, l2_len: usize, facts: &K) -> bool {
 #[inline(always)]
 pub fn common_vxlan_clean<K: CheckFacts>(v: &CommonVxlan, wire_len: u64, facts: &K) -> bool {
     !facts.vni_unknown(v.vni) && !over_mtu(wire_len, ETH_HLEN, facts)
+}
+
+/// Whether the checks programs would flag nothing on the received frame
+/// `c` of `wire_len` bytes, whose inner TCP signals are `tcp`, given its
+/// key's node `facts`: a tunnel packet (never ICMP, which may quote one:
+/// `path_mtu` reads it) that earns no classifier reason and is not a
+/// handshake or reset segment (the only ones [`checksum_drops`] reads).
+/// What lets a hook skip its checks program on a flow whose facts are
+/// known: every full-path tunnel packet would otherwise pay a tail call.
+#[inline(always)]
+pub fn flags_nothing(c: &Classified, wire_len: u64, mut facts: FlowFacts, tcp: &TcpCounts) -> bool {
+    if c.proto == Proto::Other || tcp.syn | tcp.syn_ack | tcp.rst != 0 {
+        return false;
+    }
+    let mut clean = true;
+    classifier_drops(c, wire_len, &mut facts, |_| clean = false);
+    clean
 }
 
 /// Calls `flag` once per checksum reason the received tunnel frame `c`

@@ -3,7 +3,7 @@
 
 use aya_ebpf::maps::lpm_trie::Key;
 use observer_common::{
-    ClassifierDrop, DropKey, DropValue, KeyFacts, Proto,
+    ClassifierDrop, DropKey, DropValue, FlowCacheSlot, KeyFacts, Proto, TcpCounts,
     checks::{self, CheckFacts, FlowFacts},
     config, drop_origin, family,
 };
@@ -83,6 +83,22 @@ pub fn common_vxlan_passes(v: &CommonVxlan, wire_len: u64, facts: &KeyFacts) -> 
     facts
         .current(facts_generation())
         .is_some_and(|f| !f.outside_allow_set && checks::common_vxlan_clean(v, wire_len, &f))
+}
+
+/// Whether a received frame `c` the checks concern, counted in cache slot
+/// `slot` with inner TCP signals `tcp`, is known to pass them: the slot's
+/// facts are current and with them the checks flag nothing
+/// (`checks::flags_nothing`). The hook then skips its checks program;
+/// `false` sends the frame there, which decides the facts or flags it.
+#[inline(always)]
+pub fn known_to_pass(
+    slot: Option<&FlowCacheSlot>,
+    c: &Classified,
+    wire_len: u64,
+    tcp: &TcpCounts,
+) -> bool {
+    slot.and_then(|s| s.facts.current(facts_generation()))
+        .is_some_and(|facts| checks::flags_nothing(c, wire_len, facts, tcp))
 }
 
 /// The facts `slot` holds when they are current, else the facts of `c`

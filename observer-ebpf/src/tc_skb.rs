@@ -8,7 +8,7 @@ use aya_ebpf::{helpers::generated::bpf_skb_load_bytes, programs::TcContext};
 use observer_common::{Direction, FlowKey};
 
 use crate::{
-    count,
+    count, drops,
     maps::{
         self, BGP_PROG, CHECKS, MapPorts, PENDING, PENDING_TC, Pending, SCRATCH, SCRATCH_TC,
         SHAPE_TC,
@@ -187,8 +187,9 @@ fn hand_over(
 }
 
 /// Classifies and counts the frame; returns the classification, settled
-/// (`maps::settle`), unless the frame was plain traffic that needs nothing
-/// more.
+/// (`maps::settle`), unless the frame needs nothing more: plain traffic
+/// other than ICMP and BGP, or a received tunnel packet known to pass the
+/// drop checks (`drops::known_to_pass`).
 #[inline(always)]
 fn count_frame<F: Frame>(
     frame: &F,
@@ -216,12 +217,17 @@ fn count_frame<F: Frame>(
         (1, len)
     };
     let tcp = count::tcp_signals(frame, ifindex, &c);
-    count::record(
+    let slot = count::record(
         &FlowKey::of(ifindex, direction, &c),
         &c,
         packets,
         bytes,
         &tcp,
     );
+    // A received tunnel packet its flow's facts say the checks pass needs
+    // nothing more (BGP is plain traffic, never such a packet).
+    if direction == Direction::Rx && drops::known_to_pass(slot.as_deref(), &c, len, &tcp) {
+        return None;
+    }
     Some(c)
 }

@@ -10,7 +10,7 @@ use aya_ebpf::{
 use observer_common::{Direction, FlowKey};
 
 use crate::{
-    count,
+    count, drops,
     maps::{
         self, MapPorts, PENDING, PENDING_XDP, Pending, SHAPE_XDP, XDP_BGP_PROG, XDP_CHECKS_PROG,
     },
@@ -90,8 +90,11 @@ fn try_observer_xdp(ctx: &XdpContext, buffers: Buffers) {
         return;
     }
     let tcp = count::tcp_signals(&frame, ifindex, &c);
-    count::record(&FlowKey::of(ifindex, Direction::Rx, &c), &c, 1, bytes, &tcp);
+    let slot = count::record(&FlowKey::of(ifindex, Direction::Rx, &c), &c, 1, bytes, &tcp);
     if parse::needs_checks(&c) {
+        if drops::known_to_pass(slot.as_deref(), &c, bytes, &tcp) {
+            return;
+        }
         // The drop checks, the checksums of handshakes and resets and the
         // evidence are a program of their own (`xdp_checks`, as tc's):
         // verified here, they multiplied this program's states. Returns

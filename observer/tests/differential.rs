@@ -56,8 +56,9 @@ fn native_and_kernel_classifiers_agree_on_random_and_mutated_frames() {
     eprintln!("seed 0x{seed:x}, {told}");
     let agreement = fuzz(seed, budget).unwrap_or_else(|difference| panic!("{difference}"));
     eprintln!(
-        "{} frames, {} rows: the same in both classifiers; {} took the VXLAN early exit",
-        agreement.frames, agreement.rows, agreement.common_vxlan
+        "{} frames, {} rows: the same in both classifiers; {} took the VXLAN early exit, {} \
+         skip the checks program on a flow whose facts flag nothing",
+        agreement.frames, agreement.rows, agreement.common_vxlan, agreement.checks_skipped
     );
     assert!(agreement.rows > 0);
     // The generator must reach the early exit often enough to test it.
@@ -65,6 +66,12 @@ fn native_and_kernel_classifiers_agree_on_random_and_mutated_frames() {
         agreement.common_vxlan * 100 >= agreement.frames,
         "only {} of {} frames took the VXLAN early exit",
         agreement.common_vxlan,
+        agreement.frames
+    );
+    assert!(
+        agreement.checks_skipped * 100 >= agreement.frames,
+        "only {} of {} frames skip the checks program",
+        agreement.checks_skipped,
         agreement.frames
     );
 }

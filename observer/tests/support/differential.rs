@@ -26,7 +26,7 @@ use observer::{
     monitor::refresher::AllowSetSink,
 };
 use observer_common::{
-    Direction, FlowKey, checks, family,
+    Direction, FlowKey, TcpCounts, checks, family,
     parse::{self, SliceFrame},
 };
 
@@ -604,6 +604,54 @@ fn vxlan_exit_agrees(
     Ok(())
 }
 
+/// The hooks skip their checks program when a flow's facts say the checks
+/// flag nothing on a received frame (`checks::flags_nothing`): for any
+/// facts and length, a frame it calls clean earns no classifier reason,
+/// no checksum reason and no `path_mtu` quote. Like the early exits, the
+/// rows comparison would see a wrong skip only when the flow's facts were
+/// current in the programs. `true` when the frame is clean with its own
+/// length on a node without checks that flag it (the skip is reached).
+fn checks_skip_agrees(table: &PortArray, f: &Frame) -> Result<bool, String> {
+    let frame = SliceFrame(&f.data);
+    let c = parse::classify(&frame, Direction::Rx, table);
+    if !parse::needs_checks(&c) {
+        return Ok(false);
+    }
+    let tcp = TcpCounts::of(&parse::inner_tcp(&frame, &c), 0);
+    let own_length = f.data.len() as u64;
+    let mut reached = false;
+    for outside_allow_set in [false, true] {
+        for vni_unknown in [false, true] {
+            for mtu in [0, 1200, 1500, 9000] {
+                let facts = checks::FlowFacts {
+                    outside_allow_set,
+                    vni_unknown,
+                    mtu,
+                };
+                for wire_len in [own_length, 1400, 1514, 1515, 9100] {
+                    if !checks::flags_nothing(&c, wire_len, facts, &tcp) {
+                        continue;
+                    }
+                    reached |= wire_len == own_length && facts == checks::FlowFacts::default();
+                    let mut flagged = Vec::new();
+                    checks::classifier_drops(&c, wire_len, &mut facts.clone(), |r| flagged.push(r));
+                    checks::checksum_drops(&frame, &c, |r| flagged.push(r));
+                    let quotes = parse::too_big(&frame, &c, table).is_some();
+                    if !flagged.is_empty() || quotes {
+                        return Err(format!(
+                            "frame {}: the checks program is skipped for {wire_len} bytes with \
+                             {facts:?}, but the checks flag {flagged:?}, path_mtu quote {quotes}:{}",
+                            f.number,
+                            hex(&f.data)
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    Ok(reached)
+}
+
 /// Node facts for [`vxlan_exit_agrees`]: every source inside its
 /// allow-set (the early exit's precondition).
 struct NodeFacts {
@@ -635,6 +683,9 @@ pub struct Agreement {
     /// Frames the VXLAN early exit took (received), each checked against
     /// the full parse and checks.
     pub common_vxlan: u64,
+    /// Received frames a hook would pass without its checks program on a
+    /// flow whose facts flag nothing, each checked against the checks.
+    pub checks_skipped: u64,
 }
 
 /// Runs frames generated from `seed` through the programs and the native
@@ -664,6 +715,7 @@ pub fn fuzz(seed: u64, budget: Budget) -> Result<Agreement, String> {
     let mut index = 0u32;
     let mut rows_compared = 0usize;
     let mut common_vxlan = 0u64;
+    let mut checks_skipped = 0u64;
     loop {
         let done = match budget {
             Budget::Until(at) => Instant::now() >= at,
@@ -687,6 +739,9 @@ pub fn fuzz(seed: u64, budget: Budget) -> Result<Agreement, String> {
         for f in &batch {
             if early_exits_agree(&table, f).map_err(|e| format!("seed 0x{seed:x}: {e}"))? {
                 common_vxlan += 1;
+            }
+            if checks_skip_agrees(&table, f).map_err(|e| format!("seed 0x{seed:x}: {e}"))? {
+                checks_skipped += 1;
             }
         }
         let from_kernel = run_batch(&mut kernel, &batch, index);
@@ -723,5 +778,6 @@ pub fn fuzz(seed: u64, budget: Budget) -> Result<Agreement, String> {
         frames: tried,
         rows: rows_compared,
         common_vxlan,
+        checks_skipped,
     })
 }
