@@ -9,9 +9,9 @@
 //!   observer runs as root; locked with flock(2) while written, so that
 //!   another observer's start does not take it for a leftover). It is
 //!   completed — fsync, then renamed without replacing anything to
-//!   `observer-<YYYYmmddTHHMMSSZ>-<seq>.pcapng`, the UTC time of its
+//!   `observer-<YYYYmmddTHHMMSSZ>-<seq>.pcapng` (the UTC time of its
 //!   first frame and a sequence number that goes on from the highest in
-//!   the directory — when the next frame would take it past
+//!   the directory), the directory synced — when the next frame would take it past
 //!   `max_file_bytes`, and on [`EvidenceFiles::finish`] (also on drop).
 //!   Wireshark, `observer replay` and rsync therefore never read a file
 //!   while it grows.
@@ -509,6 +509,12 @@ impl EvidenceFiles {
             match from.persist_noclobber(&done) {
                 Ok(()) => {
                     self.stats.files_completed += 1;
+                    // The new name survives a crash only once the
+                    // directory is synced: a file counted as completed
+                    // must not come back as a partial one.
+                    fs::File::open(dir)
+                        .and_then(|d| d.sync_all())
+                        .map_err(|err| io_error(dir, "sync", dir, err))?;
                     return Ok(done);
                 }
                 Err(err) => {
