@@ -634,7 +634,8 @@ fn checks_skip_agrees(table: &PortArray, f: &Frame) -> Result<bool, String> {
                     }
                     reached |= wire_len == own_length && facts == checks::FlowFacts::default();
                     let mut flagged = Vec::new();
-                    checks::classifier_drops(&c, wire_len, &mut facts.clone(), |r| flagged.push(r));
+                    let mut checked = facts;
+                    checks::classifier_drops(&c, wire_len, &mut checked, |r| flagged.push(r));
                     checks::checksum_drops(&frame, &c, |r| flagged.push(r));
                     let quotes = parse::too_big(&frame, &c, table).is_some();
                     if !flagged.is_empty() || quotes {
